@@ -1,0 +1,155 @@
+//! `/debug/*` endpoints (Istio's debug interface, JSON).
+
+use std::collections::HashMap;
+
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::AdminState;
+use crate::snapshot::Snapshot;
+use crate::xds::TypeUrl;
+
+fn no_snapshot() -> Response {
+    (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"error": "no snapshot yet"}))).into_response()
+}
+
+fn rfc3339ish(t: std::time::SystemTime) -> f64 {
+    t.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or_default()
+}
+
+/// Config objects being served, rejected documents and ignored ones.
+pub async fn configz(State(state): State<AdminState>) -> Response {
+    let Some(snap) = state.snapshots.current() else { return no_snapshot() };
+    let configs: Vec<Value> = snap
+        .configs
+        .values()
+        .map(|c| {
+            json!({
+                "kind": c.key.kind,
+                "namespace": c.key.namespace,
+                "name": c.key.name,
+                "apiVersion": c.meta.api_version,
+                "labels": c.meta.labels,
+                "spec": c.spec,
+            })
+        })
+        .collect();
+    Json(json!({
+        "version": snap.version.to_string(),
+        "configs": configs,
+        "errors": snap.errors.iter().map(|e| json!({
+            "file": e.file,
+            "document": e.document,
+            "kind": e.object.as_ref().map(|k| k.kind.name()),
+            "namespace": e.object.as_ref().map(|k| k.namespace.clone()),
+            "name": e.object.as_ref().map(|k| k.name.clone()),
+            "field": e.error.field,
+            "reason": e.error.reason,
+            "message": e.to_string(),
+        })).collect::<Vec<_>>(),
+        "ignored": *snap.ignored,
+    }))
+    .into_response()
+}
+
+/// Services and their endpoints.
+pub async fn registryz(State(state): State<AdminState>) -> Response {
+    let Some(snap) = state.snapshots.current() else { return no_snapshot() };
+    let services: Vec<Value> = snap
+        .registry
+        .services
+        .iter()
+        .map(|(key, svc)| {
+            json!({
+                "hostname": key.hostname,
+                "namespace": key.namespace,
+                "service": **svc,
+                "endpoints": snap.registry.endpoints.get(key).map(|e| e.as_slice().to_vec()).unwrap_or_default(),
+            })
+        })
+        .collect();
+    Json(json!({"version": snap.version.to_string(), "services": services})).into_response()
+}
+
+/// Per proxy and type: sent version and nonce, acked version, last NACK.
+pub async fn syncz(State(state): State<AdminState>) -> Response {
+    Json(state.connections.snapshot().iter().map(|c| json!(**c)).collect::<Vec<_>>()).into_response()
+}
+
+/// The latest push: version, what changed, and how many proxies are on it.
+pub async fn push_status(State(state): State<AdminState>) -> Response {
+    let Some(snap) = state.snapshots.current() else { return no_snapshot() };
+    let connections = state.connections.snapshot();
+    let current = snap.version.to_string();
+    let synced = connections.iter().filter(|c| c.snapshot_version == current).count();
+    Json(json!({
+        "server": state.identity,
+        "version": current,
+        "built_at": rfc3339ish(snap.built_at),
+        "full": snap.changes.full,
+        "endpoints_only": snap.changes.endpoints_only(),
+        "changed": snap.changes.keys,
+        "services": snap.registry.services.len(),
+        "configs": snap.configs.len(),
+        "config_errors": snap.errors.len(),
+        "proxies": connections.len(),
+        "proxies_on_version": synced,
+    }))
+    .into_response()
+}
+
+/// The config meshpilot generates for a connected proxy (`?proxyID=` node id, or `pod.namespace`).
+pub async fn config_dump(State(state): State<AdminState>, Query(q): Query<HashMap<String, String>>) -> Response {
+    let Some(snap) = state.snapshots.current() else { return no_snapshot() };
+    let Some(wanted) = q.get("proxyID").filter(|s| !s.is_empty()) else {
+        return (StatusCode::BAD_REQUEST, Json(json!({"error": "proxyID query parameter required"}))).into_response();
+    };
+    let connections = state.connections.snapshot();
+    let Some(conn) = connections
+        .iter()
+        .find(|c| c.proxy.id == *wanted || c.proxy.id.split('~').nth(2) == Some(wanted.as_str()))
+    else {
+        return (StatusCode::NOT_FOUND, Json(json!({"error": format!("proxy {wanted} is not connected here")}))).into_response();
+    };
+    let view = conn.proxy.view();
+    let mut configs = serde_json::Map::new();
+    for type_url in TypeUrl::PUSH_ORDER {
+        let generated = state.cache.get(&snap, &view, type_url).await;
+        configs.insert(type_url.short().to_string(), dump_resources(&snap, &generated.resources));
+    }
+    Json(json!({
+        "proxy": conn.proxy,
+        "version": snap.version.to_string(),
+        "sync": conn.types,
+        "configs": configs,
+    }))
+    .into_response()
+}
+
+fn dump_resources(_snap: &Snapshot, resources: &[crate::xds::generate::Resource]) -> Value {
+    resources
+        .iter()
+        .map(|r| json!({"name": r.name, "@type": r.body.type_url, "bytes": r.body.value.len(), "resource": describe(&r.body)}))
+        .collect()
+}
+
+/// A human-readable rendering of a packed resource.
+fn describe(any: &envoy_types::pb::google::protobuf::Any) -> String {
+    use envoy_types::pb::envoy::config::{
+        cluster::v3::Cluster, endpoint::v3::ClusterLoadAssignment, listener::v3::Listener,
+        route::v3::RouteConfiguration,
+    };
+    use prost::Message;
+    let bytes = any.value.as_slice();
+    let text = match TypeUrl::parse(&any.type_url) {
+        Some(TypeUrl::Cluster) => Cluster::decode(bytes).map(|m| format!("{m:#?}")),
+        Some(TypeUrl::Endpoint) => ClusterLoadAssignment::decode(bytes).map(|m| format!("{m:#?}")),
+        Some(TypeUrl::Listener) => Listener::decode(bytes).map(|m| format!("{m:#?}")),
+        Some(TypeUrl::Route) => RouteConfiguration::decode(bytes).map(|m| format!("{m:#?}")),
+        None => return format!("<{} bytes of {}>", bytes.len(), any.type_url),
+    };
+    text.unwrap_or_else(|e| format!("<undecodable: {e}>"))
+}

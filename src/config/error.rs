@@ -1,0 +1,52 @@
+//! Errors found in config files: where (file, document, object, field) and why.
+
+use std::fmt;
+
+use serde::Serialize;
+
+use super::object::ConfigKey;
+
+/// A problem with one field of a config object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FieldError {
+    /// Field path as Istio names it, e.g. `spec.http[0].route[1].weight`.
+    pub field: String,
+    /// Why the value is wrong.
+    pub reason: String,
+}
+
+impl FieldError {
+    /// A new error at `field`.
+    pub fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        FieldError { field: field.into(), reason: reason.into() }
+    }
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.reason)
+    }
+}
+
+/// A rejected document, with everything a user needs to find it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error)]
+pub struct ConfigError {
+    /// File the document came from.
+    pub file: String,
+    /// 1-based index of the document within the file.
+    pub document: usize,
+    /// The object, when its kind/namespace/name could be read.
+    pub object: Option<ConfigKey>,
+    /// What is wrong.
+    pub error: FieldError,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: document {}", self.file, self.document)?;
+        if let Some(key) = &self.object {
+            write!(f, " ({key})")?;
+        }
+        write!(f, ": {}", self.error)
+    }
+}

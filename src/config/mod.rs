@@ -1,0 +1,11 @@
+//! Mesh configuration: Istio API types, parsing, validation, and the file source.
+
+pub mod api;
+pub mod error;
+pub mod object;
+pub mod parse;
+pub mod source;
+pub mod validation;
+
+pub use error::{ConfigError, FieldError};
+pub use object::{ConfigKey, ConfigObject, Kind, Spec, ValidConfig};

@@ -1,0 +1,140 @@
+//! A typed config object: kind, identity and spec.
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use super::api;
+
+/// Istio networking API group served by meshpilot.
+pub const NETWORKING_GROUP: &str = "networking.istio.io";
+
+/// API versions of the networking group that share one schema.
+pub const NETWORKING_VERSIONS: [&str; 3] = ["v1", "v1beta1", "v1alpha3"];
+
+/// The kinds meshpilot serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub enum Kind {
+    /// VirtualService.
+    VirtualService,
+    /// DestinationRule.
+    DestinationRule,
+    /// Gateway.
+    Gateway,
+    /// ServiceEntry.
+    ServiceEntry,
+    /// WorkloadEntry.
+    WorkloadEntry,
+    /// Sidecar.
+    Sidecar,
+}
+
+impl Kind {
+    /// All kinds, in a stable order.
+    pub const ALL: [Kind; 6] = [
+        Kind::VirtualService,
+        Kind::DestinationRule,
+        Kind::Gateway,
+        Kind::ServiceEntry,
+        Kind::WorkloadEntry,
+        Kind::Sidecar,
+    ];
+
+    /// Parses a `kind:` value.
+    pub fn from_name(name: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// The `kind:` value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::VirtualService => "VirtualService",
+            Kind::DestinationRule => "DestinationRule",
+            Kind::Gateway => "Gateway",
+            Kind::ServiceEntry => "ServiceEntry",
+            Kind::WorkloadEntry => "WorkloadEntry",
+            Kind::Sidecar => "Sidecar",
+        }
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Identity of a config object: kind, namespace and name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct ConfigKey {
+    /// Kind.
+    pub kind: Kind,
+    /// Namespace (defaulted when the document has none).
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+impl fmt::Display for ConfigKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
+    }
+}
+
+/// Object metadata that matters to routing.
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub struct Meta {
+    /// Labels.
+    pub labels: api::Labels,
+    /// Annotations.
+    pub annotations: api::Labels,
+    /// The `apiVersion` it was written with.
+    pub api_version: String,
+}
+
+/// The spec, by kind.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum Spec {
+    /// VirtualService.
+    VirtualService(api::VirtualService),
+    /// DestinationRule.
+    DestinationRule(api::DestinationRule),
+    /// Gateway.
+    Gateway(api::Gateway),
+    /// ServiceEntry.
+    ServiceEntry(api::ServiceEntry),
+    /// WorkloadEntry.
+    WorkloadEntry(api::WorkloadEntry),
+    /// Sidecar.
+    Sidecar(api::Sidecar),
+}
+
+impl Spec {
+    /// The kind of this spec.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Spec::VirtualService(_) => Kind::VirtualService,
+            Spec::DestinationRule(_) => Kind::DestinationRule,
+            Spec::Gateway(_) => Kind::Gateway,
+            Spec::ServiceEntry(_) => Kind::ServiceEntry,
+            Spec::WorkloadEntry(_) => Kind::WorkloadEntry,
+            Spec::Sidecar(_) => Kind::Sidecar,
+        }
+    }
+}
+
+/// A parsed (not yet validated) config object.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ConfigObject {
+    /// Identity.
+    pub key: ConfigKey,
+    /// Metadata.
+    pub meta: Meta,
+    /// Spec.
+    pub spec: Spec,
+}
+
+/// A config object that passed validation; shared, immutable.
+pub type ValidConfig = Arc<ConfigObject>;

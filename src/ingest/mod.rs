@@ -1,0 +1,88 @@
+//! Ingest: source events → debounce → snapshot build → publish.
+
+mod builder;
+mod debounce;
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tracing::{info, info_span, warn, Instrument};
+
+pub use builder::SnapshotBuilder;
+pub use debounce::{next_batch, DebounceSettings};
+
+use crate::config::{ConfigError, ConfigKey, ValidConfig};
+use crate::mesh::MeshConfig;
+use crate::snapshot::{IgnoredObject, SnapshotWriter, Version};
+use crate::telemetry::metrics;
+
+/// Capacity of the source → ingest channel; sources wait (back-pressure) when ingest is behind.
+pub const EVENT_QUEUE: usize = 1024;
+
+/// A change reported by a source.
+#[derive(Debug, Clone)]
+pub enum IngestEvent {
+    /// Config objects changed: `Some` is the new valid version, `None` a deletion.
+    Config(Vec<(ConfigKey, Option<ValidConfig>)>),
+    /// The current list of rejected and ignored documents of the config source.
+    Status {
+        /// Rejected documents.
+        errors: Arc<Vec<ConfigError>>,
+        /// Other kinds.
+        ignored: Arc<Vec<IgnoredObject>>,
+    },
+    /// The mesh config changed.
+    Mesh(Arc<MeshConfig>),
+    /// The config source has delivered its initial state; snapshots may be published.
+    Synced,
+}
+
+impl IngestEvent {
+    /// Istio's `pilot_inbound_updates` type label for this event.
+    fn update_type(&self) -> &'static str {
+        match self {
+            IngestEvent::Config(_) | IngestEvent::Synced => "config",
+            IngestEvent::Status { .. } => "status",
+            IngestEvent::Mesh(_) => "mesh",
+        }
+    }
+}
+
+/// Runs the ingest loop for one term: debounces events, builds snapshots and publishes them.
+/// Nothing is published before the config source reports `Synced` (the readiness gate).
+pub async fn run(mut events: mpsc::Receiver<IngestEvent>, writer: SnapshotWriter, term: u64, debounce: DebounceSettings) {
+    let mut builder = SnapshotBuilder::default();
+    let mut synced = false;
+    let mut version = Version::new(term, 0);
+    while let Some(batch) = next_batch(&mut events, debounce).await {
+        for e in &batch {
+            metrics::inbound_update(e.update_type());
+        }
+        synced |= batch.iter().any(|e| matches!(e, IngestEvent::Synced));
+        let changes = builder.apply(batch);
+        if !synced {
+            continue;
+        }
+        version = version.next();
+        let span = info_span!("snapshot_build", version = %version);
+        let started = std::time::Instant::now();
+        let snapshot = span.in_scope(|| builder.build(version, changes));
+        metrics::snapshot_built(&snapshot, started.elapsed());
+        async {
+            info!(
+                version = %snapshot.version,
+                full = snapshot.changes.full,
+                changed = snapshot.changes.keys.len(),
+                services = snapshot.registry.services.len(),
+                configs = snapshot.configs.len(),
+                errors = snapshot.errors.len(),
+                "snapshot built"
+            );
+            if let Err(e) = writer.publish(snapshot) {
+                warn!(error = %e, "snapshot not published");
+            }
+        }
+        .instrument(span)
+        .await;
+    }
+}

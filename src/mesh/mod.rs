@@ -1,0 +1,158 @@
+//! Mesh-wide settings (Istio's MeshConfig): the fields that shape xDS.
+
+mod watch;
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::api::sidecar::OutboundMode;
+use crate::config::api::Duration;
+
+pub use watch::watch_mesh_config;
+
+/// The MeshConfig fields meshpilot uses; other fields of Istio's MeshConfig are accepted and ignored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct MeshConfig {
+    /// SPIFFE trust domain.
+    pub trust_domain: String,
+    /// Namespace whose config applies mesh-wide.
+    pub root_namespace: String,
+    /// Default upstream connect timeout.
+    pub connect_timeout: Duration,
+    /// What happens to traffic for unknown destinations.
+    pub outbound_traffic_policy: OutboundTrafficPolicy,
+    /// Default `exportTo` of services.
+    pub default_service_export_to: Vec<String>,
+    /// Default `exportTo` of VirtualServices.
+    pub default_virtual_service_export_to: Vec<String>,
+    /// Default `exportTo` of DestinationRules.
+    pub default_destination_rule_export_to: Vec<String>,
+    /// DNS refresh rate of DNS clusters.
+    pub dns_refresh_rate: Duration,
+    /// Access log file for proxies (empty: none).
+    pub access_log_file: String,
+    /// Hash of the mesh config document, set by the loader (part of the snapshot's identity).
+    #[serde(skip)]
+    pub source_hash: u64,
+}
+
+/// MeshConfig's outbound traffic policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OutboundTrafficPolicy {
+    /// REGISTRY_ONLY or ALLOW_ANY.
+    pub mode: OutboundMode,
+}
+
+impl Default for MeshConfig {
+    fn default() -> Self {
+        let all = || vec!["*".to_string()];
+        MeshConfig {
+            trust_domain: "cluster.local".into(),
+            root_namespace: "istio-system".into(),
+            connect_timeout: Duration(std::time::Duration::from_secs(10)),
+            outbound_traffic_policy: OutboundTrafficPolicy { mode: OutboundMode::AllowAny },
+            default_service_export_to: all(),
+            default_virtual_service_export_to: all(),
+            default_destination_rule_export_to: all(),
+            dns_refresh_rate: Duration(std::time::Duration::from_secs(60)),
+            access_log_file: String::new(),
+            source_hash: 0,
+        }
+    }
+}
+
+/// Why a mesh config file could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum MeshConfigError {
+    /// The file could not be read.
+    #[error("reading mesh config {path}: {source}")]
+    Read {
+        /// File.
+        path: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The file is not a valid MeshConfig.
+    #[error("mesh config {path}: {reason}")]
+    Invalid {
+        /// File.
+        path: String,
+        /// Cause, with the field path.
+        reason: String,
+    },
+}
+
+impl MeshConfig {
+    /// Parses MeshConfig YAML (the `mesh` key of Istio's ConfigMap, or the MeshConfig itself).
+    pub fn parse(path: &str, text: &str) -> Result<MeshConfig, MeshConfigError> {
+        let invalid = |reason: String| MeshConfigError::Invalid { path: path.to_string(), reason };
+        let mut value: serde_json::Value = if text.trim().is_empty() {
+            serde_json::Value::Object(Default::default())
+        } else {
+            serde_saphyr::from_str(text).map_err(|e| invalid(e.to_string()))?
+        };
+        // Accept Istio's `istio` ConfigMap shape: `data.mesh` holds the MeshConfig as a string.
+        if let Some(embedded) = value.pointer("/data/mesh").and_then(|v| v.as_str()) {
+            value = serde_saphyr::from_str(embedded).map_err(|e| invalid(format!("data.mesh: {e}")))?;
+        }
+        if value.is_null() {
+            value = serde_json::Value::Object(Default::default());
+        }
+        let mut mesh: MeshConfig = serde_path_to_error::deserialize(value)
+            .map_err(|e| invalid(format!("{}: {}", e.path(), e.inner())))?;
+        mesh.source_hash = fnv(text.as_bytes());
+        Ok(mesh)
+    }
+
+    /// Reads and parses a mesh config file.
+    pub fn load(path: &Path) -> Result<MeshConfig, MeshConfigError> {
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| MeshConfigError::Read { path: shown.clone(), source })?;
+        MeshConfig::parse(&shown, &text)
+    }
+}
+
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_istio() {
+        let m = MeshConfig::parse("m", "").unwrap();
+        assert_eq!(m.trust_domain, "cluster.local");
+        assert_eq!(m.root_namespace, "istio-system");
+        assert_eq!(m.connect_timeout.as_std().as_secs(), 10);
+        assert_eq!(m.outbound_traffic_policy.mode, OutboundMode::AllowAny);
+    }
+
+    #[test]
+    fn reads_fields_and_ignores_unknown_ones() {
+        let m = MeshConfig::parse(
+            "m",
+            "trustDomain: example.org\nconnectTimeout: 2s\noutboundTrafficPolicy: {mode: REGISTRY_ONLY}\nenableTracing: true\n",
+        )
+        .unwrap();
+        assert_eq!(m.trust_domain, "example.org");
+        assert_eq!(m.connect_timeout.as_std().as_secs(), 2);
+        assert_eq!(m.outbound_traffic_policy.mode, OutboundMode::RegistryOnly);
+    }
+
+    #[test]
+    fn reports_the_bad_field() {
+        let err = MeshConfig::parse("m.yaml", "connectTimeout: soon\n").unwrap_err().to_string();
+        assert!(err.contains("m.yaml") && err.contains("connectTimeout"), "{err}");
+    }
+
+    #[test]
+    fn accepts_the_istio_configmap_shape() {
+        let m = MeshConfig::parse("m", "apiVersion: v1\nkind: ConfigMap\ndata:\n  mesh: |\n    rootNamespace: mesh-root\n").unwrap();
+        assert_eq!(m.root_namespace, "mesh-root");
+    }
+}

@@ -1,0 +1,51 @@
+//! What changed between two snapshots.
+
+use std::collections::BTreeSet;
+
+use serde::Serialize;
+
+use crate::config::ConfigKey;
+use crate::registry::Hostname;
+
+/// One changed thing.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub enum ChangedKey {
+    /// A config object was added, changed or removed.
+    Config(ConfigKey),
+    /// Only the endpoints of this host changed.
+    Endpoints(Hostname),
+    /// The mesh config changed.
+    Mesh,
+}
+
+/// The changes a snapshot carries relative to its predecessor.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ChangeSet {
+    /// Everything may have changed (first snapshot, mesh config change, resync).
+    pub full: bool,
+    /// The changed keys.
+    pub keys: BTreeSet<ChangedKey>,
+}
+
+impl ChangeSet {
+    /// A change set that affects everything.
+    pub fn full() -> Self {
+        ChangeSet { full: true, keys: BTreeSet::new() }
+    }
+
+    /// Whether only endpoints changed (an EDS-only, incremental push).
+    pub fn endpoints_only(&self) -> bool {
+        !self.full && !self.keys.is_empty() && self.keys.iter().all(|k| matches!(k, ChangedKey::Endpoints(_)))
+    }
+
+    /// Merges another change set into this one (debouncing several into one push).
+    pub fn merge(&mut self, other: ChangeSet) {
+        self.full |= other.full;
+        self.keys.extend(other.keys);
+    }
+
+    /// Whether nothing changed.
+    pub fn is_empty(&self) -> bool {
+        !self.full && self.keys.is_empty()
+    }
+}

@@ -1,0 +1,256 @@
+//! The snapshot: an immutable, indexed view of the whole mesh at one version (Istio's PushContext).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use super::{ChangeSet, Version};
+use crate::config::api::{DestinationRule, Gateway, Labels, Sidecar, VirtualService};
+use crate::config::{ConfigError, ConfigKey, Kind, Spec, ValidConfig};
+use crate::mesh::MeshConfig;
+use crate::registry::{host_matches, Endpoints, Hostname, Registry, Service, ServiceKey, Visibility};
+
+/// A document the sources saw but do not serve.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct IgnoredObject {
+    /// File.
+    pub file: String,
+    /// 1-based document index.
+    pub document: usize,
+    /// `apiVersion`.
+    pub api_version: String,
+    /// `kind`.
+    pub kind: String,
+    /// `metadata.name`.
+    pub name: String,
+}
+
+/// Everything the sources currently hold, as ingest hands it to the snapshot builder.
+#[derive(Debug, Clone, Default)]
+pub struct SourceState {
+    /// Valid config objects by key.
+    pub configs: BTreeMap<ConfigKey, ValidConfig>,
+    /// Rejected documents (their last valid version, if any, is still in `configs`).
+    pub errors: Arc<Vec<ConfigError>>,
+    /// Documents of kinds meshpilot does not serve.
+    pub ignored: Arc<Vec<IgnoredObject>>,
+    /// Mesh config.
+    pub mesh: Arc<MeshConfig>,
+}
+
+/// An immutable PushContext snapshot. Readers hold an `Arc<Snapshot>`; nobody mutates it.
+#[derive(Debug)]
+pub struct Snapshot {
+    /// Version.
+    pub version: Version,
+    /// What changed since the previous snapshot.
+    pub changes: ChangeSet,
+    /// When it was built.
+    pub built_at: SystemTime,
+    /// Mesh config.
+    pub mesh: Arc<MeshConfig>,
+    /// Services and endpoints.
+    pub registry: Registry,
+    /// All valid config objects by key.
+    pub configs: BTreeMap<ConfigKey, ValidConfig>,
+    /// Rejected documents.
+    pub errors: Arc<Vec<ConfigError>>,
+    /// Documents of other kinds.
+    pub ignored: Arc<Vec<IgnoredObject>>,
+    virtual_services: Vec<Indexed<VirtualService>>,
+    destination_rules: Vec<Indexed<DestinationRule>>,
+}
+
+/// A config object with its resolved visibility and qualified hosts.
+#[derive(Debug, Clone)]
+pub struct Indexed<T> {
+    /// The object.
+    pub config: ValidConfig,
+    /// Namespaces it is visible to.
+    pub visibility: Visibility,
+    /// Hosts, qualified with the object's namespace.
+    pub hosts: Vec<Hostname>,
+    _spec: std::marker::PhantomData<T>,
+}
+
+impl Snapshot {
+    /// Builds a snapshot from the sources' state.
+    pub fn build(version: Version, changes: ChangeSet, state: &SourceState) -> Snapshot {
+        let mesh = state.mesh.clone();
+        let domain = mesh.trust_domain.clone();
+        let registry = crate::registry::build_registry(state.configs.values(), &mesh);
+        let mut virtual_services = Vec::new();
+        let mut destination_rules = Vec::new();
+        for config in state.configs.values() {
+            let ns = config.key.namespace.as_str();
+            match &config.spec {
+                Spec::VirtualService(vs) => virtual_services.push(Indexed {
+                    config: config.clone(),
+                    visibility: Visibility::from_export_to(&vs.export_to, ns, &mesh.default_virtual_service_export_to),
+                    hosts: vs.hosts.iter().map(|h| Hostname::qualify(h, ns, &domain)).collect(),
+                    _spec: Default::default(),
+                }),
+                Spec::DestinationRule(dr) => destination_rules.push(Indexed {
+                    config: config.clone(),
+                    visibility: Visibility::from_export_to(&dr.export_to, ns, &mesh.default_destination_rule_export_to),
+                    hosts: vec![Hostname::qualify(&dr.host, ns, &domain)],
+                    _spec: Default::default(),
+                }),
+                _ => {}
+            }
+        }
+        Snapshot {
+            version,
+            changes,
+            built_at: SystemTime::now(),
+            mesh,
+            registry,
+            configs: state.configs.clone(),
+            errors: state.errors.clone(),
+            ignored: state.ignored.clone(),
+            virtual_services,
+            destination_rules,
+        }
+    }
+
+    /// Objects of one kind, in key order.
+    pub fn configs_of(&self, kind: Kind) -> impl Iterator<Item = &ValidConfig> {
+        self.configs.values().filter(move |c| c.key.kind == kind)
+    }
+
+    /// Services a proxy in `namespace` can see, one per hostname (its own namespace's declaration
+    /// first, then the first exported one), in hostname order.
+    pub fn services_visible_to(&self, namespace: &str) -> Vec<&Arc<Service>> {
+        let mut by_host: BTreeMap<&Hostname, &Arc<Service>> = BTreeMap::new();
+        for (key, svc) in &self.registry.services {
+            if !svc.visibility.visible_to(namespace) && svc.namespace != namespace {
+                continue;
+            }
+            let entry = by_host.entry(&key.hostname).or_insert(svc);
+            if svc.namespace == namespace {
+                *entry = svc;
+            }
+        }
+        by_host.into_values().collect()
+    }
+
+    /// The service a proxy in `namespace` reaches under `host`.
+    pub fn service_for_host(&self, namespace: &str, host: &Hostname) -> Option<&Arc<Service>> {
+        let mut found = None;
+        for (key, svc) in self.registry.services.range(ServiceKey { hostname: host.clone(), namespace: String::new() }..) {
+            if &key.hostname != host {
+                break;
+            }
+            if svc.namespace == namespace {
+                return Some(svc);
+            }
+            if found.is_none() && svc.visibility.visible_to(namespace) {
+                found = Some(svc);
+            }
+        }
+        found
+    }
+
+    /// Endpoints of a service.
+    pub fn endpoints(&self, service: &Service) -> Option<&Endpoints> {
+        self.registry
+            .endpoints
+            .get(&ServiceKey { hostname: service.hostname.clone(), namespace: service.namespace.clone() })
+    }
+
+    /// VirtualServices visible to `namespace` that apply to `gateway` (`mesh` for sidecars, or
+    /// `ns/name` of a Gateway), in key order.
+    pub fn virtual_services_for(&self, namespace: &str, gateway: &str) -> Vec<(&Indexed<VirtualService>, &VirtualService)> {
+        self.virtual_services
+            .iter()
+            .filter(|ix| ix.visibility.visible_to(namespace) || ix.config.key.namespace == namespace)
+            .filter_map(|ix| match &ix.config.spec {
+                Spec::VirtualService(vs) => Some((ix, vs)),
+                _ => None,
+            })
+            .filter(|(ix, vs)| vs_applies_to_gateway(vs, &ix.config.key.namespace, gateway))
+            .collect()
+    }
+
+    /// The DestinationRule that applies to `host` for a proxy in `namespace`, using Istio's
+    /// lookup order: the proxy's namespace, then the service's namespace, then the root
+    /// namespace; within one, the most specific host wins.
+    pub fn destination_rule_for(&self, namespace: &str, service: &Service) -> Option<&DestinationRule> {
+        let host = &service.hostname;
+        let candidates = |ns: &str| {
+            self.destination_rules
+                .iter()
+                .filter(move |ix| ix.config.key.namespace == ns)
+                .filter(|ix| ix.hosts.iter().any(|h| host_matches(h.as_str(), host.as_str())))
+                .min_by_key(|ix| ix.hosts.first().map(|h| (h.is_wildcard(), usize::MAX - h.as_str().len())))
+        };
+        let order = [namespace, service.namespace.as_str(), self.mesh.root_namespace.as_str()];
+        order
+            .iter()
+            .enumerate()
+            .filter_map(|(i, ns)| {
+                let ix = candidates(ns)?;
+                // Rules outside the proxy's own namespace apply only where exported to it.
+                (i == 0 || ix.visibility.visible_to(namespace)).then_some(ix)
+            })
+            .find_map(|ix| match &ix.config.spec {
+                Spec::DestinationRule(dr) => Some(dr),
+                _ => None,
+            })
+    }
+
+    /// The Sidecar that applies to a workload: one in its namespace selecting its labels, else one
+    /// in its namespace without selector, else one in the root namespace without selector.
+    pub fn sidecar_for(&self, namespace: &str, labels: &Labels) -> Option<(&ValidConfig, &Sidecar)> {
+        let sidecars: Vec<(&ValidConfig, &Sidecar)> = self
+            .configs_of(Kind::Sidecar)
+            .filter_map(|c| match &c.spec {
+                Spec::Sidecar(s) => Some((c, s)),
+                _ => None,
+            })
+            .collect();
+        let selects = |s: &Sidecar| {
+            s.workload_selector
+                .as_ref()
+                .is_some_and(|sel| sel.match_labels.iter().all(|(k, v)| labels.get(k) == Some(v)))
+        };
+        sidecars
+            .iter()
+            .find(|(c, s)| c.key.namespace == namespace && selects(s))
+            .or_else(|| sidecars.iter().find(|(c, s)| c.key.namespace == namespace && s.workload_selector.is_none()))
+            .or_else(|| {
+                sidecars
+                    .iter()
+                    .find(|(c, s)| c.key.namespace == self.mesh.root_namespace && s.workload_selector.is_none())
+            })
+            .copied()
+    }
+
+    /// Gateways whose selector matches a gateway workload's labels, in key order.
+    pub fn gateways_for(&self, labels: &Labels) -> Vec<(&ValidConfig, &Gateway)> {
+        self.configs_of(Kind::Gateway)
+            .filter_map(|c| match &c.spec {
+                Spec::Gateway(g) => Some((c, g)),
+                _ => None,
+            })
+            .filter(|(_, g)| !g.selector.is_empty() && g.selector.iter().all(|(k, v)| labels.get(k) == Some(v)))
+            .collect()
+    }
+}
+
+/// Whether a VirtualService in `vs_ns` binds to `gateway` (`mesh` or `ns/name`).
+pub fn vs_applies_to_gateway(vs: &VirtualService, vs_ns: &str, gateway: &str) -> bool {
+    if vs.gateways.is_empty() {
+        return gateway == "mesh";
+    }
+    vs.gateways.iter().any(|g| qualify_gateway(g, vs_ns) == gateway)
+}
+
+/// Qualifies a gateway reference (`name` → `ns/name`); `mesh` stays `mesh`.
+pub fn qualify_gateway(reference: &str, namespace: &str) -> String {
+    if reference == "mesh" || reference.contains('/') {
+        reference.to_string()
+    } else {
+        format!("{namespace}/{reference}")
+    }
+}

@@ -1,0 +1,265 @@
+//! One ADS stream (state of the world): request/ACK/NACK bookkeeping and pushes on new snapshots.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use futures::{Stream, StreamExt};
+use tokio::sync::mpsc;
+use tonic::Status;
+use tracing::{debug, info, warn};
+
+use super::cache::GenerationCache;
+use super::proxy::{Proxy, ProxyView};
+use super::status::{ConnectionRegistry, Nack, Registration};
+use super::TypeUrl;
+use crate::snapshot::{Snapshot, SnapshotReader};
+use crate::telemetry::metrics::METRICS;
+
+/// How long a single response may wait for the stream before the proxy counts as stuck.
+const SEND_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a connection needs from its frontend.
+#[derive(Clone)]
+pub struct ConnectionContext {
+    /// Latest snapshot.
+    pub snapshots: SnapshotReader,
+    /// Shared generation cache.
+    pub cache: Arc<GenerationCache>,
+    /// Live connections.
+    pub registry: Arc<ConnectionRegistry>,
+}
+
+/// Per-type subscription state.
+#[derive(Debug, Default)]
+struct Watch {
+    /// Names the proxy asked for (`None`: wildcard).
+    names: Option<BTreeSet<String>>,
+    /// Last response sent: nonce and content hash.
+    sent: Option<Sent>,
+}
+
+#[derive(Debug)]
+struct Sent {
+    nonce: String,
+    hash: u64,
+    names: Option<BTreeSet<String>>,
+}
+
+/// Why a stream ended.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamEnd {
+    /// The proxy closed it.
+    #[error("closed by the proxy")]
+    Closed,
+    /// The proxy sent something unusable.
+    #[error("{0}")]
+    Invalid(String),
+    /// The response channel is gone.
+    #[error("response stream dropped")]
+    Dropped,
+}
+
+struct Connection {
+    ctx: ConnectionContext,
+    proxy: Proxy,
+    view: ProxyView,
+    registration: Registration,
+    watches: BTreeMap<TypeUrl, Watch>,
+    snapshot: Option<Arc<Snapshot>>,
+    nonce_seq: u64,
+    tx: mpsc::Sender<Result<DiscoveryResponse, Status>>,
+}
+
+/// Serves one ADS stream until it ends.
+pub async fn serve<S>(ctx: ConnectionContext, mut requests: S, tx: mpsc::Sender<Result<DiscoveryResponse, Status>>) -> StreamEnd
+where
+    S: Stream<Item = Result<DiscoveryRequest, Status>> + Unpin,
+{
+    let first = match requests.next().await {
+        Some(Ok(r)) => r,
+        Some(Err(e)) => return StreamEnd::Invalid(e.to_string()),
+        None => return StreamEnd::Closed,
+    };
+    let proxy = match Proxy::from_node(first.node.as_ref()) {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = tx.send(Err(Status::invalid_argument(e.to_string()))).await;
+            return StreamEnd::Invalid(e.to_string());
+        }
+    };
+    let registration = ctx.registry.register(proxy.clone());
+    info!(proxy = %proxy.id, namespace = %proxy.namespace, "proxy connected");
+    let mut conn = Connection {
+        view: proxy.view(),
+        proxy,
+        registration,
+        watches: BTreeMap::new(),
+        snapshot: None,
+        nonce_seq: 0,
+        tx,
+        ctx: ctx.clone(),
+    };
+    let mut snapshots = ctx.snapshots.clone();
+    // Readiness gate: nothing is served before the first full snapshot.
+    conn.snapshot = ctx.snapshots.current();
+    let end = async {
+        conn.on_request(first).await?;
+        loop {
+            tokio::select! {
+                req = requests.next() => match req {
+                    Some(Ok(r)) => conn.on_request(r).await?,
+                    Some(Err(e)) => return Err(StreamEnd::Invalid(e.to_string())),
+                    None => return Err(StreamEnd::Closed),
+                },
+                snap = snapshots.next() => match snap {
+                    Some(s) => conn.on_snapshot(s).await?,
+                    // The snapshot writer is gone (shutdown): keep serving what we have until the proxy leaves.
+                    None => std::future::pending::<()>().await,
+                },
+            }
+        }
+    }
+    .await;
+    let end = match end {
+        Ok(()) => StreamEnd::Closed,
+        Err(e) => e,
+    };
+    info!(proxy = %conn.proxy.id, reason = %end, "proxy disconnected");
+    end
+}
+
+impl Connection {
+    async fn on_request(&mut self, req: DiscoveryRequest) -> Result<(), StreamEnd> {
+        let Some(type_url) = TypeUrl::parse(&req.type_url) else {
+            debug!(proxy = %self.proxy.id, type_url = %req.type_url, "request for an unserved type ignored");
+            return Ok(());
+        };
+        let requested_names = type_url.is_named().then(|| req.resource_names.iter().cloned().collect::<BTreeSet<_>>());
+        let watch = self.watches.entry(type_url).or_default();
+        if !req.response_nonce.is_empty() {
+            let Some(sent) = &watch.sent else {
+                // A nonce from a previous stream (reconnect): treat as a fresh subscription.
+                watch.names = requested_names;
+                return self.respond(type_url, true).await.map(|_| ());
+            };
+            if sent.nonce != req.response_nonce {
+                METRICS.xds_expired_nonce.with_label_values(&[type_url.short()]).inc();
+                debug!(proxy = %self.proxy.id, %type_url, nonce = %req.response_nonce, "stale nonce ignored");
+                return Ok(());
+            }
+            if let Some(err) = &req.error_detail {
+                METRICS.xds_rejects.with_label_values(&[type_url.short()]).inc();
+                warn!(proxy = %self.proxy.id, %type_url, version = %req.version_info, nonce = %req.response_nonce, error = %err.message, "proxy rejected config (NACK)");
+                let nack = Nack { version: sent.nonce_version(), nonce: req.response_nonce.clone(), message: err.message.clone(), at: SystemTime::now() };
+                self.registration.update(|s| {
+                    s.types.entry(type_url).or_default().last_nack = Some(nack);
+                });
+                watch.names = requested_names;
+                return Ok(());
+            }
+            let names_changed = type_url.is_named() && sent.names != requested_names;
+            watch.names = requested_names;
+            let (version, nonce) = (req.version_info.clone(), req.response_nonce.clone());
+            self.registration.update(|s| {
+                let t = s.types.entry(type_url).or_default();
+                t.acked_version = version;
+                t.acked_nonce = nonce;
+                t.last_nack = None;
+            });
+            if names_changed {
+                return self.respond(type_url, true).await.map(|_| ());
+            }
+            return Ok(());
+        }
+        // First request for this type on this stream (or Envoy re-requesting after a restart of the watch).
+        watch.names = requested_names;
+        self.respond(type_url, true).await.map(|_| ())
+    }
+
+    async fn on_snapshot(&mut self, snapshot: Arc<Snapshot>) -> Result<(), StreamEnd> {
+        let queued_at = Instant::now();
+        self.snapshot = Some(snapshot.clone());
+        let mut pushed = false;
+        for type_url in TypeUrl::PUSH_ORDER {
+            if self.watches.contains_key(&type_url) {
+                pushed |= self.respond(type_url, false).await?;
+            }
+        }
+        let version = snapshot.version.to_string();
+        self.registration.update(|s| {
+            s.snapshot_version = version;
+            if pushed {
+                s.pushes += 1;
+            }
+        });
+        if pushed {
+            METRICS.proxy_queue_time.observe(queued_at.elapsed().as_secs_f64());
+            if let Ok(age) = SystemTime::now().duration_since(snapshot.built_at) {
+                METRICS.proxy_convergence_time.observe(age.as_secs_f64());
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends the current resources of `type_url` unless the proxy already has exactly them
+    /// (`force` answers a request even when nothing changed). Returns whether it sent.
+    async fn respond(&mut self, type_url: TypeUrl, force: bool) -> Result<bool, StreamEnd> {
+        let Some(snapshot) = self.snapshot.clone() else {
+            return Ok(false);
+        };
+        let started = Instant::now();
+        let generated = self.ctx.cache.get(&snapshot, &self.view, type_url).await;
+        let Some(watch) = self.watches.get_mut(&type_url) else {
+            return Ok(false);
+        };
+        let (resources, hash) = generated.select(watch.names.as_ref());
+        if !force && watch.sent.as_ref().is_some_and(|s| s.hash == hash && s.names == watch.names) {
+            return Ok(false);
+        }
+        self.nonce_seq += 1;
+        let version = snapshot.version.to_string();
+        let nonce = format!("{version}-{}", self.nonce_seq);
+        let response = DiscoveryResponse {
+            version_info: version.clone(),
+            resources: resources.iter().map(|r| r.body.clone()).collect(),
+            type_url: type_url.as_str().to_string(),
+            nonce: nonce.clone(),
+            ..Default::default()
+        };
+        let size: usize = response.resources.iter().map(|r| r.value.len()).sum();
+        let count = response.resources.len();
+        watch.sent = Some(Sent { nonce: nonce.clone(), hash, names: watch.names.clone() });
+        let send_started = Instant::now();
+        match tokio::time::timeout(SEND_TIMEOUT, self.tx.send(Ok(response))).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(StreamEnd::Dropped),
+            Err(_) => {
+                METRICS.xds_write_timeout.inc();
+                return Err(StreamEnd::Invalid(format!("{type_url} response not accepted by the stream within {SEND_TIMEOUT:?}")));
+            }
+        }
+        let short = type_url.short();
+        METRICS.xds_send_time.observe(send_started.elapsed().as_secs_f64());
+        METRICS.xds_pushes.with_label_values(&[short]).inc();
+        METRICS.xds_push_time.with_label_values(&[short]).observe(started.elapsed().as_secs_f64());
+        METRICS.xds_config_size_bytes.with_label_values(&[short]).observe(size as f64);
+        debug!(proxy = %self.proxy.id, %type_url, %version, %nonce, resources = count, bytes = size, "pushed");
+        self.registration.update(|s| {
+            let t = s.types.entry(type_url).or_default();
+            t.sent_version = version;
+            t.sent_nonce = nonce;
+            t.sent_resources = count;
+            t.responses += 1;
+        });
+        Ok(true)
+    }
+}
+
+impl Sent {
+    /// The snapshot version a nonce was issued for (`VERSION-SEQ`).
+    fn nonce_version(&self) -> String {
+        self.nonce.rsplit_once('-').map(|(v, _)| v.to_string()).unwrap_or_default()
+    }
+}

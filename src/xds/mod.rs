@@ -1,0 +1,63 @@
+//! The xDS frontend: ADS server, per-proxy connections, and generators.
+
+pub mod cache;
+pub mod connection;
+pub mod generate;
+pub mod proxy;
+pub mod server;
+pub mod status;
+use std::fmt;
+
+/// The xDS resource types meshpilot serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub enum TypeUrl {
+    /// CDS.
+    Cluster,
+    /// EDS.
+    Endpoint,
+    /// LDS.
+    Listener,
+    /// RDS.
+    Route,
+}
+
+impl TypeUrl {
+    /// Push order: clusters before endpoints, listeners before routes (Envoy's warming order).
+    pub const PUSH_ORDER: [TypeUrl; 4] = [TypeUrl::Cluster, TypeUrl::Endpoint, TypeUrl::Listener, TypeUrl::Route];
+
+    /// The full type URL.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TypeUrl::Cluster => "type.googleapis.com/envoy.config.cluster.v3.Cluster",
+            TypeUrl::Endpoint => "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
+            TypeUrl::Listener => "type.googleapis.com/envoy.config.listener.v3.Listener",
+            TypeUrl::Route => "type.googleapis.com/envoy.config.route.v3.RouteConfiguration",
+        }
+    }
+
+    /// Parses a type URL.
+    pub fn parse(url: &str) -> Option<TypeUrl> {
+        Self::PUSH_ORDER.into_iter().find(|t| t.as_str() == url)
+    }
+
+    /// Istio's short name, used as the `type` metric label (cds, eds, lds, rds).
+    pub fn short(self) -> &'static str {
+        match self {
+            TypeUrl::Cluster => "cds",
+            TypeUrl::Endpoint => "eds",
+            TypeUrl::Listener => "lds",
+            TypeUrl::Route => "rds",
+        }
+    }
+
+    /// Whether the proxy names the resources it wants (EDS, RDS) rather than getting all (CDS, LDS).
+    pub fn is_named(self) -> bool {
+        matches!(self, TypeUrl::Endpoint | TypeUrl::Route)
+    }
+}
+
+impl fmt::Display for TypeUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.short())
+    }
+}

@@ -1,0 +1,204 @@
+//! Proxies: Istio node ids and metadata, and the view of the mesh a proxy's config depends on.
+
+use std::fmt;
+use std::hash::{Hash, Hasher};
+
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::google::protobuf::{value::Kind as ValueKind, Struct, Value};
+use serde::Serialize;
+
+use crate::config::api::Labels;
+
+/// Role of a proxy, from the first part of its node id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub enum ProxyKind {
+    /// `sidecar~...`: a workload's sidecar.
+    Sidecar,
+    /// `router~...`: a gateway.
+    Router,
+}
+
+/// How traffic reaches a sidecar's outbound listeners.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub enum Interception {
+    /// iptables redirect: listeners do not bind, a virtual outbound listener does.
+    Redirect,
+    /// No interception (`INTERCEPTION_MODE: NONE`): applications dial listeners directly.
+    None,
+}
+
+/// A connected proxy, as identified by its xDS node.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Proxy {
+    /// Full node id (`sidecar~10.1.2.3~pod.ns~ns.svc.cluster.local`).
+    pub id: String,
+    /// Role.
+    pub kind: ProxyKind,
+    /// IP address from the node id.
+    pub ip: String,
+    /// Namespace (metadata NAMESPACE, else from the node id).
+    pub namespace: String,
+    /// Workload labels (metadata LABELS).
+    pub labels: Labels,
+    /// Cluster id (metadata CLUSTER_ID).
+    pub cluster_id: String,
+    /// Service account (metadata SERVICE_ACCOUNT).
+    pub service_account: String,
+    /// Interception mode (metadata INTERCEPTION_MODE).
+    pub interception: Interception,
+}
+
+/// Why a node cannot be served.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProxyError {
+    /// The first request carried no node.
+    #[error("the first request of a stream must carry a node")]
+    MissingNode,
+    /// The node id is not Istio's `type~ip~id~domain`.
+    #[error("node id {0:?} is not of the form TYPE~IP~POD.NAMESPACE~NAMESPACE.svc.DOMAIN (TYPE sidecar or router)")]
+    BadId(String),
+}
+
+impl Proxy {
+    /// Reads a proxy from its xDS node.
+    pub fn from_node(node: Option<&Node>) -> Result<Proxy, ProxyError> {
+        let node = node.ok_or(ProxyError::MissingNode)?;
+        let parts: Vec<&str> = node.id.split('~').collect();
+        let [kind, ip, pod, domain] = parts.as_slice() else {
+            return Err(ProxyError::BadId(node.id.clone()));
+        };
+        let kind = match *kind {
+            "sidecar" => ProxyKind::Sidecar,
+            "router" => ProxyKind::Router,
+            _ => return Err(ProxyError::BadId(node.id.clone())),
+        };
+        let meta = node.metadata.as_ref();
+        let namespace = meta_str(meta, "NAMESPACE")
+            .or_else(|| pod.split_once('.').map(|(_, ns)| ns.to_string()))
+            .or_else(|| domain.split('.').next().map(str::to_string))
+            .filter(|ns| !ns.is_empty())
+            .ok_or_else(|| ProxyError::BadId(node.id.clone()))?;
+        let labels = meta
+            .and_then(|m| m.fields.get("LABELS"))
+            .and_then(|v| match &v.kind {
+                Some(ValueKind::StructValue(s)) => Some(
+                    s.fields
+                        .iter()
+                        .filter_map(|(k, v)| Some((k.clone(), value_str(v)?)))
+                        .collect::<Labels>(),
+                ),
+                _ => None,
+            })
+            .unwrap_or_default();
+        let interception = match meta_str(meta, "INTERCEPTION_MODE").as_deref() {
+            Some("NONE") => Interception::None,
+            _ => Interception::Redirect,
+        };
+        Ok(Proxy {
+            id: node.id.clone(),
+            kind,
+            ip: ip.to_string(),
+            namespace,
+            labels,
+            cluster_id: meta_str(meta, "CLUSTER_ID").unwrap_or_else(|| "Kubernetes".into()),
+            service_account: meta_str(meta, "SERVICE_ACCOUNT").unwrap_or_default(),
+            interception,
+        })
+    }
+
+    /// The view of the mesh this proxy's config depends on.
+    pub fn view(&self) -> ProxyView {
+        ProxyView {
+            kind: self.kind,
+            namespace: self.namespace.clone(),
+            labels: self.labels.clone(),
+            interception: self.interception,
+        }
+    }
+}
+
+fn meta_str(meta: Option<&Struct>, key: &str) -> Option<String> {
+    meta.and_then(|m| m.fields.get(key)).and_then(value_str)
+}
+
+fn value_str(v: &Value) -> Option<String> {
+    match &v.kind {
+        Some(ValueKind::StringValue(s)) => Some(s.clone()),
+        Some(ValueKind::NumberValue(n)) => Some(n.to_string()),
+        Some(ValueKind::BoolValue(b)) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
+/// Everything about a proxy that its generated config depends on. Proxies with equal views get
+/// identical config, so config is generated and encoded once per view, not once per proxy.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct ProxyView {
+    /// Role.
+    pub kind: ProxyKind,
+    /// Namespace (visibility, Sidecar lookup).
+    pub namespace: String,
+    /// Labels (Sidecar and Gateway selection, sourceLabels matches).
+    pub labels: Labels,
+    /// Interception mode.
+    pub interception: Interception,
+}
+
+impl ProxyView {
+    /// A stable 64-bit key for caches and metrics.
+    pub fn key(&self) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.hash(&mut h);
+        h.finish()
+    }
+}
+
+impl fmt::Display for ProxyView {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}/{}/{:016x}", self.kind, self.namespace, self.key())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(id: &str, meta: &[(&str, Value)]) -> Node {
+        Node {
+            id: id.into(),
+            metadata: Some(Struct { fields: meta.iter().map(|(k, v)| (k.to_string(), v.clone())).collect() }),
+            ..Default::default()
+        }
+    }
+
+    fn s(v: &str) -> Value {
+        Value { kind: Some(ValueKind::StringValue(v.into())) }
+    }
+
+    #[test]
+    fn parses_istio_node_ids() {
+        let p = Proxy::from_node(Some(&node("sidecar~10.1.2.3~reviews-1.shop~shop.svc.cluster.local", &[]))).unwrap();
+        assert_eq!(p.kind, ProxyKind::Sidecar);
+        assert_eq!(p.ip, "10.1.2.3");
+        assert_eq!(p.namespace, "shop");
+        let labels = Value {
+            kind: Some(ValueKind::StructValue(Struct { fields: [("app".to_string(), s("gw"))].into_iter().collect() })),
+        };
+        let g = Proxy::from_node(Some(&node(
+            "router~10.0.0.1~gw.istio-system~istio-system.svc.cluster.local",
+            &[("NAMESPACE", s("edge")), ("LABELS", labels), ("INTERCEPTION_MODE", s("NONE"))],
+        )))
+        .unwrap();
+        assert_eq!(g.kind, ProxyKind::Router);
+        assert_eq!(g.namespace, "edge");
+        assert_eq!(g.labels.get("app").map(String::as_str), Some("gw"));
+        assert_eq!(g.interception, Interception::None);
+    }
+
+    #[test]
+    fn rejects_bad_ids() {
+        assert!(matches!(Proxy::from_node(None), Err(ProxyError::MissingNode)));
+        assert!(matches!(Proxy::from_node(Some(&node("envoy-1", &[]))), Err(ProxyError::BadId(_))));
+        assert!(matches!(Proxy::from_node(Some(&node("ztunnel~1~a.b~b.svc", &[]))), Err(ProxyError::BadId(_))));
+    }
+}

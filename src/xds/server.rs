@@ -1,0 +1,79 @@
+//! The ADS gRPC service.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use futures::Stream;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::cache::GenerationCache;
+use super::connection::{serve, ConnectionContext};
+use super::status::ConnectionRegistry;
+use crate::snapshot::SnapshotReader;
+
+/// Responses buffered per connection before the connection task waits (back-pressure).
+const RESPONSE_QUEUE: usize = 8;
+
+/// Largest message accepted from or sent to a proxy.
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
+/// The ADS server of a frontend.
+#[derive(Clone)]
+pub struct AdsServer {
+    ctx: ConnectionContext,
+}
+
+impl AdsServer {
+    /// A server serving snapshots from `snapshots`.
+    pub fn new(snapshots: SnapshotReader, registry: Arc<ConnectionRegistry>) -> Self {
+        AdsServer { ctx: ConnectionContext { snapshots, cache: Arc::new(GenerationCache::default()), registry } }
+    }
+
+    /// The tonic service.
+    pub fn into_service(self) -> AggregatedDiscoveryServiceServer<AdsServer> {
+        AggregatedDiscoveryServiceServer::new(self)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES)
+    }
+
+    /// The generation cache (shared with debug endpoints).
+    pub fn cache(&self) -> Arc<GenerationCache> {
+        self.ctx.cache.clone()
+    }
+}
+
+type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for AdsServer {
+    type StreamAggregatedResourcesStream = ResponseStream<DiscoveryResponse>;
+    type DeltaAggregatedResourcesStream = ResponseStream<DeltaDiscoveryResponse>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        let requests = request.into_inner();
+        let (tx, rx) = mpsc::channel(RESPONSE_QUEUE);
+        let ctx = self.ctx.clone();
+        tokio::spawn(async move {
+            serve(ctx, requests, tx).await;
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        _request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        Err(Status::unimplemented("delta xDS is not served yet; use state-of-the-world ADS"))
+    }
+}
