@@ -11,3 +11,4 @@ pub mod telemetry;
 pub mod admin;
 pub mod frontend;
 pub mod standalone;
+pub mod sim;

@@ -1,0 +1,300 @@
+//! One simulated proxy: a state-of-the-world ADS stream that ACKs what it receives.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use envoy_types::pb::envoy::config::cluster::v3::{cluster::ClusterDiscoveryType, cluster::DiscoveryType, Cluster};
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::config::listener::v3::{filter::ConfigType, Listener};
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    http_connection_manager::RouteSpecifier, HttpConnectionManager,
+};
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
+use envoy_types::pb::google::rpc::Status as RpcStatus;
+use prost::Message;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt;
+
+use crate::config::api::Labels;
+use crate::xds::TypeUrl;
+
+/// Who the simulated proxy is.
+#[derive(Debug, Clone)]
+pub struct SimProxySpec {
+    /// Node id (`sidecar~IP~POD.NS~NS.svc.cluster.local`).
+    pub node_id: String,
+    /// NAMESPACE metadata.
+    pub namespace: String,
+    /// LABELS metadata.
+    pub labels: Labels,
+    /// ADS endpoint, e.g. `http://127.0.0.1:15010`.
+    pub xds_url: String,
+    /// NACK every response of this type (to test rejection handling).
+    pub reject: Option<TypeUrl>,
+}
+
+impl SimProxySpec {
+    /// A sidecar in `namespace` with `app=<app>` labels.
+    pub fn sidecar(xds_url: &str, namespace: &str, name: &str, ip: &str) -> SimProxySpec {
+        SimProxySpec {
+            node_id: format!("sidecar~{ip}~{name}.{namespace}~{namespace}.svc.cluster.local"),
+            namespace: namespace.to_string(),
+            labels: [("app".to_string(), name.to_string())].into_iter().collect(),
+            xds_url: xds_url.to_string(),
+            reject: None,
+        }
+    }
+}
+
+/// What one type's stream has seen.
+#[derive(Debug, Clone, Default)]
+pub struct TypeState {
+    /// Responses received.
+    pub responses: u64,
+    /// Version of the last response.
+    pub version: String,
+    /// Names of the resources in the last response.
+    pub names: BTreeSet<String>,
+    /// Last version ACKed.
+    pub acked_version: String,
+}
+
+/// Everything the proxy has seen so far.
+#[derive(Debug, Clone, Default)]
+pub struct SimState {
+    /// By type.
+    pub types: BTreeMap<TypeUrl, TypeState>,
+    /// Whether the stream is up.
+    pub connected: bool,
+    /// Last stream error.
+    pub error: Option<String>,
+}
+
+impl SimState {
+    /// Total responses received of all types.
+    pub fn responses(&self) -> u64 {
+        self.types.values().map(|t| t.responses).sum()
+    }
+
+    /// Whether every subscribed type has acked `version`.
+    pub fn acked(&self, version: &str) -> bool {
+        !self.types.is_empty() && self.types.values().all(|t| t.acked_version == version)
+    }
+}
+
+/// Why a simulated proxy could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// Bad URL or connection failure.
+    #[error("connecting to {url}: {source}")]
+    Connect {
+        /// URL.
+        url: String,
+        /// Cause.
+        source: tonic::transport::Error,
+    },
+    /// The stream failed to open.
+    #[error("opening the ADS stream: {0}")]
+    Stream(#[from] tonic::Status),
+}
+
+/// A running simulated proxy; the stream closes when this is dropped.
+pub struct SimProxy {
+    state: Arc<ArcSwap<SimState>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for SimProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl SimProxy {
+    /// Connects and subscribes to CDS and LDS; EDS and RDS follow from what arrives.
+    pub async fn connect(spec: SimProxySpec) -> Result<SimProxy, SimError> {
+        let channel = tonic::transport::Endpoint::from_shared(spec.xds_url.clone())
+            .map_err(|source| SimError::Connect { url: spec.xds_url.clone(), source })?
+            .connect()
+            .await
+            .map_err(|source| SimError::Connect { url: spec.xds_url.clone(), source })?;
+        let mut client = AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(64 << 20);
+        let (tx, rx) = mpsc::channel::<DiscoveryRequest>(16);
+        let node = node(&spec);
+        for (i, t) in [TypeUrl::Cluster, TypeUrl::Listener].into_iter().enumerate() {
+            let _ = tx
+                .send(DiscoveryRequest {
+                    node: (i == 0).then(|| node.clone()),
+                    type_url: t.as_str().into(),
+                    ..Default::default()
+                })
+                .await;
+        }
+        let responses = client.stream_aggregated_resources(ReceiverStream::new(rx)).await?.into_inner();
+        let state = Arc::new(ArcSwap::from_pointee(SimState { connected: true, ..Default::default() }));
+        let task = tokio::spawn(run(spec, responses, tx, state.clone()));
+        Ok(SimProxy { state, task })
+    }
+
+    /// What the proxy has seen.
+    pub fn state(&self) -> Arc<SimState> {
+        self.state.load_full()
+    }
+
+    /// Polls until `done` holds (true) or `timeout` passes (false).
+    pub async fn wait_for(&self, timeout: Duration, done: impl Fn(&SimState) -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if done(&self.state()) {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+fn node(spec: &SimProxySpec) -> Node {
+    let s = |v: &str| Value { kind: Some(Kind::StringValue(v.to_string())) };
+    let labels = Struct { fields: spec.labels.iter().map(|(k, v)| (k.clone(), s(v))).collect() };
+    Node {
+        id: spec.node_id.clone(),
+        cluster: spec.labels.get("app").cloned().unwrap_or_default(),
+        metadata: Some(Struct {
+            fields: [
+                ("NAMESPACE".to_string(), s(&spec.namespace)),
+                ("LABELS".to_string(), Value { kind: Some(Kind::StructValue(labels)) }),
+                ("CLUSTER_ID".to_string(), s("Kubernetes")),
+            ]
+            .into_iter()
+            .collect(),
+        }),
+        ..Default::default()
+    }
+}
+
+async fn run(
+    spec: SimProxySpec,
+    mut responses: tonic::Streaming<DiscoveryResponse>,
+    tx: mpsc::Sender<DiscoveryRequest>,
+    state: Arc<ArcSwap<SimState>>,
+) {
+    // Names subscribed per named type, and the last nonce per type (for follow-up requests).
+    let mut wanted: BTreeMap<TypeUrl, BTreeSet<String>> = BTreeMap::new();
+    let mut nonces: BTreeMap<TypeUrl, (String, String)> = BTreeMap::new();
+    while let Some(item) = responses.next().await {
+        let resp = match item {
+            Ok(r) => r,
+            Err(e) => {
+                update(&state, |s| {
+                    s.connected = false;
+                    s.error = Some(e.to_string());
+                });
+                return;
+            }
+        };
+        let Some(type_url) = TypeUrl::parse(&resp.type_url) else { continue };
+        let names: BTreeSet<String> = resp.resources.iter().filter_map(|r| resource_name(type_url, &r.value)).collect();
+        let reject = spec.reject == Some(type_url);
+        let names_for_ack = wanted.get(&type_url).cloned().unwrap_or_default();
+        let ack = DiscoveryRequest {
+            version_info: if reject { String::new() } else { resp.version_info.clone() },
+            type_url: resp.type_url.clone(),
+            response_nonce: resp.nonce.clone(),
+            resource_names: names_for_ack.into_iter().collect(),
+            error_detail: reject.then(|| RpcStatus { code: 3, message: "simulated rejection".into(), details: vec![] }),
+            ..Default::default()
+        };
+        if tx.send(ack).await.is_err() {
+            return;
+        }
+        if !reject {
+            nonces.insert(type_url, (resp.version_info.clone(), resp.nonce.clone()));
+        }
+        update(&state, |s| {
+            let t = s.types.entry(type_url).or_default();
+            t.responses += 1;
+            t.version = resp.version_info.clone();
+            t.names = names.clone();
+            if !reject {
+                t.acked_version = resp.version_info.clone();
+            }
+        });
+        // Like Envoy: clusters and listeners tell which endpoints and routes to ask for.
+        let follow = match type_url {
+            TypeUrl::Cluster => Some((TypeUrl::Endpoint, eds_names(&resp))),
+            TypeUrl::Listener => Some((TypeUrl::Route, rds_names(&resp))),
+            _ => None,
+        };
+        if let Some((dep, names)) = follow {
+            if wanted.get(&dep) != Some(&names) {
+                wanted.insert(dep, names.clone());
+                let (version, nonce) = nonces.get(&dep).cloned().unwrap_or_default();
+                let req = DiscoveryRequest {
+                    version_info: version,
+                    response_nonce: nonce,
+                    type_url: dep.as_str().into(),
+                    resource_names: names.into_iter().collect(),
+                    ..Default::default()
+                };
+                if tx.send(req).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+    update(&state, |s| s.connected = false);
+}
+
+fn update(state: &ArcSwap<SimState>, f: impl FnOnce(&mut SimState)) {
+    let mut next = SimState::clone(&state.load());
+    f(&mut next);
+    state.store(Arc::new(next));
+}
+
+fn resource_name(type_url: TypeUrl, bytes: &[u8]) -> Option<String> {
+    use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+    use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+    match type_url {
+        TypeUrl::Cluster => Cluster::decode(bytes).ok().map(|c| c.name),
+        TypeUrl::Endpoint => ClusterLoadAssignment::decode(bytes).ok().map(|c| c.cluster_name),
+        TypeUrl::Listener => Listener::decode(bytes).ok().map(|l| l.name),
+        TypeUrl::Route => RouteConfiguration::decode(bytes).ok().map(|r| r.name),
+    }
+}
+
+fn eds_names(resp: &DiscoveryResponse) -> BTreeSet<String> {
+    resp.resources
+        .iter()
+        .filter_map(|r| Cluster::decode(r.value.as_slice()).ok())
+        .filter(|c| matches!(c.cluster_discovery_type, Some(ClusterDiscoveryType::Type(t)) if t == DiscoveryType::Eds as i32))
+        .map(|c| c.eds_cluster_config.map(|e| e.service_name).filter(|n| !n.is_empty()).unwrap_or(c.name))
+        .collect()
+}
+
+fn rds_names(resp: &DiscoveryResponse) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for r in &resp.resources {
+        let Ok(listener) = Listener::decode(r.value.as_slice()) else { continue };
+        for chain in listener.filter_chains.iter().chain(listener.default_filter_chain.iter()) {
+            for filter in &chain.filters {
+                let Some(ConfigType::TypedConfig(any)) = &filter.config_type else { continue };
+                if !any.type_url.ends_with(".HttpConnectionManager") {
+                    continue;
+                }
+                let Ok(hcm) = HttpConnectionManager::decode(any.value.as_slice()) else { continue };
+                if let Some(RouteSpecifier::Rds(rds)) = hcm.route_specifier {
+                    names.insert(rds.route_config_name);
+                }
+            }
+        }
+    }
+    names
+}

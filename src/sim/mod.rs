@@ -1,0 +1,6 @@
+//! Simulated proxies: ADS clients that behave like Envoy (subscribe, follow EDS/RDS names, ACK),
+//! for load generation and tests.
+
+mod client;
+
+pub use client::{SimError, SimProxy, SimProxySpec, SimState, TypeState};

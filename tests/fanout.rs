@@ -1,0 +1,171 @@
+//! Fan-out: one change reaches exactly the proxies it concerns, once each.
+//!
+//! 200 simulated sidecars (the crate's own ADS client, which subscribes and ACKs like Envoy) in
+//! two namespaces whose services are private to them. An endpoint change in one namespace must
+//! give each of its proxies exactly one push (EDS only) and the other namespace none; a service
+//! change in the other namespace the reverse.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use meshpilot::frontend::FrontendSettings;
+use meshpilot::ingest::DebounceSettings;
+use meshpilot::sim::{SimProxy, SimProxySpec, SimState};
+use meshpilot::standalone::{self, StandaloneSettings};
+use meshpilot::xds::TypeUrl;
+use serde_json::Value;
+
+const PER_NAMESPACE: usize = 100;
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+fn service(ns: &str, port: u32, endpoints: &[&str]) -> String {
+    let eps: Vec<String> = endpoints.iter().map(|a| format!("{{address: {a}}}")).collect();
+    format!(
+        "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: svc, namespace: {ns}}}\nspec:\n  hosts: [svc.{ns}.svc.cluster.local]\n  exportTo: [\".\"]\n  location: MESH_INTERNAL\n  resolution: STATIC\n  ports: [{{number: {port}, name: http, protocol: HTTP}}]\n  endpoints: [{}]\n",
+        eps.join(", ")
+    )
+}
+
+fn free_addr() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr")
+}
+
+async fn admin_json(admin: SocketAddr, path: &str) -> Value {
+    let body = reqwest::Client::builder().no_proxy().build().unwrap().get(format!("http://{admin}{path}")).send().await.unwrap().text().await.unwrap();
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"))
+}
+
+/// Waits until every connection has processed the snapshot `version` (pushed or not).
+async fn wait_all_on(admin: SocketAddr, version: &str, count: usize) {
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        let syncz = admin_json(admin, "/debug/syncz").await;
+        let on = syncz.as_array().map(|a| a.iter().filter(|c| c["snapshot_version"] == version).count()).unwrap_or(0);
+        if on == count {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "only {on}/{count} connections reached {version}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn current_version(admin: SocketAddr) -> String {
+    admin_json(admin, "/debug/push_status").await["version"].as_str().unwrap().to_string()
+}
+
+async fn wait_new_version(admin: SocketAddr, old: &str) -> String {
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        let v = current_version(admin).await;
+        if v != old {
+            return v;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no new snapshot after {old}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn counts(proxies: &[SimProxy]) -> Vec<SimState> {
+    proxies.iter().map(|p| SimState::clone(&p.state())).collect()
+}
+
+fn write(dir: &Path, name: &str, text: &str) {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, dir.join(name)).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_change_pushes_once_to_affected_proxies_only() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "a.yaml", &service("team-a", 80, &["10.0.0.1"]));
+    write(dir.path(), "b.yaml", &service("team-b", 80, &["10.0.1.1"]));
+    let (xds, admin) = (free_addr(), free_addr());
+    let settings = StandaloneSettings {
+        config_dir: dir.path().to_path_buf(),
+        mesh_config: None,
+        debounce: DebounceSettings { after: Duration::from_millis(50), max: Duration::from_secs(1) },
+        frontend: FrontendSettings { xds_addr: xds, admin_addr: admin, identity: "test".into() },
+    };
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let server = tokio::spawn(standalone::run(settings, stop_rx));
+    let url = format!("http://{xds}");
+    let mut team_a = Vec::new();
+    let mut team_b = Vec::new();
+    for i in 0..PER_NAMESPACE {
+        for (ns, list) in [("team-a", &mut team_a), ("team-b", &mut team_b)] {
+            let spec = SimProxySpec::sidecar(&url, ns, &format!("app-{i}"), &format!("10.9.{}.{}", i / 200, i % 200));
+            let mut tries = 0;
+            let proxy = loop {
+                match SimProxy::connect(spec.clone()).await {
+                    Ok(p) => break p,
+                    Err(e) if tries < 100 => {
+                        tries += 1;
+                        let _ = e;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    Err(e) => panic!("connect: {e}"),
+                }
+            };
+            list.push(proxy);
+        }
+    }
+    let v1 = current_version(admin).await;
+    for p in team_a.iter().chain(&team_b) {
+        assert!(p.wait_for(TIMEOUT, |s| s.acked(&v1) && s.types.len() == 4).await, "proxy never converged: {:?}", p.state());
+    }
+    // Each proxy sees its own namespace's service only.
+    let clusters = &team_a[0].state().types[&TypeUrl::Cluster].names;
+    assert!(clusters.contains("outbound|80||svc.team-a.svc.cluster.local"), "{clusters:?}");
+    assert!(!clusters.iter().any(|c| c.contains("team-b")), "{clusters:?}");
+
+    // 1. Endpoint-only change in team-b.
+    let before_a = counts(&team_a);
+    let before_b = counts(&team_b);
+    write(dir.path(), "b.yaml", &service("team-b", 80, &["10.0.1.1", "10.0.1.2"]));
+    let v2 = wait_new_version(admin, &v1).await;
+    let push = admin_json(admin, "/debug/push_status").await;
+    assert_eq!(push["endpoints_only"], true, "{push}");
+    wait_all_on(admin, &v2, 2 * PER_NAMESPACE).await;
+    for (p, before) in team_b.iter().zip(&before_b) {
+        assert!(p.wait_for(TIMEOUT, |s| s.types[&TypeUrl::Endpoint].acked_version == v2).await);
+        let now = p.state();
+        for t in TypeUrl::PUSH_ORDER {
+            let expected = before.types[&t].responses + u64::from(t == TypeUrl::Endpoint);
+            assert_eq!(now.types[&t].responses, expected, "team-b proxy, {t}: exactly one EDS push expected");
+        }
+    }
+    for (p, before) in team_a.iter().zip(&before_a) {
+        assert_eq!(p.state().responses(), before.responses(), "team-a proxies must get no push");
+    }
+    let syncz = admin_json(admin, "/debug/syncz").await;
+    for conn in syncz.as_array().unwrap() {
+        let ns = conn["proxy"]["namespace"].as_str().unwrap();
+        let pushes = conn["pushes"].as_u64().unwrap();
+        // Initial config answers requests and is not a push; team-b got exactly one push since.
+        let expected = if ns == "team-b" { 1 } else { 0 };
+        assert_eq!(pushes, expected, "push count of {}", conn["proxy"]["id"]);
+    }
+
+    // 2. A service change in team-a (new port): team-a proxies get one push, team-b none.
+    let before_a = counts(&team_a);
+    let before_b = counts(&team_b);
+    write(dir.path(), "a.yaml", &service("team-a", 8080, &["10.0.0.1"]));
+    let v3 = wait_new_version(admin, &v2).await;
+    wait_all_on(admin, &v3, 2 * PER_NAMESPACE).await;
+    for (p, before) in team_a.iter().zip(&before_a) {
+        assert!(p.wait_for(TIMEOUT, |s| s.types[&TypeUrl::Cluster].acked_version == v3).await);
+        let now = p.state();
+        assert_eq!(now.types[&TypeUrl::Cluster].responses, before.types[&TypeUrl::Cluster].responses + 1);
+        assert!(now.types[&TypeUrl::Cluster].names.contains("outbound|8080||svc.team-a.svc.cluster.local"));
+    }
+    for (p, before) in team_b.iter().zip(&before_b) {
+        assert_eq!(p.state().responses(), before.responses(), "team-b proxies must get no push");
+    }
+    let _ = stop.send(true);
+    drop(team_a);
+    drop(team_b);
+    let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
+}
