@@ -266,7 +266,7 @@ pub struct HttpSettings {
     /// Max concurrent streams.
     #[serde(default)]
     pub max_concurrent_streams: Option<i32>,
-    /// HTTP/2 keepalive pings (`interval`, `timeout`; accepted).
+    /// HTTP/2 keepalive pings (`interval`, `timeout`).
     #[serde(default)]
     pub http2_keep_alive: Option<serde_json::Value>,
 }

@@ -1,0 +1,81 @@
+//! Duration rules: at least 1ms, in whole milliseconds (Envoy's granularity).
+
+use serde_json::Value;
+
+use crate::config::api::Duration;
+
+use super::invalid;
+
+const NANOS_PER_MILLI: u128 = 1_000_000;
+
+/// Slack for the float arithmetic of the duration parser, far below a millisecond.
+const ROUNDING_SLACK_NANOS: u128 = 10;
+
+/// Checks a duration field: at least 1ms, with millisecond precision.
+pub(super) fn check_duration(duration: Duration) -> Result<(), String> {
+    let nanos = duration.as_std().as_nanos();
+    let off_by = (nanos % NANOS_PER_MILLI).min(NANOS_PER_MILLI - nanos % NANOS_PER_MILLI);
+    if nanos + ROUNDING_SLACK_NANOS < NANOS_PER_MILLI {
+        Err(invalid(
+            duration.to_string(),
+            "must be a valid duration greater than 1ms",
+        ))
+    } else if off_by > ROUNDING_SLACK_NANOS {
+        Err(invalid(
+            duration.to_string(),
+            "only durations to ms precision are supported",
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+/// Checks an optional duration.
+pub(super) fn check_optional(duration: Option<Duration>) -> Result<(), String> {
+    duration.map_or(Ok(()), check_duration)
+}
+
+/// Checks a duration inside a loosely typed field; absent (null) is fine.
+pub(super) fn check_duration_value(value: Option<&Value>) -> Result<(), String> {
+    match value {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(text)) => Duration::parse(text)
+            .map_err(|e| invalid(text, e))
+            .and_then(check_duration),
+        Some(other) => Err(invalid(other, "must be a duration such as \"5s\"")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(text: &str) -> Result<(), String> {
+        check_duration(Duration::parse(text).unwrap())
+    }
+
+    #[test]
+    fn durations_are_whole_milliseconds_from_1ms() {
+        assert!(check("1ms").is_ok());
+        assert!(check("1.001s").is_ok());
+        assert!(check("300s").is_ok());
+        assert!(check("0s")
+            .unwrap_err()
+            .contains("must be a valid duration greater than 1ms"));
+        assert!(check("999us").unwrap_err().contains("greater than 1ms"));
+        assert!(check("1500us")
+            .unwrap_err()
+            .contains("only durations to ms precision are supported"));
+    }
+
+    #[test]
+    fn loosely_typed_durations_are_parsed() {
+        assert!(check_duration_value(None).is_ok());
+        assert!(check_duration_value(Some(&Value::from("15s"))).is_ok());
+        assert!(check_duration_value(Some(&Value::from("0s")))
+            .unwrap_err()
+            .contains("greater than 1ms"));
+        assert!(check_duration_value(Some(&Value::from("soon"))).is_err());
+        assert!(check_duration_value(Some(&Value::from(5))).is_err());
+    }
+}

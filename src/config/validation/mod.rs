@@ -1,0 +1,238 @@
+//! Istio's validation rules for the served kinds; one validator for the watcher and `meshpilot validate`.
+//!
+//! The rules follow istio/istio's `pkg/config/validation` and the CRD schemas of istio/api. Field paths
+//! use Istio's JSON names (`spec.http[0].route[1].weight`); reasons use the Kubernetes API server's
+//! words ("Required value", "Invalid value", "Duplicate value", "Unsupported value") followed by Istio's
+//! message, so errors read the same as `kubectl apply` would print them.
+
+mod addresses;
+mod destination;
+mod destination_rule;
+mod durations;
+mod export_to;
+mod gateway;
+mod headers;
+mod hosts;
+mod http_route;
+mod labels;
+mod ports;
+mod service_entry;
+mod sidecar;
+mod string_match;
+mod traffic_policy;
+mod virtual_service;
+mod workload_entry;
+
+use std::fmt::{Debug, Display};
+
+use super::error::FieldError;
+use super::object::{ConfigObject, Spec};
+
+/// Validates a parsed object; an empty result means it may be served.
+pub fn validate(obj: &ConfigObject) -> Vec<FieldError> {
+    let mut errors = Errors::default();
+    let namespace = obj.key.namespace.as_str();
+    match &obj.spec {
+        Spec::VirtualService(vs) => virtual_service::validate(vs, namespace, &mut errors),
+        Spec::DestinationRule(dr) => destination_rule::validate(dr, namespace, &mut errors),
+        Spec::Gateway(gw) => gateway::validate(gw, &obj.key.name, &mut errors),
+        Spec::ServiceEntry(se) => service_entry::validate(se, namespace, &mut errors),
+        Spec::WorkloadEntry(we) => workload_entry::validate(we, &mut errors),
+        Spec::Sidecar(sc) => sidecar::validate(sc, &mut errors),
+    }
+    errors.0
+}
+
+/// Checks an RFC 1123 DNS subdomain (object names).
+pub fn check_dns1123_subdomain(value: &str) -> Result<(), String> {
+    if value.is_empty() || value.len() > 253 {
+        return Err(format!("{value:?} must be 1-253 characters"));
+    }
+    for label in value.split('.') {
+        check_dns1123_label(label)?;
+    }
+    Ok(())
+}
+
+/// Checks an RFC 1123 DNS label (namespaces, label parts of names).
+pub fn check_dns1123_label(value: &str) -> Result<(), String> {
+    let ok = !value.is_empty()
+        && value.len() <= 63
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !value.starts_with('-')
+        && !value.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{value:?} is not a valid DNS-1123 label (lower case alphanumerics and '-', at most 63 characters)"
+        ))
+    }
+}
+
+/// The errors found in one object, in the order they were found.
+#[derive(Debug, Default)]
+struct Errors(Vec<FieldError>);
+
+impl Errors {
+    /// Records an error at `field`.
+    fn add(&mut self, field: impl Into<String>, reason: impl Into<String>) {
+        self.0.push(FieldError::new(field, reason));
+    }
+
+    /// Records the error of `result`, if any, at `field`.
+    fn check(&mut self, field: impl Into<String>, result: Result<(), String>) {
+        if let Err(reason) = result {
+            self.add(field, reason);
+        }
+    }
+}
+
+/// Reason for a missing field.
+fn required(detail: impl Display) -> String {
+    format!("Required value: {detail}")
+}
+
+/// Reason for a field whose value breaks a rule.
+fn invalid(value: impl Debug, detail: impl Display) -> String {
+    format!("Invalid value: {value:?}: {detail}")
+}
+
+/// Reason for a value that repeats an earlier one where values must be unique.
+fn duplicate(value: impl Debug, detail: impl Display) -> String {
+    format!("Duplicate value: {value:?}: {detail}")
+}
+
+/// Reason for a field that may not be set (in this combination).
+fn forbidden(detail: impl Display) -> String {
+    format!("Forbidden: {detail}")
+}
+
+/// Reason for a value outside an enumeration.
+fn unsupported(value: impl Debug, supported: &[&str]) -> String {
+    let list: Vec<String> = supported.iter().map(|s| format!("{s:?}")).collect();
+    format!(
+        "Unsupported value: {value:?}: supported values: {}",
+        list.join(", ")
+    )
+}
+
+/// Checks an optional integer that must not be negative.
+fn check_non_negative(errors: &mut Errors, field: impl Into<String>, value: Option<i32>) {
+    if let Some(v) = value.filter(|v| *v < 0) {
+        errors.add(field, invalid(v, "must be greater than or equal to 0"));
+    }
+}
+
+/// Checks an optional percentage (0–100).
+fn check_percent_range<T: Into<f64> + Debug + Copy>(
+    errors: &mut Errors,
+    field: impl Into<String>,
+    value: Option<T>,
+) {
+    if let Some(v) = value.filter(|v| !(0.0..=100.0).contains(&(*v).into())) {
+        errors.add(field, invalid(v, "must be between 0 and 100"));
+    }
+}
+
+#[cfg(test)]
+mod testing {
+    //! Helpers that run YAML snippets through the real parser and validator.
+
+    use crate::config::error::FieldError;
+    use crate::config::parse::{parse_file, Document};
+
+    /// A full document of `kind` named `name` in namespace `ns`, with `spec` (YAML, unindented).
+    pub fn document(kind: &str, name: &str, spec: &str) -> String {
+        let spec: String = spec.lines().map(|l| format!("  {l}\n")).collect();
+        format!("apiVersion: networking.istio.io/v1\nkind: {kind}\nmetadata:\n  name: {name}\n  namespace: ns\nspec:\n{spec}")
+    }
+
+    /// The first error reported for a `kind` with `spec`, or `None` when it is valid.
+    pub fn first_error(kind: &str, spec: &str) -> Option<FieldError> {
+        first_error_of(&document(kind, "obj", spec))
+    }
+
+    /// The first error reported for a whole document, or `None` when it is valid.
+    pub fn first_error_of(text: &str) -> Option<FieldError> {
+        let docs = parse_file("test.yaml", text);
+        match docs.into_iter().next() {
+            Some(Document::Valid(_)) => None,
+            Some(Document::Invalid(e)) => Some(e.error),
+            other => panic!("unexpected parse result: {other:?}"),
+        }
+    }
+
+    /// Every error reported for a `kind` with `spec` (for rules that only fire after another one).
+    pub fn all_errors(kind: &str, spec: &str) -> Vec<FieldError> {
+        let value = serde_saphyr::from_str(&document(kind, "obj", spec)).expect("test YAML parses");
+        match crate::config::parse::object_from_value(value) {
+            Ok(Some(obj)) => crate::config::validation::validate(&obj),
+            other => panic!("test document did not parse to an object: {other:?}"),
+        }
+    }
+
+    /// Asserts that `spec` is accepted.
+    #[track_caller]
+    pub fn assert_valid(kind: &str, spec: &str) {
+        if let Some(e) = first_error(kind, spec) {
+            panic!("expected valid {kind}, got {e}\n{spec}");
+        }
+    }
+
+    /// Asserts that the first error is at `field` and its reason contains `reason`.
+    #[track_caller]
+    pub fn assert_error(kind: &str, spec: &str, field: &str, reason: &str) {
+        match first_error(kind, spec) {
+            None => panic!("expected {field}: {reason}, but {kind} was accepted\n{spec}"),
+            Some(e) => {
+                assert_eq!(e.field, field, "wrong field for {e}\n{spec}");
+                assert!(
+                    e.reason.contains(reason),
+                    "reason {:?} lacks {reason:?}\n{spec}",
+                    e.reason
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_use_kubernetes_words() {
+        assert_eq!(required("x"), "Required value: x");
+        assert_eq!(invalid(150, "too big"), "Invalid value: 150: too big");
+        assert_eq!(invalid("a", "bad"), "Invalid value: \"a\": bad");
+        assert_eq!(duplicate("a", "again"), "Duplicate value: \"a\": again");
+        assert_eq!(forbidden("no"), "Forbidden: no");
+        assert_eq!(
+            unsupported("X", &["A", "B"]),
+            "Unsupported value: \"X\": supported values: \"A\", \"B\""
+        );
+    }
+
+    #[test]
+    fn dns_names_follow_rfc_1123() {
+        assert!(check_dns1123_label("a-1").is_ok());
+        assert!(check_dns1123_label("A").is_err());
+        assert!(check_dns1123_label("-a").is_err());
+        assert!(check_dns1123_subdomain("a.b-c").is_ok());
+        assert!(check_dns1123_subdomain("a..b").is_err());
+    }
+
+    #[test]
+    fn negative_counts_and_out_of_range_percentages_are_reported() {
+        let mut errors = Errors::default();
+        check_non_negative(&mut errors, "a", Some(-1));
+        check_non_negative(&mut errors, "b", Some(0));
+        check_percent_range(&mut errors, "c", Some(100.5));
+        check_percent_range(&mut errors, "d", Some(100.0));
+        let fields: Vec<&str> = errors.0.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(fields, ["a", "c"]);
+    }
+}
