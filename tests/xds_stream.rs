@@ -1,6 +1,7 @@
-//! Fan-out: one change reaches exactly the proxies it concerns, once each.
+//! ADS stream behaviour with simulated proxies (the crate's own ADS client, which subscribes
+//! and ACKs like Envoy): fan-out, NACK handling, bad nodes.
 //!
-//! 200 simulated sidecars (the crate's own ADS client, which subscribes and ACKs like Envoy) in
+//! Fan-out: 200 simulated sidecars (the crate's own ADS client, which subscribes and ACKs like Envoy) in
 //! two namespaces whose services are private to them. An endpoint change in one namespace must
 //! give each of its proxies exactly one push (EDS only) and the other namespace none; a service
 //! change in the other namespace the reverse.
@@ -77,39 +78,63 @@ fn write(dir: &Path, name: &str, text: &str) {
     std::fs::rename(&tmp, dir.join(name)).unwrap();
 }
 
+/// An in-process standalone meshpilot on free ports; stopped on drop.
+struct Server {
+    xds: SocketAddr,
+    admin: SocketAddr,
+    stop: tokio::sync::watch::Sender<bool>,
+}
+
+impl Server {
+    fn start(dir: &Path) -> Server {
+        let (xds, admin) = (free_addr(), free_addr());
+        let settings = StandaloneSettings {
+            config_dir: dir.to_path_buf(),
+            mesh_config: None,
+            debounce: DebounceSettings { after: Duration::from_millis(50), max: Duration::from_secs(1) },
+            frontend: FrontendSettings { xds_addr: xds, admin_addr: admin, identity: "test".into() },
+        };
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(standalone::run(settings, stop_rx));
+        Server { xds, admin, stop }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.xds)
+    }
+
+    async fn connect(&self, spec: SimProxySpec) -> SimProxy {
+        // The server may still be binding its listener.
+        for _ in 0..100 {
+            if let Ok(p) = SimProxy::connect(spec.clone()).await {
+                return p;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("cannot connect to {}", spec.xds_url);
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_change_pushes_once_to_affected_proxies_only() {
     let dir = tempfile::tempdir().unwrap();
     write(dir.path(), "a.yaml", &service("team-a", 80, &["10.0.0.1"]));
     write(dir.path(), "b.yaml", &service("team-b", 80, &["10.0.1.1"]));
-    let (xds, admin) = (free_addr(), free_addr());
-    let settings = StandaloneSettings {
-        config_dir: dir.path().to_path_buf(),
-        mesh_config: None,
-        debounce: DebounceSettings { after: Duration::from_millis(50), max: Duration::from_secs(1) },
-        frontend: FrontendSettings { xds_addr: xds, admin_addr: admin, identity: "test".into() },
-    };
-    let (stop, stop_rx) = tokio::sync::watch::channel(false);
-    let server = tokio::spawn(standalone::run(settings, stop_rx));
-    let url = format!("http://{xds}");
+    let server = Server::start(dir.path());
+    let admin = server.admin;
+    let url = server.url();
     let mut team_a = Vec::new();
     let mut team_b = Vec::new();
     for i in 0..PER_NAMESPACE {
         for (ns, list) in [("team-a", &mut team_a), ("team-b", &mut team_b)] {
             let spec = SimProxySpec::sidecar(&url, ns, &format!("app-{i}"), &format!("10.9.{}.{}", i / 200, i % 200));
-            let mut tries = 0;
-            let proxy = loop {
-                match SimProxy::connect(spec.clone()).await {
-                    Ok(p) => break p,
-                    Err(e) if tries < 100 => {
-                        tries += 1;
-                        let _ = e;
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                    Err(e) => panic!("connect: {e}"),
-                }
-            };
-            list.push(proxy);
+            list.push(server.connect(spec).await);
         }
     }
     let v1 = current_version(admin).await;
@@ -164,8 +189,52 @@ async fn one_change_pushes_once_to_affected_proxies_only() {
     for (p, before) in team_b.iter().zip(&before_b) {
         assert_eq!(p.state().responses(), before.responses(), "team-b proxies must get no push");
     }
-    let _ = stop.send(true);
-    drop(team_a);
-    drop(team_b);
-    let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nacked_version_is_recorded_and_not_resent_until_config_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "a.yaml", &service("team-a", 80, &["10.0.0.1"]));
+    let server = Server::start(dir.path());
+    let mut spec = SimProxySpec::sidecar(&server.url(), "team-a", "app", "10.9.0.1");
+    spec.reject = Some(TypeUrl::Cluster);
+    let proxy = server.connect(spec).await;
+    let v1 = current_version(server.admin).await;
+    assert!(proxy.wait_for(TIMEOUT, |s| s.types.get(&TypeUrl::Listener).is_some_and(|t| t.acked_version == v1)).await);
+
+    let syncz = admin_json(server.admin, "/debug/syncz").await;
+    let cds = &syncz[0]["types"]["Cluster"];
+    assert_eq!(cds["sent_version"], v1.as_str(), "{syncz}");
+    assert_eq!(cds["acked_version"], "", "a NACK must not count as an ACK: {syncz}");
+    assert_eq!(cds["last_nack"]["message"], "simulated rejection", "{syncz}");
+    assert_eq!(syncz[0]["types"]["Listener"]["acked_version"], v1.as_str());
+
+    // A change that leaves this proxy's clusters as they were: the rejected CDS is not resent.
+    let cds_before = proxy.state().types[&TypeUrl::Cluster].responses;
+    write(dir.path(), "other.yaml", &service("team-z", 80, &["10.0.9.1"]));
+    let v2 = wait_new_version(server.admin, &v1).await;
+    wait_all_on(server.admin, &v2, 1).await;
+    assert_eq!(proxy.state().types[&TypeUrl::Cluster].responses, cds_before);
+
+    // A change to its clusters is sent (and rejected again).
+    write(dir.path(), "a.yaml", &service("team-a", 81, &["10.0.0.1"]));
+    let v3 = wait_new_version(server.admin, &v2).await;
+    assert!(proxy.wait_for(TIMEOUT, |s| s.types[&TypeUrl::Cluster].version == v3).await);
+    assert_eq!(proxy.state().types[&TypeUrl::Cluster].responses, cds_before + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_is_not_an_istio_proxy_is_refused_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "a.yaml", &service("team-a", 80, &["10.0.0.1"]));
+    let server = Server::start(dir.path());
+    let mut spec = SimProxySpec::sidecar(&server.url(), "team-a", "app", "10.9.0.1");
+    spec.node_id = "just-an-envoy".into();
+    let proxy = server.connect(spec).await;
+    assert!(proxy.wait_for(TIMEOUT, |s| !s.connected).await);
+    let error = proxy.state().error.clone().unwrap_or_default();
+    assert!(error.contains("TYPE~IP~POD.NAMESPACE"), "{error}");
+    // The server keeps serving others.
+    let ok = server.connect(SimProxySpec::sidecar(&server.url(), "team-a", "app", "10.9.0.2")).await;
+    assert!(ok.wait_for(TIMEOUT, |s| s.types.len() == 4).await);
 }
