@@ -44,7 +44,11 @@ pub enum FrontendError {
 }
 
 /// Serves until `shutdown` flips to true.
-pub async fn run(settings: FrontendSettings, snapshots: SnapshotReader, shutdown: watch::Receiver<bool>) -> Result<(), FrontendError> {
+pub async fn run(
+    settings: FrontendSettings,
+    snapshots: SnapshotReader,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), FrontendError> {
     let connections = Arc::new(ConnectionRegistry::default());
     let ads = AdsServer::new(snapshots.clone(), connections.clone());
     let admin_state = AdminState { snapshots, connections, cache: ads.cache(), identity: settings.identity.clone() };
@@ -57,7 +61,10 @@ pub async fn run(settings: FrontendSettings, snapshots: SnapshotReader, shutdown
     let xds = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
         .add_service(ads.into_service())
-        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(xds_listener), wait_for(shutdown.clone()));
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(xds_listener),
+            wait_for(shutdown.clone()),
+        );
     let admin = admin::serve(admin_addr, admin_state, wait_for(shutdown));
     let (xds_result, admin_result) = tokio::join!(xds, admin);
     xds_result.map_err(|source| FrontendError::Xds { addr: xds_addr, source })?;

@@ -43,14 +43,10 @@ impl ExpectedError {
             return None;
         }
         match text.split_once(": ") {
-            Some((field, reason)) if !field.contains(' ') => Some(ExpectedError {
-                field: Some(field.to_string()),
-                reason: reason.to_string(),
-            }),
-            _ => Some(ExpectedError {
-                field: None,
-                reason: text.to_string(),
-            }),
+            Some((field, reason)) if !field.contains(' ') => {
+                Some(ExpectedError { field: Some(field.to_string()), reason: reason.to_string() })
+            }
+            _ => Some(ExpectedError { field: None, reason: text.to_string() }),
         }
     }
 
@@ -75,13 +71,9 @@ struct Document {
 /// no error text for them yet; they must still be rejected, so they are uncommented here. Their
 /// separators are commented too (`#---`).
 fn documents(path: &Path) -> Vec<Document> {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let invalid = name.ends_with("-invalid.yaml");
-    let text =
-        fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     let mut chunks = vec![String::new()];
     for line in text.lines() {
         if matches!(line.trim_end(), "---" | "#---") {
@@ -94,35 +86,23 @@ fn documents(path: &Path) -> Vec<Document> {
     chunks
         .into_iter()
         .filter_map(|chunk| {
-            let has_content = chunk
-                .lines()
-                .any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'));
+            let has_content = chunk.lines().any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'));
             if has_content {
                 Some(chunk)
             } else if invalid && chunk.lines().any(|l| l.starts_with("#_err:")) {
-                Some(
-                    chunk
-                        .lines()
-                        .map(|l| format!("{}\n", l.strip_prefix('#').unwrap_or(l)))
-                        .collect(),
-                )
+                Some(chunk.lines().map(|l| format!("{}\n", l.strip_prefix('#').unwrap_or(l))).collect())
             } else {
                 None
             }
         })
         .enumerate()
-        .map(|(i, text)| Document {
-            place: format!("{name} document {}", i + 1),
-            text,
-            invalid,
-        })
+        .map(|(i, text)| Document { place: format!("{name} document {}", i + 1), text, invalid })
         .collect()
 }
 
 /// Parses a document, taking out Istio's expected error.
 fn parse(doc: &Document) -> Result<(Value, Expect), String> {
-    let mut value: Value =
-        serde_saphyr::from_str(&doc.text).map_err(|e| format!("not valid YAML: {e}"))?;
+    let mut value: Value = serde_saphyr::from_str(&doc.text).map_err(|e| format!("not valid YAML: {e}"))?;
     let recorded = value.as_object_mut().and_then(|map| map.remove(ERROR_KEY));
     let expect = match (doc.invalid, recorded) {
         (false, None) => Expect::Accept,
@@ -147,12 +127,7 @@ fn errors_of(value: Value) -> Result<Vec<FieldError>, String> {
 fn check(doc: &Document) -> Result<(), String> {
     let (value, expect) = parse(doc)?;
     let errors = errors_of(value)?;
-    let listed = || {
-        errors
-            .iter()
-            .map(|e| format!("\n    {e}"))
-            .collect::<String>()
-    };
+    let listed = || errors.iter().map(|e| format!("\n    {e}")).collect::<String>();
     match expect {
         Expect::Accept if errors.is_empty() => Ok(()),
         Expect::Accept => Err(format!("valid document was rejected:{}", listed())),
@@ -172,8 +147,8 @@ fn check(doc: &Document) -> Result<(), String> {
 fn corpus_files(dir: &Path) -> Vec<PathBuf> {
     let mut files = Vec::new();
     for sub in ["crds", "dataset"] {
-        let entries = fs::read_dir(dir.join(sub))
-            .unwrap_or_else(|e| panic!("cannot list {}/{sub}: {e}", dir.display()));
+        let entries =
+            fs::read_dir(dir.join(sub)).unwrap_or_else(|e| panic!("cannot list {}/{sub}: {e}", dir.display()));
         files.extend(
             entries
                 .filter_map(|entry| entry.ok().map(|e| e.path()))
@@ -203,20 +178,9 @@ fn istio_validation_corpus() {
             }
         }
     }
-    println!(
-        "conformance: {accepted} valid documents accepted, {rejected} invalid documents rejected"
-    );
-    assert!(
-        accepted > 0 && rejected > 0,
-        "the corpus at {} holds no documents",
-        dir.display()
-    );
-    assert!(
-        failures.is_empty(),
-        "{} corpus documents failed:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    println!("conformance: {accepted} valid documents accepted, {rejected} invalid documents rejected");
+    assert!(accepted > 0 && rejected > 0, "the corpus at {} holds no documents", dir.display());
+    assert!(failures.is_empty(), "{} corpus documents failed:\n{}", failures.len(), failures.join("\n"));
 }
 
 #[test]
@@ -224,11 +188,7 @@ fn commented_out_todo_documents_are_uncommented() {
     let dir = std::env::temp_dir().join(format!("meshpilot-conformance-{}", std::process::id()));
     fs::create_dir_all(&dir).unwrap();
     let path = dir.join("x-invalid.yaml");
-    fs::write(
-        &path,
-        "_err: a\nkind: A\n#---\n#_err: \"TODO\"\n#kind: B\n---\n# just a comment\n",
-    )
-    .unwrap();
+    fs::write(&path, "_err: a\nkind: A\n#---\n#_err: \"TODO\"\n#kind: B\n---\n# just a comment\n").unwrap();
     let docs = documents(&path);
     fs::remove_dir_all(&dir).unwrap();
     let texts: Vec<&str> = docs.iter().map(|d| d.text.as_str()).collect();
@@ -238,13 +198,8 @@ fn commented_out_todo_documents_are_uncommented() {
 #[test]
 fn expected_errors_split_field_and_reason() {
     let e = ExpectedError::parse("spec.ports: Invalid value").unwrap();
-    assert_eq!(
-        (e.field.as_deref(), e.reason.as_str()),
-        (Some("spec.ports"), "Invalid value")
-    );
-    let e =
-        ExpectedError::parse("CIDR addresses are allowed only for NONE/STATIC resolution types")
-            .unwrap();
+    assert_eq!((e.field.as_deref(), e.reason.as_str()), (Some("spec.ports"), "Invalid value"));
+    let e = ExpectedError::parse("CIDR addresses are allowed only for NONE/STATIC resolution types").unwrap();
     assert_eq!(e.field, None);
     assert!(ExpectedError::parse("TODO").is_none());
 }

@@ -34,7 +34,17 @@ fn free_addr() -> SocketAddr {
 }
 
 async fn admin_json(admin: SocketAddr, path: &str) -> Value {
-    let body = reqwest::Client::builder().no_proxy().build().unwrap().get(format!("http://{admin}{path}")).send().await.unwrap().text().await.unwrap();
+    let body = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap()
+        .get(format!("http://{admin}{path}"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"))
 }
 
@@ -139,7 +149,11 @@ async fn one_change_pushes_once_to_affected_proxies_only() {
     }
     let v1 = current_version(admin).await;
     for p in team_a.iter().chain(&team_b) {
-        assert!(p.wait_for(TIMEOUT, |s| s.acked(&v1) && s.types.len() == 4).await, "proxy never converged: {:?}", p.state());
+        assert!(
+            p.wait_for(TIMEOUT, |s| s.acked(&v1) && s.types.len() == 4).await,
+            "proxy never converged: {:?}",
+            p.state()
+        );
     }
     // Each proxy sees its own namespace's service only.
     let clusters = &team_a[0].state().types[&TypeUrl::Cluster].names;

@@ -108,11 +108,11 @@ pub async fn config_dump(State(state): State<AdminState>, Query(q): Query<HashMa
         return (StatusCode::BAD_REQUEST, Json(json!({"error": "proxyID query parameter required"}))).into_response();
     };
     let connections = state.connections.snapshot();
-    let Some(conn) = connections
-        .iter()
-        .find(|c| c.proxy.id == *wanted || c.proxy.id.split('~').nth(2) == Some(wanted.as_str()))
+    let Some(conn) =
+        connections.iter().find(|c| c.proxy.id == *wanted || c.proxy.id.split('~').nth(2) == Some(wanted.as_str()))
     else {
-        return (StatusCode::NOT_FOUND, Json(json!({"error": format!("proxy {wanted} is not connected here")}))).into_response();
+        return (StatusCode::NOT_FOUND, Json(json!({"error": format!("proxy {wanted} is not connected here")})))
+            .into_response();
     };
     let view = conn.proxy.view();
     let mut configs = serde_json::Map::new();

@@ -61,8 +61,5 @@ async fn ready(State(state): State<AdminState>) -> impl IntoResponse {
 }
 
 async fn metrics() -> impl IntoResponse {
-    (
-        [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        crate::telemetry::metrics::METRICS.render(),
-    )
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::telemetry::metrics::METRICS.render())
 }

@@ -94,6 +94,8 @@ pub struct Meta {
 }
 
 /// The spec, by kind.
+// Specs live behind `Arc` (ValidConfig) once validated, so the variant size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum Spec {

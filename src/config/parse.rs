@@ -12,6 +12,8 @@ use super::validation;
 pub const DEFAULT_NAMESPACE: &str = "default";
 
 /// What one document of a file turned out to be.
+// Short-lived: valid objects move into an `Arc` right away.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum Document {
     /// A served kind that parsed and validated.
@@ -33,11 +35,7 @@ pub enum Document {
 
 /// Parses and validates every document of a file.
 pub fn parse_file(file: &str, text: &str) -> Vec<Document> {
-    split_documents(text)
-        .into_iter()
-        .enumerate()
-        .flat_map(|(i, doc)| parse_document(file, i + 1, doc))
-        .collect()
+    split_documents(text).into_iter().enumerate().flat_map(|(i, doc)| parse_document(file, i + 1, doc)).collect()
 }
 
 /// Splits YAML text at `---` separator lines, dropping documents with no content.
@@ -152,7 +150,10 @@ pub fn object_from_value(value: Value) -> Result<Option<ConfigObject>, ParseFail
     let key = ConfigKey { kind, namespace, name };
     let fail = |field: &str, reason: String| Err((Some(key.clone()), FieldError::new(field, reason)));
     if !NETWORKING_VERSIONS.contains(&version) {
-        return fail("apiVersion", format!("unsupported version {api_version:?} for {kind_name} (v1, v1beta1 or v1alpha3)"));
+        return fail(
+            "apiVersion",
+            format!("unsupported version {api_version:?} for {kind_name} (v1, v1beta1 or v1alpha3)"),
+        );
     }
     if key.name.is_empty() {
         return fail("metadata.name", "Required value".into());

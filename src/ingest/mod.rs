@@ -50,7 +50,12 @@ impl IngestEvent {
 
 /// Runs the ingest loop for one term: debounces events, builds snapshots and publishes them.
 /// Nothing is published before the config source reports `Synced` (the readiness gate).
-pub async fn run(mut events: mpsc::Receiver<IngestEvent>, writer: SnapshotWriter, term: u64, debounce: DebounceSettings) {
+pub async fn run(
+    mut events: mpsc::Receiver<IngestEvent>,
+    writer: SnapshotWriter,
+    term: u64,
+    debounce: DebounceSettings,
+) {
     let mut builder = SnapshotBuilder::default();
     let mut synced = false;
     let mut version = Version::new(term, 0);

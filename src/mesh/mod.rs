@@ -101,8 +101,8 @@ impl MeshConfig {
         if value.is_null() {
             value = serde_json::Value::Object(Default::default());
         }
-        let mut mesh: MeshConfig = serde_path_to_error::deserialize(value)
-            .map_err(|e| invalid(format!("{}: {}", e.path(), e.inner())))?;
+        let mut mesh: MeshConfig =
+            serde_path_to_error::deserialize(value).map_err(|e| invalid(format!("{}: {}", e.path(), e.inner())))?;
         mesh.source_hash = fnv(text.as_bytes());
         Ok(mesh)
     }
@@ -110,7 +110,8 @@ impl MeshConfig {
     /// Reads and parses a mesh config file.
     pub fn load(path: &Path) -> Result<MeshConfig, MeshConfigError> {
         let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| MeshConfigError::Read { path: shown.clone(), source })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| MeshConfigError::Read { path: shown.clone(), source })?;
         MeshConfig::parse(&shown, &text)
     }
 }
@@ -152,7 +153,9 @@ mod tests {
 
     #[test]
     fn accepts_the_istio_configmap_shape() {
-        let m = MeshConfig::parse("m", "apiVersion: v1\nkind: ConfigMap\ndata:\n  mesh: |\n    rootNamespace: mesh-root\n").unwrap();
+        let m =
+            MeshConfig::parse("m", "apiVersion: v1\nkind: ConfigMap\ndata:\n  mesh: |\n    rootNamespace: mesh-root\n")
+                .unwrap();
         assert_eq!(m.root_namespace, "mesh-root");
     }
 }

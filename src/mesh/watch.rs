@@ -19,7 +19,8 @@ pub async fn watch_mesh_config(path: PathBuf, events: mpsc::Sender<IngestEvent>)
     let _ = events.send(IngestEvent::Mesh(Arc::new(first))).await;
     let (tx, mut rx) = mpsc::channel(1);
     // Watch the directory: editors replace files by renaming over them.
-    let dir = path.parent().map(PathBuf::from).filter(|p| !p.as_os_str().is_empty()).unwrap_or_else(|| PathBuf::from("."));
+    let dir =
+        path.parent().map(PathBuf::from).filter(|p| !p.as_os_str().is_empty()).unwrap_or_else(|| PathBuf::from("."));
     let watch = match fswatch::watch(&dir, tx.clone()) {
         Ok(w) => Some(w),
         Err(e) => {

@@ -137,7 +137,9 @@ impl Snapshot {
     /// The service a proxy in `namespace` reaches under `host`.
     pub fn service_for_host(&self, namespace: &str, host: &Hostname) -> Option<&Arc<Service>> {
         let mut found = None;
-        for (key, svc) in self.registry.services.range(ServiceKey { hostname: host.clone(), namespace: String::new() }..) {
+        for (key, svc) in
+            self.registry.services.range(ServiceKey { hostname: host.clone(), namespace: String::new() }..)
+        {
             if &key.hostname != host {
                 break;
             }
@@ -160,7 +162,11 @@ impl Snapshot {
 
     /// VirtualServices visible to `namespace` that apply to `gateway` (`mesh` for sidecars, or
     /// `ns/name` of a Gateway), in key order.
-    pub fn virtual_services_for(&self, namespace: &str, gateway: &str) -> Vec<(&Indexed<VirtualService>, &VirtualService)> {
+    pub fn virtual_services_for(
+        &self,
+        namespace: &str,
+        gateway: &str,
+    ) -> Vec<(&Indexed<VirtualService>, &VirtualService)> {
         self.virtual_services
             .iter()
             .filter(|ix| ix.visibility.visible_to(namespace) || ix.config.key.namespace == namespace)

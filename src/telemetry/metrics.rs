@@ -70,24 +70,107 @@ impl Metrics {
             };
         }
         Metrics {
-            xds_pushes: reg!(register_int_counter_vec_with_registry!("pilot_xds_pushes", "Pilot build and send errors for lds, rds, cds and eds.", &["type"], r)),
-            xds_push_time: reg!(register_histogram_vec_with_registry!("pilot_xds_push_time", "Total time in seconds Pilot takes to push lds, rds, cds and eds.", &["type"], PUSH_BUCKETS.to_vec(), r)),
-            proxy_convergence_time: reg!(register_histogram_with_registry!("pilot_proxy_convergence_time", "Delay in seconds between config change and a proxy receiving all required configuration.", CONVERGENCE_BUCKETS.to_vec(), r)),
-            proxy_queue_time: reg!(register_histogram_with_registry!("pilot_proxy_queue_time", "Time in seconds, a proxy is in the push queue before being dequeued.", CONVERGENCE_BUCKETS.to_vec(), r)),
-            xds_send_time: reg!(register_histogram_with_registry!("pilot_xds_send_time", "Total time in seconds Pilot takes to send generated configuration.", PUSH_BUCKETS.to_vec(), r)),
-            pushcontext_init_seconds: reg!(register_histogram_with_registry!("pilot_pushcontext_init_seconds", "Total time in seconds Pilot takes to init pushContext.", INIT_BUCKETS.to_vec(), r)),
-            push_triggers: reg!(register_int_counter_vec_with_registry!("pilot_push_triggers", "Total number of times a push was triggered, labeled by reason for the push.", &["type"], r)),
-            inbound_updates: reg!(register_int_counter_vec_with_registry!("pilot_inbound_updates", "Total number of updates received by pilot.", &["type"], r)),
-            xds_clients: reg!(register_int_gauge_with_registry!("pilot_xds", "Number of endpoints connected to this pilot using XDS.", r)),
+            xds_pushes: reg!(register_int_counter_vec_with_registry!(
+                "pilot_xds_pushes",
+                "Pilot build and send errors for lds, rds, cds and eds.",
+                &["type"],
+                r
+            )),
+            xds_push_time: reg!(register_histogram_vec_with_registry!(
+                "pilot_xds_push_time",
+                "Total time in seconds Pilot takes to push lds, rds, cds and eds.",
+                &["type"],
+                PUSH_BUCKETS.to_vec(),
+                r
+            )),
+            proxy_convergence_time: reg!(register_histogram_with_registry!(
+                "pilot_proxy_convergence_time",
+                "Delay in seconds between config change and a proxy receiving all required configuration.",
+                CONVERGENCE_BUCKETS.to_vec(),
+                r
+            )),
+            proxy_queue_time: reg!(register_histogram_with_registry!(
+                "pilot_proxy_queue_time",
+                "Time in seconds, a proxy is in the push queue before being dequeued.",
+                CONVERGENCE_BUCKETS.to_vec(),
+                r
+            )),
+            xds_send_time: reg!(register_histogram_with_registry!(
+                "pilot_xds_send_time",
+                "Total time in seconds Pilot takes to send generated configuration.",
+                PUSH_BUCKETS.to_vec(),
+                r
+            )),
+            pushcontext_init_seconds: reg!(register_histogram_with_registry!(
+                "pilot_pushcontext_init_seconds",
+                "Total time in seconds Pilot takes to init pushContext.",
+                INIT_BUCKETS.to_vec(),
+                r
+            )),
+            push_triggers: reg!(register_int_counter_vec_with_registry!(
+                "pilot_push_triggers",
+                "Total number of times a push was triggered, labeled by reason for the push.",
+                &["type"],
+                r
+            )),
+            inbound_updates: reg!(register_int_counter_vec_with_registry!(
+                "pilot_inbound_updates",
+                "Total number of updates received by pilot.",
+                &["type"],
+                r
+            )),
+            xds_clients: reg!(register_int_gauge_with_registry!(
+                "pilot_xds",
+                "Number of endpoints connected to this pilot using XDS.",
+                r
+            )),
             services: reg!(register_int_gauge_with_registry!("pilot_services", "Total services known to pilot.", r)),
-            xds_rejects: reg!(register_int_counter_vec_with_registry!("pilot_total_xds_rejects", "Total number of XDS responses from pilot rejected by proxy.", &["type"], r)),
-            xds_internal_errors: reg!(register_int_counter_with_registry!("pilot_total_xds_internal_errors", "Total number of internal XDS errors in pilot.", r)),
-            xds_config_size_bytes: reg!(register_histogram_vec_with_registry!("pilot_xds_config_size_bytes", "Distribution of configuration sizes pushed to clients", &["type"], SIZE_BUCKETS.to_vec(), r)),
-            xds_expired_nonce: reg!(register_int_counter_vec_with_registry!("pilot_xds_expired_nonce", "Total number of XDS requests with an expired nonce.", &["type"], r)),
-            xds_write_timeout: reg!(register_int_counter_with_registry!("pilot_xds_write_timeout", "Pilot XDS response write timeouts.", r)),
-            snapshot_version: reg!(register_int_gauge_vec_with_registry!("meshpilot_snapshot_version", "Version of the snapshot this process holds, by part (term, seq).", &["part"], r)),
-            snapshot_build_seconds: reg!(register_histogram_with_registry!("meshpilot_snapshot_build_seconds", "Time to build a snapshot from the sources' state.", INIT_BUCKETS.to_vec(), r)),
-            config_errors: reg!(register_int_gauge_with_registry!("meshpilot_config_errors", "Config documents currently rejected by validation.", r)),
+            xds_rejects: reg!(register_int_counter_vec_with_registry!(
+                "pilot_total_xds_rejects",
+                "Total number of XDS responses from pilot rejected by proxy.",
+                &["type"],
+                r
+            )),
+            xds_internal_errors: reg!(register_int_counter_with_registry!(
+                "pilot_total_xds_internal_errors",
+                "Total number of internal XDS errors in pilot.",
+                r
+            )),
+            xds_config_size_bytes: reg!(register_histogram_vec_with_registry!(
+                "pilot_xds_config_size_bytes",
+                "Distribution of configuration sizes pushed to clients",
+                &["type"],
+                SIZE_BUCKETS.to_vec(),
+                r
+            )),
+            xds_expired_nonce: reg!(register_int_counter_vec_with_registry!(
+                "pilot_xds_expired_nonce",
+                "Total number of XDS requests with an expired nonce.",
+                &["type"],
+                r
+            )),
+            xds_write_timeout: reg!(register_int_counter_with_registry!(
+                "pilot_xds_write_timeout",
+                "Pilot XDS response write timeouts.",
+                r
+            )),
+            snapshot_version: reg!(register_int_gauge_vec_with_registry!(
+                "meshpilot_snapshot_version",
+                "Version of the snapshot this process holds, by part (term, seq).",
+                &["part"],
+                r
+            )),
+            snapshot_build_seconds: reg!(register_histogram_with_registry!(
+                "meshpilot_snapshot_build_seconds",
+                "Time to build a snapshot from the sources' state.",
+                INIT_BUCKETS.to_vec(),
+                r
+            )),
+            config_errors: reg!(register_int_gauge_with_registry!(
+                "meshpilot_config_errors",
+                "Config documents currently rejected by validation.",
+                r
+            )),
             registry: r,
         }
     }

@@ -68,7 +68,9 @@ pub struct GenerationCache {
 
 impl Default for GenerationCache {
     fn default() -> Self {
-        GenerationCache { current: ArcSwap::from_pointee(Generation { version: Version::default(), slots: Mutex::default() }) }
+        GenerationCache {
+            current: ArcSwap::from_pointee(Generation { version: Version::default(), slots: Mutex::default() }),
+        }
     }
 }
 

@@ -73,7 +73,11 @@ struct Connection {
 }
 
 /// Serves one ADS stream until it ends.
-pub async fn serve<S>(ctx: ConnectionContext, mut requests: S, tx: mpsc::Sender<Result<DiscoveryResponse, Status>>) -> StreamEnd
+pub async fn serve<S>(
+    ctx: ConnectionContext,
+    mut requests: S,
+    tx: mpsc::Sender<Result<DiscoveryResponse, Status>>,
+) -> StreamEnd
 where
     S: Stream<Item = Result<DiscoveryRequest, Status>> + Unpin,
 {
@@ -152,7 +156,12 @@ impl Connection {
             if let Some(err) = &req.error_detail {
                 METRICS.xds_rejects.with_label_values(&[type_url.short()]).inc();
                 warn!(proxy = %self.proxy.id, %type_url, version = %req.version_info, nonce = %req.response_nonce, error = %err.message, "proxy rejected config (NACK)");
-                let nack = Nack { version: sent.nonce_version(), nonce: req.response_nonce.clone(), message: err.message.clone(), at: SystemTime::now() };
+                let nack = Nack {
+                    version: sent.nonce_version(),
+                    nonce: req.response_nonce.clone(),
+                    message: err.message.clone(),
+                    at: SystemTime::now(),
+                };
                 self.registration.update(|s| {
                     s.types.entry(type_url).or_default().last_nack = Some(nack);
                 });
@@ -237,7 +246,9 @@ impl Connection {
             Ok(Err(_)) => return Err(StreamEnd::Dropped),
             Err(_) => {
                 METRICS.xds_write_timeout.inc();
-                return Err(StreamEnd::Invalid(format!("{type_url} response not accepted by the stream within {SEND_TIMEOUT:?}")));
+                return Err(StreamEnd::Invalid(format!(
+                    "{type_url} response not accepted by the stream within {SEND_TIMEOUT:?}"
+                )));
             }
         }
         let short = type_url.short();

@@ -81,12 +81,9 @@ impl Proxy {
         let labels = meta
             .and_then(|m| m.fields.get("LABELS"))
             .and_then(|v| match &v.kind {
-                Some(ValueKind::StructValue(s)) => Some(
-                    s.fields
-                        .iter()
-                        .filter_map(|(k, v)| Some((k.clone(), value_str(v)?)))
-                        .collect::<Labels>(),
-                ),
+                Some(ValueKind::StructValue(s)) => {
+                    Some(s.fields.iter().filter_map(|(k, v)| Some((k.clone(), value_str(v)?))).collect::<Labels>())
+                }
                 _ => None,
             })
             .unwrap_or_default();

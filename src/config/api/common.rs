@@ -25,19 +25,14 @@ impl Duration {
         let mut total = 0f64;
         let mut rest = s;
         while !rest.is_empty() {
-            let num_len = rest
-                .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-                .unwrap_or(rest.len());
+            let num_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
             if num_len == 0 {
                 return Err(format!("duration {text:?} is not a number followed by a unit"));
             }
-            let number: f64 = rest[..num_len]
-                .parse()
-                .map_err(|_| format!("duration {text:?} has an invalid number"))?;
+            let number: f64 =
+                rest[..num_len].parse().map_err(|_| format!("duration {text:?} has an invalid number"))?;
             rest = &rest[num_len..];
-            let unit_len = rest
-                .find(|c: char| c.is_ascii_digit() || c == '.')
-                .unwrap_or(rest.len());
+            let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
             let factor = match &rest[..unit_len] {
                 "ns" => 1e-9,
                 "us" | "µs" => 1e-6,
@@ -66,9 +61,9 @@ impl Duration {
 impl fmt::Display for Duration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let nanos = self.0.as_nanos();
-        if nanos % 1_000_000_000 == 0 {
+        if nanos.is_multiple_of(1_000_000_000) {
             write!(f, "{}s", self.0.as_secs())
-        } else if nanos % 1_000_000 == 0 {
+        } else if nanos.is_multiple_of(1_000_000) {
             write!(f, "{}ms", self.0.as_millis())
         } else {
             write!(f, "{}s", self.0.as_secs_f64())

@@ -88,14 +88,10 @@ fn flow_strings<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<String
         .enumerate()
         .map(|(i, item)| match item {
             serde_json::Value::String(text) => Ok(text),
-            serde_json::Value::Object(map)
-                if map.len() == 1 && map.values().all(serde_json::Value::is_null) =>
-            {
+            serde_json::Value::Object(map) if map.len() == 1 && map.values().all(serde_json::Value::is_null) => {
                 Ok(map.keys().map(|key| format!("{key}:")).collect())
             }
-            other => Err(serde::de::Error::custom(format!(
-                "[{i}]: invalid type: {other}, expected a string"
-            ))),
+            other => Err(serde::de::Error::custom(format!("[{i}]: invalid type: {other}, expected a string"))),
         })
         .collect()
 }

@@ -99,7 +99,10 @@ impl DirState {
                         file: path.display().to_string(),
                         document: 0,
                         object: Some(key.clone()),
-                        error: FieldError::new("metadata.name", format!("duplicate of the object in {}; ignored", first.display())),
+                        error: FieldError::new(
+                            "metadata.name",
+                            format!("duplicate of the object in {}; ignored", first.display()),
+                        ),
                     });
                     continue;
                 }
@@ -185,7 +188,10 @@ fn content_hash(text: &str) -> u64 {
 /// Scans `root` once, sends its state to ingest, then watches it in the background.
 pub async fn watch_config_dir(root: PathBuf, events: mpsc::Sender<IngestEvent>) -> std::io::Result<()> {
     if !root.is_dir() {
-        return Err(std::io::Error::new(std::io::ErrorKind::NotFound, format!("config directory {} does not exist", root.display())));
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("config directory {} does not exist", root.display()),
+        ));
     }
     let (tx, mut rx) = mpsc::channel(1);
     let watch = fswatch::watch(&root, tx).map_err(std::io::Error::other)?;

@@ -30,9 +30,7 @@ pub(super) fn check_ip_or_cidr(value: &str) -> Result<(), String> {
             Ok(IpAddr::V6(_)) => 128,
             Err(_) => return false,
         };
-        !bits.is_empty()
-            && bits.bytes().all(|b| b.is_ascii_digit())
-            && bits.parse::<u32>().is_ok_and(|b| b <= max_bits)
+        !bits.is_empty() && bits.bytes().all(|b| b.is_ascii_digit()) && bits.parse::<u32>().is_ok_and(|b| b <= max_bits)
     });
     if valid {
         Ok(())
@@ -73,10 +71,7 @@ mod tests {
         assert!(check_ip_or_cidr("1.1.1.1/32").is_ok());
         assert!(check_ip_or_cidr("2001:db8::/128").is_ok());
         assert!(check_ip_or_cidr("1.2.3.4").is_ok());
-        assert_eq!(
-            check_ip_or_cidr("1.2.3.4/99").unwrap_err(),
-            "1.2.3.4/99 is not a valid CIDR block"
-        );
+        assert_eq!(check_ip_or_cidr("1.2.3.4/99").unwrap_err(), "1.2.3.4/99 is not a valid CIDR block");
         assert!(check_ip_or_cidr("1.2.3.4/").is_err());
         assert!(check_ip_or_cidr("1.2.3.4/+8").is_err());
         assert!(check_ip_or_cidr("a/8").is_err());
@@ -90,11 +85,7 @@ mod tests {
         assert!(check_unix_address("unix://relative")
             .unwrap_err()
             .contains("UDS must be an absolute path or abstract socket"));
-        assert!(check_unix_address("unix://")
-            .unwrap_err()
-            .contains("UDS must be an absolute path"));
-        assert!(check_unix_address("unix:///dir/")
-            .unwrap_err()
-            .contains("UDS may not be a dir"));
+        assert!(check_unix_address("unix://").unwrap_err().contains("UDS must be an absolute path"));
+        assert!(check_unix_address("unix:///dir/").unwrap_err().contains("UDS may not be a dir"));
     }
 }

@@ -10,23 +10,14 @@ use super::{invalid, required, Errors};
 pub(super) fn check_destination(errors: &mut Errors, path: &str, destination: &Destination) {
     let host = destination.host.as_str();
     if host.is_empty() {
-        errors.add(
-            format!("{path}.host"),
-            required("destination host is required"),
-        );
+        errors.add(format!("{path}.host"), required("destination host is required"));
     } else if host == "*" {
-        errors.add(
-            format!("{path}.host"),
-            invalid(host, "invalid destination host *"),
-        );
+        errors.add(format!("{path}.host"), invalid(host, "invalid destination host *"));
     } else if let Err(e) = check_wildcard_host(host) {
         errors.add(format!("{path}.host"), invalid(host, e));
     }
     if !destination.subset.is_empty() {
-        errors.check(
-            format!("{path}.subset"),
-            check_subset_name(&destination.subset),
-        );
+        errors.check(format!("{path}.subset"), check_subset_name(&destination.subset));
     }
     if let Some(port) = destination.port {
         errors.check(format!("{path}.port.number"), check_port(port.number));
@@ -38,10 +29,7 @@ pub(super) fn check_subset_name(name: &str) -> Result<(), String> {
     if is_dns_label(name) {
         Ok(())
     } else {
-        Err(invalid(
-            name,
-            "subset name is invalid: must be a DNS-1123 label",
-        ))
+        Err(invalid(name, "subset name is invalid: must be a DNS-1123 label"))
     }
 }
 
@@ -51,10 +39,7 @@ pub(super) fn check_weights(errors: &mut Errors, path: &str, weights: &[Option<i
     for (i, weight) in weights.iter().enumerate() {
         let weight = weight.unwrap_or(0);
         if weight < 0 {
-            errors.add(
-                format!("{path}[{i}].weight"),
-                invalid(weight, "weight must not be negative"),
-            );
+            errors.add(format!("{path}[{i}].weight"), invalid(weight, "weight must not be negative"));
         }
         total += i64::from(weight);
     }
@@ -75,11 +60,7 @@ mod tests {
     }
 
     fn dest(host: &str, subset: &str, port: Option<u32>) -> Destination {
-        Destination {
-            host: host.into(),
-            subset: subset.into(),
-            port: port.map(|number| PortSelector { number }),
-        }
+        Destination { host: host.into(), subset: subset.into(), port: port.map(|number| PortSelector { number }) }
     }
 
     #[test]
@@ -93,9 +74,7 @@ mod tests {
     #[test]
     fn subsets_and_ports_are_checked() {
         assert!(errors_of(&dest("a", "v_1", None))[0].starts_with("d.subset: Invalid value"));
-        assert!(
-            errors_of(&dest("a", "", Some(0)))[0].starts_with("d.port.number: Invalid value: 0")
-        );
+        assert!(errors_of(&dest("a", "", Some(0)))[0].starts_with("d.port.number: Invalid value: 0"));
     }
 
     #[test]

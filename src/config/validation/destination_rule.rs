@@ -22,18 +22,10 @@ pub(super) fn validate(dr: &DestinationRule, namespace: &str, errors: &mut Error
         check_traffic_policy(errors, "spec.trafficPolicy", policy);
     }
     check_subsets(errors, dr);
-    let exporter = if dr.workload_selector.is_some() {
-        Exporter::SelectorDestinationRule
-    } else {
-        Exporter::Plain
-    };
+    let exporter = if dr.workload_selector.is_some() { Exporter::SelectorDestinationRule } else { Exporter::Plain };
     check_export_to(errors, "spec.exportTo", namespace, &dr.export_to, exporter);
     if let Some(selector) = &dr.workload_selector {
-        check_selector(
-            errors,
-            "spec.workloadSelector.matchLabels",
-            &selector.match_labels,
-        );
+        check_selector(errors, "spec.workloadSelector.matchLabels", &selector.match_labels);
     }
 }
 
@@ -45,10 +37,7 @@ fn check_subsets(errors: &mut Errors, dr: &DestinationRule) {
         if subset.name.is_empty() {
             errors.add(format!("{path}.name"), required("subset name is required"));
         } else if !names.insert(subset.name.as_str()) {
-            errors.add(
-                format!("{path}.name"),
-                duplicate(&subset.name, "duplicate subset names"),
-            );
+            errors.add(format!("{path}.name"), duplicate(&subset.name, "duplicate subset names"));
         } else {
             errors.check(format!("{path}.name"), check_subset_name(&subset.name));
         }
@@ -84,24 +73,9 @@ mod tests {
 
     #[test]
     fn subsets_are_named_uniquely() {
-        assert_error(
-            DR,
-            "host: a\nsubsets: [{labels: {v: \"1\"}}]",
-            "spec.subsets[0].name",
-            "Required value",
-        );
-        assert_error(
-            DR,
-            "host: a\nsubsets: [{name: v1}, {name: v1}]",
-            "spec.subsets[1].name",
-            "Duplicate value",
-        );
-        assert_error(
-            DR,
-            "host: a\nsubsets: [{name: v_1}]",
-            "spec.subsets[0].name",
-            "subset name is invalid",
-        );
+        assert_error(DR, "host: a\nsubsets: [{labels: {v: \"1\"}}]", "spec.subsets[0].name", "Required value");
+        assert_error(DR, "host: a\nsubsets: [{name: v1}, {name: v1}]", "spec.subsets[1].name", "Duplicate value");
+        assert_error(DR, "host: a\nsubsets: [{name: v_1}]", "spec.subsets[0].name", "subset name is invalid");
     }
 
     #[test]
@@ -124,30 +98,17 @@ mod tests {
     fn selector_rules_stay_in_their_namespace() {
         let spec = "host: a\nworkloadSelector: {matchLabels: {app: x}}\nexportTo: [other]";
         assert_error(DR, spec, "spec.exportTo", "beyond current namespace");
-        assert_valid(
-            DR,
-            "host: a\nworkloadSelector: {matchLabels: {app: x}}\nexportTo: [\".\"]",
-        );
+        assert_valid(DR, "host: a\nworkloadSelector: {matchLabels: {app: x}}\nexportTo: [\".\"]");
     }
 
     #[test]
     fn selectors_reject_wildcards() {
         let spec = "host: a\nworkloadSelector: {matchLabels: {app: \"*\"}}";
-        assert_error(
-            DR,
-            spec,
-            "spec.workloadSelector.matchLabels[app]",
-            "wildcard is not supported in selector",
-        );
+        assert_error(DR, spec, "spec.workloadSelector.matchLabels[app]", "wildcard is not supported in selector");
     }
 
     #[test]
     fn export_to_is_checked() {
-        assert_error(
-            DR,
-            "host: a\nexportTo: [a, a]",
-            "spec.exportTo[1]",
-            "Duplicate value",
-        );
+        assert_error(DR, "host: a\nexportTo: [a, a]", "spec.exportTo[1]", "Duplicate value");
     }
 }

@@ -16,15 +16,9 @@ pub(super) fn check_duration(duration: Duration) -> Result<(), String> {
     let nanos = duration.as_std().as_nanos();
     let off_by = (nanos % NANOS_PER_MILLI).min(NANOS_PER_MILLI - nanos % NANOS_PER_MILLI);
     if nanos + ROUNDING_SLACK_NANOS < NANOS_PER_MILLI {
-        Err(invalid(
-            duration.to_string(),
-            "must be a valid duration greater than 1ms",
-        ))
+        Err(invalid(duration.to_string(), "must be a valid duration greater than 1ms"))
     } else if off_by > ROUNDING_SLACK_NANOS {
-        Err(invalid(
-            duration.to_string(),
-            "only durations to ms precision are supported",
-        ))
+        Err(invalid(duration.to_string(), "only durations to ms precision are supported"))
     } else {
         Ok(())
     }
@@ -39,9 +33,7 @@ pub(super) fn check_optional(duration: Option<Duration>) -> Result<(), String> {
 pub(super) fn check_duration_value(value: Option<&Value>) -> Result<(), String> {
     match value {
         None | Some(Value::Null) => Ok(()),
-        Some(Value::String(text)) => Duration::parse(text)
-            .map_err(|e| invalid(text, e))
-            .and_then(check_duration),
+        Some(Value::String(text)) => Duration::parse(text).map_err(|e| invalid(text, e)).and_then(check_duration),
         Some(other) => Err(invalid(other, "must be a duration such as \"5s\"")),
     }
 }
@@ -59,22 +51,16 @@ mod tests {
         assert!(check("1ms").is_ok());
         assert!(check("1.001s").is_ok());
         assert!(check("300s").is_ok());
-        assert!(check("0s")
-            .unwrap_err()
-            .contains("must be a valid duration greater than 1ms"));
+        assert!(check("0s").unwrap_err().contains("must be a valid duration greater than 1ms"));
         assert!(check("999us").unwrap_err().contains("greater than 1ms"));
-        assert!(check("1500us")
-            .unwrap_err()
-            .contains("only durations to ms precision are supported"));
+        assert!(check("1500us").unwrap_err().contains("only durations to ms precision are supported"));
     }
 
     #[test]
     fn loosely_typed_durations_are_parsed() {
         assert!(check_duration_value(None).is_ok());
         assert!(check_duration_value(Some(&Value::from("15s"))).is_ok());
-        assert!(check_duration_value(Some(&Value::from("0s")))
-            .unwrap_err()
-            .contains("greater than 1ms"));
+        assert!(check_duration_value(Some(&Value::from("0s"))).unwrap_err().contains("greater than 1ms"));
         assert!(check_duration_value(Some(&Value::from("soon"))).is_err());
         assert!(check_duration_value(Some(&Value::from(5))).is_err());
     }

@@ -28,11 +28,7 @@ pub(super) fn check_export_to(
     for (i, entry) in export_to.iter().enumerate() {
         let field = format!("{path}[{i}]");
         // `.` and the object's own namespace name the same thing.
-        let key = if entry == "." {
-            namespace
-        } else {
-            entry.as_str()
-        };
+        let key = if entry == "." { namespace } else { entry.as_str() };
         if seen.contains(key) {
             let detail = if key == entry {
                 format!("duplicate entries in exportTo for entry {entry}")
@@ -50,28 +46,20 @@ pub(super) fn check_export_to(
         }
     }
     if seen.contains("*") && export_to.len() > 1 {
-        errors.add(
-            path,
-            invalid(
-                export_to,
-                "cannot have both public (*) and non-public exportTo values for a resource",
-            ),
-        );
+        errors
+            .add(path, invalid(export_to, "cannot have both public (*) and non-public exportTo values for a resource"));
     }
     if seen.contains("~") && export_to.len() > 1 {
-        errors.add(
-            path,
-            invalid(
-                export_to,
-                "cannot export service entry to no one (~) and someone",
-            ),
-        );
+        errors.add(path, invalid(export_to, "cannot export service entry to no one (~) and someone"));
     }
     if exporter == Exporter::SelectorDestinationRule && !seen.is_empty() {
         if !seen.contains(namespace) {
             errors.add(
                 path,
-                invalid(export_to, "destination rule with workload selector cannot have exportTo beyond current namespace"),
+                invalid(
+                    export_to,
+                    "destination rule with workload selector cannot have exportTo beyond current namespace",
+                ),
             );
         } else if seen.len() > 1 {
             errors.add(
@@ -87,15 +75,9 @@ fn check_entry(entry: &str, exporter: Exporter) -> Result<(), String> {
     match entry {
         "." | "*" => Ok(()),
         "~" if exporter == Exporter::ServiceEntry => Ok(()),
-        "~" => Err(invalid(
-            entry,
-            "exportTo ~ (none) is not allowed for Istio configuration objects",
-        )),
+        "~" => Err(invalid(entry, "exportTo ~ (none) is not allowed for Istio configuration objects")),
         _ if is_dns_label(entry) => Ok(()),
-        _ => Err(invalid(
-            entry,
-            "only ., *, or a valid DNS 1123 label is allowed as exportTo entry",
-        )),
+        _ => Err(invalid(entry, "only ., *, or a valid DNS 1123 label is allowed as exportTo entry")),
     }
 }
 
@@ -107,11 +89,7 @@ mod tests {
         let mut errors = Errors::default();
         let list: Vec<String> = export_to.iter().map(|s| s.to_string()).collect();
         check_export_to(&mut errors, "spec.exportTo", "ns", &list, exporter);
-        errors
-            .0
-            .iter()
-            .map(|e| format!("{}: {}", e.field, e.reason))
-            .collect()
+        errors.0.iter().map(|e| format!("{}: {}", e.field, e.reason)).collect()
     }
 
     #[test]
@@ -126,17 +104,11 @@ mod tests {
     fn duplicates_include_dot_and_own_namespace() {
         let e = fields(&["a", "a"], Exporter::Plain);
         assert_eq!(e.len(), 1);
-        assert!(
-            e[0].starts_with("spec.exportTo[1]: Duplicate value"),
-            "{e:?}"
-        );
+        assert!(e[0].starts_with("spec.exportTo[1]: Duplicate value"), "{e:?}");
         let e = fields(&["ns", "."], Exporter::Plain);
         assert!(e[0].contains(". and current namespace ns"), "{e:?}");
         let e = fields(&[".", "ns"], Exporter::Plain);
-        assert!(
-            e[0].contains("duplicate entries in exportTo for entry ns"),
-            "{e:?}"
-        );
+        assert!(e[0].contains("duplicate entries in exportTo for entry ns"), "{e:?}");
     }
 
     #[test]
@@ -144,19 +116,13 @@ mod tests {
         let e = fields(&["Not_A_Namespace"], Exporter::Plain);
         assert!(e[0].starts_with("spec.exportTo[0]: Invalid value"), "{e:?}");
         let e = fields(&["~"], Exporter::Plain);
-        assert!(
-            e[0].contains("not allowed for Istio configuration objects"),
-            "{e:?}"
-        );
+        assert!(e[0].contains("not allowed for Istio configuration objects"), "{e:?}");
     }
 
     #[test]
     fn public_and_none_cannot_be_combined() {
         let e = fields(&["*", "a"], Exporter::Plain);
-        assert!(
-            e[0].starts_with("spec.exportTo: Invalid value") && e[0].contains("public (*)"),
-            "{e:?}"
-        );
+        assert!(e[0].starts_with("spec.exportTo: Invalid value") && e[0].contains("public (*)"), "{e:?}");
         let e = fields(&["~", "a"], Exporter::ServiceEntry);
         assert!(e[0].contains("no one (~) and someone"), "{e:?}");
     }

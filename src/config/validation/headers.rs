@@ -11,16 +11,10 @@ const JWT_CLAIM_PREFIX: &str = "@request.auth.claims";
 pub(super) fn check_header_name(name: &str) -> Result<(), String> {
     if name.is_empty() {
         Err(invalid(name, "header name cannot be empty"))
-    } else if name
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-    {
+    } else if name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
         Ok(())
     } else {
-        Err(invalid(
-            name,
-            "not a valid header name (letters, digits, '-' and '_')",
-        ))
+        Err(invalid(name, "not a valid header name (letters, digits, '-' and '_')"))
     }
 }
 
@@ -36,8 +30,7 @@ pub(super) fn check_match_header_name(name: &str) -> Result<(), String> {
 /// Whether a match header name refers to a JWT claim (`@request.auth.claims.sub`, `@request.auth.claims[a][b]`).
 pub(super) fn is_jwt_claim(name: &str) -> bool {
     name.strip_prefix(JWT_CLAIM_PREFIX).is_some_and(|rest| {
-        (rest.len() > 1 && rest.starts_with('.'))
-            || (rest.len() > 2 && rest.starts_with('[') && rest.ends_with(']'))
+        (rest.len() > 1 && rest.starts_with('.')) || (rest.len() > 2 && rest.starts_with('[') && rest.ends_with(']'))
     })
 }
 
@@ -53,20 +46,10 @@ pub(super) fn check_cors_header_name(name: &str) -> Result<(), String> {
 /// Checks the header operations of a route or destination, reporting under `path` (`...headers`).
 pub(super) fn check_header_operations(errors: &mut Errors, path: &str, headers: &Headers) {
     if let Some(request) = &headers.request {
-        check_operations(
-            errors,
-            &format!("{path}.request"),
-            request,
-            Direction::Request,
-        );
+        check_operations(errors, &format!("{path}.request"), request, Direction::Request);
     }
     if let Some(response) = &headers.response {
-        check_operations(
-            errors,
-            &format!("{path}.response"),
-            response,
-            Direction::Response,
-        );
+        check_operations(errors, &format!("{path}.response"), response, Direction::Response);
     }
 }
 
@@ -81,18 +64,12 @@ fn check_operations(errors: &mut Errors, path: &str, ops: &HeaderOperations, dir
     for (verb, map) in [("set", &ops.set), ("add", &ops.add)] {
         for (name, value) in map {
             let field = format!("{path}.{verb}[{name}]");
-            errors.check(
-                field.clone(),
-                check_operation_name(name, direction == Direction::Request),
-            );
+            errors.check(field.clone(), check_operation_name(name, direction == Direction::Request));
             errors.check(field, check_header_value(value));
         }
     }
     for (i, name) in ops.remove.iter().enumerate() {
-        errors.check(
-            format!("{path}.remove[{i}]"),
-            check_operation_name(name, false),
-        );
+        errors.check(format!("{path}.remove[{i}]"), check_operation_name(name, false));
     }
 }
 
@@ -122,10 +99,7 @@ pub(super) fn is_authority_header(name: &str) -> bool {
 /// Checks a header value: no control characters, and `%` only as `%%` or around a complete `%VARIABLE%`.
 pub(super) fn check_header_value(value: &str) -> Result<(), String> {
     if value.chars().any(|c| c.is_ascii_control() && c != '\t') {
-        return Err(invalid(
-            value,
-            "header value must not contain control characters",
-        ));
+        return Err(invalid(value, "header value must not contain control characters"));
     }
     check_variables(value).map_err(|e| invalid(value, format!("invalid header value: {e}")))
 }
@@ -170,9 +144,7 @@ fn check_variables(value: &str) -> Result<(), String> {
             (Scan::StringStart, b'"') => Scan::InString,
             (Scan::StringStart, b' ') => Scan::StringStart,
             (Scan::StringStart, _) => return Err("expecting '\"'".into()),
-            (Scan::InString, b'\\') if next.is_none() => {
-                return Err("un-terminated backslash in string".into())
-            }
+            (Scan::InString, b'\\') if next.is_none() => return Err("un-terminated backslash in string".into()),
             (Scan::InString, b'\\') => {
                 i += 1;
                 Scan::InString
@@ -209,12 +181,8 @@ mod tests {
         assert!(check_match_header_name("x-user_ID").is_ok());
         assert!(check_match_header_name("@request.auth.claims.sub").is_ok());
         assert!(check_match_header_name("@request.auth.claims[a][b]").is_ok());
-        assert!(check_match_header_name("")
-            .unwrap_err()
-            .contains("header name cannot be empty"));
-        assert!(check_match_header_name("x:y")
-            .unwrap_err()
-            .contains("not a valid header name"));
+        assert!(check_match_header_name("").unwrap_err().contains("header name cannot be empty"));
+        assert!(check_match_header_name("x:y").unwrap_err().contains("not a valid header name"));
         assert!(check_match_header_name("@request.auth.claims").is_err());
         assert!(check_cors_header_name("*").is_ok());
         assert!(check_cors_header_name("a b").is_err());
@@ -224,31 +192,15 @@ mod tests {
     fn operations_cannot_touch_pseudo_headers_except_request_authority() {
         assert!(check_operation_name(":authority", true).is_ok());
         assert!(check_operation_name("Host", true).is_ok());
-        assert!(check_operation_name("host", false)
-            .unwrap_err()
-            .contains("cannot set Host header"));
-        assert!(check_operation_name(":path", true)
-            .unwrap_err()
-            .contains("\":\" prefix"));
-        assert!(check_operation_name(":authority", false)
-            .unwrap_err()
-            .contains("\":\" prefix"));
-        assert!(check_operation_name("", true)
-            .unwrap_err()
-            .contains("cannot be empty"));
+        assert!(check_operation_name("host", false).unwrap_err().contains("cannot set Host header"));
+        assert!(check_operation_name(":path", true).unwrap_err().contains("\":\" prefix"));
+        assert!(check_operation_name(":authority", false).unwrap_err().contains("\":\" prefix"));
+        assert!(check_operation_name("", true).unwrap_err().contains("cannot be empty"));
     }
 
     #[test]
     fn values_follow_envoys_formatter_syntax() {
-        for ok in [
-            "foo",
-            "%HOSTNAME%",
-            "100%%",
-            "prefix %HOSTNAME% suffix",
-            "%REQ(x-id)%",
-            "%START_TIME(%s)%",
-            "",
-        ] {
+        for ok in ["foo", "%HOSTNAME%", "100%%", "prefix %HOSTNAME% suffix", "%REQ(x-id)%", "%START_TIME(%s)%", ""] {
             assert!(check_header_value(ok).is_ok(), "{ok}");
         }
         for bad in ["abc%123", "%START_TIME%%", "%", "a\nb", "%VAR([\"a\" x])%"] {

@@ -16,9 +16,7 @@ pub(super) fn is_dns_label(label: &str) -> bool {
             bytes.len() <= MAX_LABEL_LEN
                 && first.is_ascii_alphanumeric()
                 && last.is_ascii_alphanumeric()
-                && bytes
-                    .iter()
-                    .all(|b| b.is_ascii_alphanumeric() || *b == b'-')
+                && bytes.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'-')
         }
         _ => false,
     }
@@ -29,10 +27,7 @@ fn is_wildcard_label(label: &str) -> bool {
     if label == "*" {
         return true;
     }
-    let rest = label
-        .strip_prefix("*-")
-        .or_else(|| label.strip_prefix('*'))
-        .unwrap_or(label);
+    let rest = label.strip_prefix("*-").or_else(|| label.strip_prefix('*')).unwrap_or(label);
     label.len() <= MAX_LABEL_LEN && is_dns_label(rest)
 }
 
@@ -41,9 +36,7 @@ fn check_length(host: &str) -> Result<(), String> {
     if host.is_empty() {
         Err("empty domain name not allowed".into())
     } else if host.len() > MAX_HOST_LEN {
-        Err(format!(
-            "domain name {host:?} too long (max {MAX_HOST_LEN})"
-        ))
+        Err(format!("domain name {host:?} too long (max {MAX_HOST_LEN})"))
     } else {
         Ok(())
     }
@@ -54,16 +47,12 @@ fn check_labels(host: &str, labels: &str) -> Result<(), String> {
     let parts: Vec<&str> = labels.split('.').collect();
     let tld = parts.last().copied().unwrap_or_default();
     if !tld.is_empty() && tld.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!(
-            "domain name {host:?} invalid (top level domain {tld:?} cannot be all-numeric)"
-        ));
+        return Err(format!("domain name {host:?} invalid (top level domain {tld:?} cannot be all-numeric)"));
     }
     for (i, label) in parts.iter().enumerate() {
         let trailing_dot = i == parts.len() - 1 && label.is_empty();
         if !trailing_dot && !is_dns_label(label) {
-            return Err(format!(
-                "domain name {host:?} invalid (label {label:?} invalid)"
-            ));
+            return Err(format!("domain name {host:?} invalid (label {label:?} invalid)"));
         }
     }
     Ok(())
@@ -83,9 +72,7 @@ pub(super) fn check_wildcard_host(host: &str) -> Result<(), String> {
         None => (host, None),
     };
     if !is_wildcard_label(first) {
-        return Err(format!(
-            "domain name {host:?} invalid (label {first:?} invalid)"
-        ));
+        return Err(format!("domain name {host:?} invalid (label {first:?} invalid)"));
     }
     rest.map_or(Ok(()), |rest| check_labels(host, rest))
 }
@@ -124,11 +111,7 @@ pub(super) fn check_namespaced_host(value: &str, scope: HostScope) -> Result<(),
         HostScope::Sidecar => matches!(namespace, "*" | "." | "~"),
     };
     if !special && !is_dns_label(namespace) {
-        let kind = if scope == HostScope::Gateway {
-            "gateway"
-        } else {
-            "sidecar"
-        };
+        let kind = if scope == HostScope::Gateway { "gateway" } else { "sidecar" };
         return Err(format!("invalid namespace value {namespace:?} in {kind}"));
     }
     check_host_part(host, scope)
@@ -150,9 +133,7 @@ fn check_host_part(host: &str, scope: HostScope) -> Result<(), String> {
 /// Whether some name is matched by both `a` and `b` (either may be a wildcard), as Istio decides host overlap.
 pub(super) fn hosts_overlap(a: &str, b: &str) -> bool {
     match (a.strip_prefix('*'), b.strip_prefix('*')) {
-        (Some(a_suffix), Some(b_suffix)) => {
-            a_suffix.ends_with(b_suffix) || b_suffix.ends_with(a_suffix)
-        }
+        (Some(a_suffix), Some(b_suffix)) => a_suffix.ends_with(b_suffix) || b_suffix.ends_with(a_suffix),
         (Some(a_suffix), None) => b.ends_with(a_suffix),
         (None, Some(b_suffix)) => a.ends_with(b_suffix),
         (None, None) => a == b,
@@ -189,28 +170,15 @@ mod tests {
         assert!(check_fqdn("istio.io.").is_ok());
         assert!(check_fqdn("a.b.svc.cluster.local").is_ok());
         assert_eq!(check_fqdn("").unwrap_err(), "empty domain name not allowed");
-        assert!(check_fqdn(&"a.".repeat(130))
-            .unwrap_err()
-            .contains("too long"));
-        assert!(check_fqdn("a..b")
-            .unwrap_err()
-            .contains("label \"\" invalid"));
-        assert!(check_fqdn("1.2.3.4")
-            .unwrap_err()
-            .contains("cannot be all-numeric"));
+        assert!(check_fqdn(&"a.".repeat(130)).unwrap_err().contains("too long"));
+        assert!(check_fqdn("a..b").unwrap_err().contains("label \"\" invalid"));
+        assert!(check_fqdn("1.2.3.4").unwrap_err().contains("cannot be all-numeric"));
         assert!(check_fqdn("*.example.com").is_err());
     }
 
     #[test]
     fn wildcards_are_allowed_only_in_the_first_label() {
-        for ok in [
-            "*",
-            "*.example.com",
-            "*foo.example.com",
-            "*-foo.example.com",
-            "*x",
-            "example.com",
-        ] {
+        for ok in ["*", "*.example.com", "*foo.example.com", "*-foo.example.com", "*x", "example.com"] {
             assert!(check_wildcard_host(ok).is_ok(), "{ok}");
         }
         for bad in ["foo*", "foo.*.com", "**", "a.*", "*.1"] {
@@ -222,9 +190,7 @@ mod tests {
     fn partial_wildcards_are_rejected() {
         assert!(check_no_partial_wildcard("*").is_ok());
         assert!(check_no_partial_wildcard("*.a.com").is_ok());
-        assert!(check_no_partial_wildcard("*a.com")
-            .unwrap_err()
-            .contains("partial wildcard"));
+        assert!(check_no_partial_wildcard("*a.com").unwrap_err().contains("partial wildcard"));
     }
 
     #[test]
@@ -234,22 +200,11 @@ mod tests {
         assert!(check_namespaced_host("~/*", s).is_ok());
         assert!(check_namespaced_host("./foo.com", s).is_ok());
         assert!(check_namespaced_host("*/*.foo.com", s).is_ok());
-        assert_eq!(
-            check_namespaced_host("foo.com", s).unwrap_err(),
-            "host must be of form namespace/dnsName"
-        );
-        assert!(check_namespaced_host("/foo.com", s)
-            .unwrap_err()
-            .contains("cannot be empty"));
-        assert!(check_namespaced_host("a_b/foo.com", s)
-            .unwrap_err()
-            .contains("invalid namespace value"));
-        assert!(check_namespaced_host("ns/foo", s)
-            .unwrap_err()
-            .contains("short names"));
-        assert!(check_namespaced_host("ns/*foo.com", s)
-            .unwrap_err()
-            .contains("partial wildcard"));
+        assert_eq!(check_namespaced_host("foo.com", s).unwrap_err(), "host must be of form namespace/dnsName");
+        assert!(check_namespaced_host("/foo.com", s).unwrap_err().contains("cannot be empty"));
+        assert!(check_namespaced_host("a_b/foo.com", s).unwrap_err().contains("invalid namespace value"));
+        assert!(check_namespaced_host("ns/foo", s).unwrap_err().contains("short names"));
+        assert!(check_namespaced_host("ns/*foo.com", s).unwrap_err().contains("partial wildcard"));
         assert!(check_namespaced_host("ns/1.2.3.4", s).is_err());
     }
 
@@ -259,12 +214,8 @@ mod tests {
         assert!(check_namespaced_host("foo.com", g).is_ok());
         assert!(check_namespaced_host("*", g).is_ok());
         assert!(check_namespaced_host("ns/1.2.3.4", g).is_ok());
-        assert!(check_namespaced_host("~/foo.com", g)
-            .unwrap_err()
-            .contains("invalid namespace value"));
-        assert!(check_namespaced_host("foo", g)
-            .unwrap_err()
-            .contains("short names"));
+        assert!(check_namespaced_host("~/foo.com", g).unwrap_err().contains("invalid namespace value"));
+        assert!(check_namespaced_host("foo", g).unwrap_err().contains("short names"));
     }
 
     #[test]

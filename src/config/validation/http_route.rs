@@ -2,16 +2,16 @@
 
 use crate::config::api::common::Percent;
 use crate::config::api::virtual_service::{
-    CorsPolicy, FaultAbort, FaultDelay, HttpDirectResponse, HttpFaultInjection, HttpMatchRequest,
-    HttpRedirect, HttpRetry, HttpRewrite, HttpRoute, HttpRouteDestination,
+    CorsPolicy, FaultAbort, FaultDelay, HttpDirectResponse, HttpFaultInjection, HttpMatchRequest, HttpRedirect,
+    HttpRetry, HttpRewrite, HttpRoute, HttpRouteDestination,
 };
 use crate::config::api::StringMatch;
 
 use super::destination::{check_destination, check_weights};
 use super::durations::{check_duration, check_optional};
 use super::headers::{
-    check_cors_header_name, check_header_operations, check_header_value, check_match_header_name,
-    is_authority_header, is_jwt_claim,
+    check_cors_header_name, check_header_operations, check_header_value, check_match_header_name, is_authority_header,
+    is_jwt_claim,
 };
 use super::hosts::is_dns_label;
 use super::labels::check_labels;
@@ -24,9 +24,7 @@ use super::{check_percent_range, forbidden, invalid, required, unsupported, Erro
 const REDIRECT_CODES: [u32; 5] = [301, 302, 303, 307, 308];
 
 /// Methods allowed in CORS `allowMethods`.
-const CORS_METHODS: [&str; 9] = [
-    "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "CONNECT", "OPTIONS", "TRACE",
-];
+const CORS_METHODS: [&str; 9] = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "CONNECT", "OPTIONS", "TRACE"];
 
 /// Envoy's `x-envoy-retry-on` and `x-envoy-retry-grpc-on` conditions.
 const RETRY_ON_POLICIES: [&str; 16] = [
@@ -50,10 +48,9 @@ const RETRY_ON_POLICIES: [&str; 16] = [
 
 /// HTTP status codes with a registered meaning (retryOn may name them).
 const KNOWN_STATUS_CODES: [u16; 62] = [
-    100, 101, 102, 103, 200, 201, 202, 203, 204, 205, 206, 207, 208, 226, 300, 301, 302, 303, 304,
-    305, 307, 308, 400, 401, 402, 403, 404, 405, 406, 407, 408, 409, 410, 411, 412, 413, 414, 415,
-    416, 417, 418, 421, 422, 423, 424, 425, 426, 428, 429, 431, 451, 500, 501, 502, 503, 504, 505,
-    506, 507, 508, 510, 511,
+    100, 101, 102, 103, 200, 201, 202, 203, 204, 205, 206, 207, 208, 226, 300, 301, 302, 303, 304, 305, 307, 308, 400,
+    401, 402, 403, 404, 405, 406, 407, 408, 409, 410, 411, 412, 413, 414, 415, 416, 417, 418, 421, 422, 423, 424, 425,
+    426, 428, 429, 431, 451, 500, 501, 502, 503, 504, 505, 506, 507, 508, 510, 511,
 ];
 
 /// gRPC status names a fault may abort with.
@@ -81,12 +78,7 @@ const GRPC_STATUSES: [&str; 17] = [
 const MAX_DIRECT_RESPONSE_BYTES: usize = 1024 * 1024;
 
 /// Checks one HTTP route at `path` (`spec.http[i]`).
-pub(super) fn check_http_route(
-    errors: &mut Errors,
-    path: &str,
-    route: &HttpRoute,
-    ctx: &RouteContext,
-) {
+pub(super) fn check_http_route(errors: &mut Errors, path: &str, route: &HttpRoute, ctx: &RouteContext) {
     check_action(errors, path, route);
     for (j, m) in route.matches.iter().enumerate() {
         check_match(errors, &format!("{path}.match[{j}]"), m, ctx);
@@ -131,32 +123,15 @@ fn check_action(errors: &mut Errors, path: &str, route: &HttpRoute) {
             (route.direct_response.is_some(), "directResponse"),
         ];
         for (_, name) in conflicts.iter().filter(|(set, _)| *set) {
-            errors.add(
-                field(name),
-                forbidden(format!(
-                    "root HTTP route must not specify {name} with delegate"
-                )),
-            );
+            errors.add(field(name), forbidden(format!("root HTTP route must not specify {name} with delegate")));
         }
         return;
     }
     if route.redirect.is_some() {
         let conflicts = [
-            (
-                has_route,
-                "route",
-                "HTTP route cannot contain both route and redirect",
-            ),
-            (
-                has_fault,
-                "fault",
-                "HTTP route cannot contain both fault and redirect",
-            ),
-            (
-                has_rewrite,
-                "rewrite",
-                "HTTP route rule cannot contain both rewrite and redirect",
-            ),
+            (has_route, "route", "HTTP route cannot contain both route and redirect"),
+            (has_fault, "fault", "HTTP route cannot contain both fault and redirect"),
+            (has_rewrite, "rewrite", "HTTP route rule cannot contain both rewrite and redirect"),
             (
                 route.direct_response.is_some(),
                 "directResponse",
@@ -166,47 +141,23 @@ fn check_action(errors: &mut Errors, path: &str, route: &HttpRoute) {
         add_conflicts(errors, path, &conflicts);
     } else if route.direct_response.is_some() {
         let conflicts = [
-            (
-                has_route,
-                "route",
-                "HTTP route cannot contain both route and direct_response",
-            ),
-            (
-                has_fault,
-                "fault",
-                "HTTP route cannot contain both fault and direct_response",
-            ),
-            (
-                has_rewrite,
-                "rewrite",
-                "HTTP route rule cannot contain both rewrite and direct_response",
-            ),
+            (has_route, "route", "HTTP route cannot contain both route and direct_response"),
+            (has_fault, "fault", "HTTP route cannot contain both fault and direct_response"),
+            (has_rewrite, "rewrite", "HTTP route rule cannot contain both rewrite and direct_response"),
         ];
         add_conflicts(errors, path, &conflicts);
     } else if !has_route {
-        errors.add(
-            field("route"),
-            required("HTTP route, redirect or direct_response is required"),
-        );
+        errors.add(field("route"), required("HTTP route, redirect or direct_response is required"));
     }
     if route.mirror.is_some() && !route.mirrors.is_empty() {
-        errors.add(
-            field("mirrors"),
-            forbidden("HTTP route cannot contain both mirror and mirrors"),
-        );
+        errors.add(field("mirrors"), forbidden("HTTP route cannot contain both mirror and mirrors"));
     }
     // Envoy mirrors only forwarded requests; on a redirect or direct response a mirror would be dropped.
     if !has_route {
-        let mirror = if route.mirror.is_some() {
-            Some("mirror")
-        } else {
-            (!route.mirrors.is_empty()).then_some("mirrors")
-        };
+        let mirror =
+            if route.mirror.is_some() { Some("mirror") } else { (!route.mirrors.is_empty()).then_some("mirrors") };
         if let Some(name) = mirror {
-            errors.add(
-                field(name),
-                forbidden("mirroring needs a route to forward requests to"),
-            );
+            errors.add(field(name), forbidden("mirroring needs a route to forward requests to"));
         }
     }
 }
@@ -242,17 +193,11 @@ fn check_match(errors: &mut Errors, path: &str, m: &HttpMatchRequest, ctx: &Rout
     ];
     for (name, matcher, empty_prefix) in string_fields {
         if let Some(matcher) = matcher {
-            errors.check(
-                format!("{path}.{name}"),
-                check_string_match(matcher, empty_prefix),
-            );
+            errors.check(format!("{path}.{name}"), check_string_match(matcher, empty_prefix));
         }
     }
     for (name, matcher) in &m.query_params {
-        errors.check(
-            format!("{path}.queryParams[{name}]"),
-            check_string_match(matcher, EmptyPrefix::Rejected),
-        );
+        errors.check(format!("{path}.queryParams[{name}]"), check_string_match(matcher, EmptyPrefix::Rejected));
     }
     if let Some(port) = m.port.filter(|p| *p != 0) {
         errors.check(format!("{path}.port"), check_port(port));
@@ -260,48 +205,26 @@ fn check_match(errors: &mut Errors, path: &str, m: &HttpMatchRequest, ctx: &Rout
     check_labels(errors, &format!("{path}.sourceLabels"), &m.source_labels);
     ctx.check_match_gateways(errors, &format!("{path}.gateways"), &m.gateways);
     if !m.source_namespace.is_empty() && !is_dns_label(&m.source_namespace) {
-        errors.add(
-            format!("{path}.sourceNamespace"),
-            invalid(&m.source_namespace, "sourceNamespace match is invalid"),
-        );
+        errors.add(format!("{path}.sourceNamespace"), invalid(&m.source_namespace, "sourceNamespace match is invalid"));
     }
 }
 
 /// JWT claims exist only where a gateway authenticated the request.
 fn check_claim_allowed(errors: &mut Errors, field: &str, name: &str, ctx: &RouteContext) {
     if is_jwt_claim(name) && !ctx.gateway_only {
-        errors.add(
-            field,
-            forbidden(format!(
-                "JWT claim based routing (key: {name}) is only supported for gateway"
-            )),
-        );
+        errors.add(field, forbidden(format!("JWT claim based routing (key: {name}) is only supported for gateway")));
     }
 }
 
 /// Checks that the authority is rewritten in at most one place.
 fn check_authority_rewrite(errors: &mut Errors, path: &str, route: &HttpRoute) {
-    let from_rewrite = route
-        .rewrite
-        .as_ref()
-        .is_some_and(|r| !r.authority.is_empty());
-    let from_headers = route
-        .headers
-        .as_ref()
-        .and_then(|h| h.request.as_ref())
-        .map_or(0, |request| {
-            request
-                .set
-                .keys()
-                .chain(request.add.keys())
-                .filter(|k| is_authority_header(k))
-                .count()
+    let from_rewrite = route.rewrite.as_ref().is_some_and(|r| !r.authority.is_empty());
+    let from_headers =
+        route.headers.as_ref().and_then(|h| h.request.as_ref()).map_or(0, |request| {
+            request.set.keys().chain(request.add.keys()).filter(|k| is_authority_header(k)).count()
         });
     if usize::from(from_rewrite) + from_headers > 1 {
-        errors.add(
-            format!("{path}.headers.request"),
-            forbidden("authority header cannot be set multiple times"),
-        );
+        errors.add(format!("{path}.headers.request"), forbidden("authority header cannot be set multiple times"));
     }
 }
 
@@ -313,31 +236,19 @@ fn check_cors(errors: &mut Errors, path: &str, cors: &CorsPolicy) {
             StringMatch::Exact(v) | StringMatch::Prefix(v) | StringMatch::Regex(v) => v,
         };
         if value.is_empty() {
-            errors.add(
-                field,
-                invalid(value, "'' is not a valid match type for CORS allow origins"),
-            );
+            errors.add(field, invalid(value, "'' is not a valid match type for CORS allow origins"));
         } else {
             errors.check(field, check_string_match(origin, EmptyPrefix::Rejected));
         }
     }
     for (i, method) in cors.allow_methods.iter().enumerate() {
         if !CORS_METHODS.contains(&method.as_str()) {
-            errors.add(
-                format!("{path}.allowMethods[{i}]"),
-                unsupported(method, &CORS_METHODS),
-            );
+            errors.add(format!("{path}.allowMethods[{i}]"), unsupported(method, &CORS_METHODS));
         }
     }
-    for (list, name) in [
-        (&cors.allow_headers, "allowHeaders"),
-        (&cors.expose_headers, "exposeHeaders"),
-    ] {
+    for (list, name) in [(&cors.allow_headers, "allowHeaders"), (&cors.expose_headers, "exposeHeaders")] {
         for (i, header) in list.iter().enumerate() {
-            errors.check(
-                format!("{path}.{name}[{i}]"),
-                check_cors_header_name(header),
-            );
+            errors.check(format!("{path}.{name}[{i}]"), check_cors_header_name(header));
         }
     }
     if let Some(max_age) = cors.max_age {
@@ -346,10 +257,7 @@ fn check_cors(errors: &mut Errors, path: &str, cors: &CorsPolicy) {
             if whole_seconds {
                 Ok(())
             } else {
-                Err(invalid(
-                    max_age.to_string(),
-                    "max_age duration is accurate only to seconds precision",
-                ))
+                Err(invalid(max_age.to_string(), "max_age duration is accurate only to seconds precision"))
             }
         });
         errors.check(format!("{path}.maxAge"), result);
@@ -357,10 +265,7 @@ fn check_cors(errors: &mut Errors, path: &str, cors: &CorsPolicy) {
     if let Some(mode) = &cors.unmatched_preflights {
         const MODES: [&str; 3] = ["UNSPECIFIED", "FORWARD", "IGNORE"];
         if !MODES.contains(&mode.as_str()) {
-            errors.add(
-                format!("{path}.unmatchedPreflights"),
-                unsupported(mode, &MODES),
-            );
+            errors.add(format!("{path}.unmatchedPreflights"), unsupported(mode, &MODES));
         }
     }
 }
@@ -368,10 +273,7 @@ fn check_cors(errors: &mut Errors, path: &str, cors: &CorsPolicy) {
 /// Checks fault injection at `path` (`...fault`).
 fn check_fault(errors: &mut Errors, path: &str, fault: &HttpFaultInjection) {
     if fault.abort.is_none() && fault.delay.is_none() {
-        errors.add(
-            path,
-            required("HTTP fault injection must have an abort and/or a delay"),
-        );
+        errors.add(path, required("HTTP fault injection must have an abort and/or a delay"));
     }
     if let Some(abort) = &fault.abort {
         check_abort(errors, &format!("{path}.abort"), abort);
@@ -383,61 +285,31 @@ fn check_fault(errors: &mut Errors, path: &str, fault: &HttpFaultInjection) {
 
 fn check_abort(errors: &mut Errors, path: &str, abort: &FaultAbort) {
     check_fault_percentage(errors, path, abort.percentage.as_ref());
-    let kinds = [
-        abort.http_status.is_some(),
-        abort.grpc_status.is_some(),
-        abort.http2_error.is_some(),
-    ];
+    let kinds = [abort.http_status.is_some(), abort.grpc_status.is_some(), abort.http2_error.is_some()];
     if kinds.iter().filter(|set| **set).count() > 1 {
-        errors.add(
-            path,
-            forbidden("only one of httpStatus, grpcStatus or http2Error can be set"),
-        );
+        errors.add(path, forbidden("only one of httpStatus, grpcStatus or http2Error can be set"));
     }
     if let Some(status) = abort.http_status {
         errors.check(format!("{path}.httpStatus"), check_http_status(status));
     }
-    if let Some(status) = abort
-        .grpc_status
-        .as_deref()
-        .filter(|s| !GRPC_STATUSES.contains(s))
-    {
-        errors.add(
-            format!("{path}.grpcStatus"),
-            unsupported(status, &GRPC_STATUSES),
-        );
+    if let Some(status) = abort.grpc_status.as_deref().filter(|s| !GRPC_STATUSES.contains(s)) {
+        errors.add(format!("{path}.grpcStatus"), unsupported(status, &GRPC_STATUSES));
     }
     if abort.http2_error.is_some() {
-        errors.add(
-            format!("{path}.http2Error"),
-            forbidden("HTTP/2 abort fault injection not supported yet"),
-        );
+        errors.add(format!("{path}.http2Error"), forbidden("HTTP/2 abort fault injection not supported yet"));
     }
 }
 
 fn check_delay(errors: &mut Errors, path: &str, delay: &FaultDelay) {
     check_fault_percentage(errors, path, delay.percentage.as_ref());
-    check_percent_range(
-        errors,
-        format!("{path}.percent"),
-        delay.percent.map(f64::from),
-    );
+    check_percent_range(errors, format!("{path}.percent"), delay.percent.map(f64::from));
     match (delay.fixed_delay, delay.exponential_delay) {
-        (Some(_), Some(_)) => errors.add(
-            path,
-            forbidden("only one of fixedDelay or exponentialDelay can be set"),
-        ),
+        (Some(_), Some(_)) => errors.add(path, forbidden("only one of fixedDelay or exponentialDelay can be set")),
         (Some(fixed), None) => errors.check(format!("{path}.fixedDelay"), check_duration(fixed)),
         (None, Some(_)) => {
-            errors.add(
-                format!("{path}.exponentialDelay"),
-                forbidden("exponentialDelay not supported yet"),
-            );
+            errors.add(format!("{path}.exponentialDelay"), forbidden("exponentialDelay not supported yet"));
         }
-        (None, None) => errors.add(
-            format!("{path}.fixedDelay"),
-            required("a delay needs fixedDelay"),
-        ),
+        (None, None) => errors.add(format!("{path}.fixedDelay"), required("a delay needs fixedDelay")),
     }
 }
 
@@ -462,33 +334,19 @@ fn check_http_status(status: i32) -> Result<(), String> {
 /// Checks `mirror`, `mirrors` and the mirror percentages of a route at `path`.
 fn check_mirrors(errors: &mut Errors, path: &str, route: &HttpRoute) {
     if let Some(v) = route.mirror_percent.filter(|v| *v > 100) {
-        errors.add(
-            format!("{path}.mirrorPercent"),
-            invalid(v, "mirror_percent must have a max value of 100"),
-        );
+        errors.add(format!("{path}.mirrorPercent"), invalid(v, "mirror_percent must have a max value of 100"));
     }
-    check_percent_range(
-        errors,
-        format!("{path}.mirrorPercentage.value"),
-        route.mirror_percentage.map(|p| p.value),
-    );
+    check_percent_range(errors, format!("{path}.mirrorPercentage.value"), route.mirror_percentage.map(|p| p.value));
     if let Some(mirror) = &route.mirror {
         check_destination(errors, &format!("{path}.mirror"), mirror);
     }
     for (i, mirror) in route.mirrors.iter().enumerate() {
         let field = format!("{path}.mirrors[{i}]");
         match &mirror.destination {
-            None => errors.add(
-                format!("{field}.destination"),
-                required("destination is required for mirrors"),
-            ),
+            None => errors.add(format!("{field}.destination"), required("destination is required for mirrors")),
             Some(d) => check_destination(errors, &format!("{field}.destination"), d),
         }
-        check_percent_range(
-            errors,
-            format!("{field}.percentage.value"),
-            mirror.percentage.map(|p| p.value),
-        );
+        check_percent_range(errors, format!("{field}.percentage.value"), mirror.percentage.map(|p| p.value));
     }
 }
 
@@ -500,35 +358,21 @@ fn check_redirect(errors: &mut Errors, path: &str, redirect: &HttpRedirect) {
         && redirect.port.is_none()
         && redirect.derive_port.is_none();
     if nothing {
-        errors.add(
-            path,
-            required("redirect must specify URI, authority, scheme, or port"),
-        );
+        errors.add(path, required("redirect must specify URI, authority, scheme, or port"));
     }
-    if let Some(code) = redirect
-        .redirect_code
-        .filter(|c| *c != 0 && !REDIRECT_CODES.contains(c))
-    {
-        errors.add(
-            format!("{path}.redirectCode"),
-            invalid(code, "redirect code must be one of 301, 302, 303, 307, 308"),
-        );
+    if let Some(code) = redirect.redirect_code.filter(|c| *c != 0 && !REDIRECT_CODES.contains(c)) {
+        errors
+            .add(format!("{path}.redirectCode"), invalid(code, "redirect code must be one of 301, 302, 303, 307, 308"));
     }
     if !matches!(redirect.scheme.as_str(), "" | "http" | "https") {
         errors.add(
             format!("{path}.scheme"),
-            invalid(
-                &redirect.scheme,
-                "invalid redirect scheme, must be \"http\" or \"https\"",
-            ),
+            invalid(&redirect.scheme, "invalid redirect scheme, must be \"http\" or \"https\""),
         );
     }
     for (name, value) in [("uri", &redirect.uri), ("authority", &redirect.authority)] {
         if value.chars().any(|c| c.is_ascii_control() || c == ' ') {
-            errors.add(
-                format!("{path}.{name}"),
-                invalid(value, "must not contain spaces or control characters"),
-            );
+            errors.add(format!("{path}.{name}"), invalid(value, "must not contain spaces or control characters"));
         }
     }
     if redirect.port.is_some() && redirect.derive_port.is_some() {
@@ -551,17 +395,10 @@ fn check_direct_response(errors: &mut Errors, path: &str, response: &HttpDirectR
     errors.check(format!("{path}.status"), check_http_status(status));
     let Some(body) = &response.body else { return };
     if body.string.is_some() && body.bytes.is_some() {
-        errors.add(
-            format!("{path}.body"),
-            forbidden("only one of string or bytes can be set"),
-        );
+        errors.add(format!("{path}.body"), forbidden("only one of string or bytes can be set"));
     }
     // `bytes` is base64: three bytes per four characters.
-    let size = body
-        .string
-        .as_ref()
-        .map_or(0, String::len)
-        .max(body.bytes.as_ref().map_or(0, |b| b.len() / 4 * 3));
+    let size = body.string.as_ref().map_or(0, String::len).max(body.bytes.as_ref().map_or(0, |b| b.len() / 4 * 3));
     if size > MAX_DIRECT_RESPONSE_BYTES {
         errors.add(
             format!("{path}.body"),
@@ -573,38 +410,20 @@ fn check_direct_response(errors: &mut Errors, path: &str, response: &HttpDirectR
 /// Checks a retry policy at `path` (`...retries`).
 fn check_retries(errors: &mut Errors, path: &str, retries: &HttpRetry) {
     if retries.attempts < 0 {
-        errors.add(
-            format!("{path}.attempts"),
-            invalid(retries.attempts, "attempts cannot be negative"),
-        );
+        errors.add(format!("{path}.attempts"), invalid(retries.attempts, "attempts cannot be negative"));
     }
-    let configured = retries.per_try_timeout.is_some()
-        || !retries.retry_on.is_empty()
-        || retries.retry_remote_localities.is_some();
+    let configured =
+        retries.per_try_timeout.is_some() || !retries.retry_on.is_empty() || retries.retry_remote_localities.is_some();
     if retries.attempts == 0 && configured {
-        errors.add(
-            path,
-            invalid(
-                0,
-                "http retry policy configured when attempts are set to 0 (disabled)",
-            ),
-        );
+        errors.add(path, invalid(0, "http retry policy configured when attempts are set to 0 (disabled)"));
     }
-    errors.check(
-        format!("{path}.perTryTimeout"),
-        check_optional(retries.per_try_timeout),
-    );
+    errors.check(format!("{path}.perTryTimeout"), check_optional(retries.per_try_timeout));
     errors.check(format!("{path}.backoff"), check_optional(retries.backoff));
     if !retries.retry_on.is_empty() {
         for policy in retries.retry_on.split(',') {
-            let is_status = policy
-                .parse::<u16>()
-                .is_ok_and(|code| KNOWN_STATUS_CODES.contains(&code));
+            let is_status = policy.parse::<u16>().is_ok_and(|code| KNOWN_STATUS_CODES.contains(&code));
             if !is_status && !RETRY_ON_POLICIES.contains(&policy) {
-                errors.add(
-                    format!("{path}.retryOn"),
-                    invalid(policy, "not a valid retryOn policy"),
-                );
+                errors.add(format!("{path}.retryOn"), invalid(policy, "not a valid retryOn policy"));
             }
         }
     }
@@ -613,48 +432,28 @@ fn check_retries(errors: &mut Errors, path: &str, retries: &HttpRetry) {
 /// Checks a rewrite at `path` (`...rewrite`).
 fn check_rewrite(errors: &mut Errors, path: &str, rewrite: &HttpRewrite) {
     if !rewrite.uri.is_empty() && rewrite.uri_regex_rewrite.is_some() {
-        errors.add(
-            path,
-            forbidden("rewrite may only contain one of URI or UriRegexRewrite"),
-        );
+        errors.add(path, forbidden("rewrite may only contain one of URI or UriRegexRewrite"));
     }
-    if rewrite.uri.is_empty() && rewrite.uri_regex_rewrite.is_none() && rewrite.authority.is_empty()
-    {
-        errors.add(
-            path,
-            required("rewrite must specify at least one of URI, UriRegexRewrite, or authority"),
-        );
+    if rewrite.uri.is_empty() && rewrite.uri_regex_rewrite.is_none() && rewrite.authority.is_empty() {
+        errors.add(path, required("rewrite must specify at least one of URI, UriRegexRewrite, or authority"));
     }
     if let Some(regex) = &rewrite.uri_regex_rewrite {
         let field = format!("{path}.uriRegexRewrite");
         if regex.pattern.is_empty() || regex.rewrite.is_empty() {
-            errors.add(
-                field,
-                required("UriRegexRewrite requires both Rewrite and Match fields to be specified"),
-            );
+            errors.add(field, required("UriRegexRewrite requires both Rewrite and Match fields to be specified"));
         } else {
             errors.check(format!("{field}.match"), check_regex(&regex.pattern));
         }
     }
-    errors.check(
-        format!("{path}.authority"),
-        check_header_value(&rewrite.authority),
-    );
+    errors.check(format!("{path}.authority"), check_header_value(&rewrite.authority));
 }
 
 /// Checks the weighted destinations of a route at `path` (`...route`).
-fn check_route_destinations(
-    errors: &mut Errors,
-    path: &str,
-    destinations: &[HttpRouteDestination],
-) {
+fn check_route_destinations(errors: &mut Errors, path: &str, destinations: &[HttpRouteDestination]) {
     for (k, d) in destinations.iter().enumerate() {
         let field = format!("{path}[{k}]");
         match &d.destination {
-            None => errors.add(
-                format!("{field}.destination"),
-                required("destination is required"),
-            ),
+            None => errors.add(format!("{field}.destination"), required("destination is required")),
             Some(dest) => check_destination(errors, &format!("{field}.destination"), dest),
         }
         if let Some(headers) = &d.headers {
@@ -714,11 +513,7 @@ rewrite: {uri: /v2}"#);
 
     #[test]
     fn a_route_needs_an_action() {
-        err(
-            "match: [{uri: {prefix: /}}]",
-            "spec.http[0].route",
-            "HTTP route, redirect or direct_response is required",
-        );
+        err("match: [{uri: {prefix: /}}]", "spec.http[0].route", "HTTP route, redirect or direct_response is required");
     }
 
     #[test]
@@ -734,11 +529,7 @@ rewrite: {uri: /v2}"#);
             "spec.http[0].fault",
             "both fault and redirect",
         );
-        err(
-            &format!("{redirect}rewrite: {{uri: /y}}"),
-            "spec.http[0].rewrite",
-            "both rewrite and redirect",
-        );
+        err(&format!("{redirect}rewrite: {{uri: /y}}"), "spec.http[0].rewrite", "both rewrite and redirect");
         err(
             &format!("{redirect}directResponse: {{status: 200}}"),
             "spec.http[0].directResponse",
@@ -760,16 +551,8 @@ rewrite: {uri: /v2}"#);
             "spec.http[0].fault",
             "both fault and direct_response",
         );
-        err(
-            &format!("{direct}rewrite: {{uri: /y}}"),
-            "spec.http[0].rewrite",
-            "both rewrite and direct_response",
-        );
-        err(
-            "directResponse: {status: 99}",
-            "spec.http[0].directResponse.status",
-            "not in range 200-599",
-        );
+        err(&format!("{direct}rewrite: {{uri: /y}}"), "spec.http[0].rewrite", "both rewrite and direct_response");
+        err("directResponse: {status: 99}", "spec.http[0].directResponse.status", "not in range 200-599");
         err(
             "directResponse: {status: 200, body: {string: a, bytes: YQ==}}",
             "spec.http[0].directResponse.body",
@@ -786,16 +569,8 @@ rewrite: {uri: /v2}"#);
     #[test]
     fn delegating_routes_cannot_also_forward() {
         ok("delegate: {name: d, namespace: ns}");
-        err(
-            "delegate: {name: d}\nroute: [{destination: {host: a}}]",
-            "spec.http[0].route",
-            "must not specify route",
-        );
-        err(
-            "delegate: {name: d}\nredirect: {uri: /x}",
-            "spec.http[0].redirect",
-            "must not specify redirect",
-        );
+        err("delegate: {name: d}\nroute: [{destination: {host: a}}]", "spec.http[0].route", "must not specify route");
+        err("delegate: {name: d}\nredirect: {uri: /x}", "spec.http[0].redirect", "must not specify redirect");
         err(
             "delegate: {name: d}\ndirectResponse: {status: 200}",
             "spec.http[0].directResponse",
@@ -810,17 +585,9 @@ rewrite: {uri: /v2}"#);
             "spec.http[0].mirrors",
             "both mirror and mirrors",
         );
-        err(
-            "redirect: {uri: /x}\nmirror: {host: m}",
-            "spec.http[0].mirror",
-            "mirroring needs a route",
-        );
+        err("redirect: {uri: /x}\nmirror: {host: m}", "spec.http[0].mirror", "mirroring needs a route");
         let route = "route: [{destination: {host: a}}]\n";
-        err(
-            &format!("{route}mirror: {{host: \"*\"}}"),
-            "spec.http[0].mirror.host",
-            "invalid destination host *",
-        );
+        err(&format!("{route}mirror: {{host: \"*\"}}"), "spec.http[0].mirror.host", "invalid destination host *");
         err(
             &format!("{route}mirrors: [{{percentage: {{value: 5}}}}]"),
             "spec.http[0].mirrors[0].destination",
@@ -836,25 +603,13 @@ rewrite: {uri: /v2}"#);
             "spec.http[0].mirrorPercentage.value",
             "between 0 and 100",
         );
-        err(
-            &format!("{route}mirrorPercent: 101"),
-            "spec.http[0].mirrorPercent",
-            "max value of 100",
-        );
+        err(&format!("{route}mirrorPercent: 101"), "spec.http[0].mirrorPercent", "max value of 100");
     }
 
     #[test]
     fn destinations_are_required_and_checked() {
-        err(
-            "route: [{weight: 100}]",
-            "spec.http[0].route[0].destination",
-            "Required value",
-        );
-        err(
-            "route: [{destination: {subset: v1}}]",
-            "spec.http[0].route[0].destination.host",
-            "Required value",
-        );
+        err("route: [{weight: 100}]", "spec.http[0].route[0].destination", "Required value");
+        err("route: [{destination: {subset: v1}}]", "spec.http[0].route[0].destination.host", "Required value");
         err(
             "route: [{destination: {host: a, subset: V_1}}]",
             "spec.http[0].route[0].destination.subset",
@@ -882,26 +637,14 @@ rewrite: {uri: /v2}"#);
     fn string_matches_are_checked_per_field() {
         let route = "route: [{destination: {host: a}}]\n";
         ok(&format!("{route}match: [{{uri: {{prefix: \"\"}}}}]"));
-        err(
-            &format!("{route}match: [{{uri: {{regex: \"(\"}}}}]"),
-            "spec.http[0].match[0].uri",
-            "RE2",
-        );
-        err(
-            &format!("{route}match: [{{uri: {{regex: \"\"}}}}]"),
-            "spec.http[0].match[0].uri",
-            "should not be empty",
-        );
+        err(&format!("{route}match: [{{uri: {{regex: \"(\"}}}}]"), "spec.http[0].match[0].uri", "RE2");
+        err(&format!("{route}match: [{{uri: {{regex: \"\"}}}}]"), "spec.http[0].match[0].uri", "should not be empty");
         err(
             &format!("{route}match: [{{scheme: {{prefix: \"\"}}}}]"),
             "spec.http[0].match[0].scheme",
             "prefix string match",
         );
-        err(
-            &format!("{route}match: [{{method: {{regex: \"a(?!b)\"}}}}]"),
-            "spec.http[0].match[0].method",
-            "RE2",
-        );
+        err(&format!("{route}match: [{{method: {{regex: \"a(?!b)\"}}}}]"), "spec.http[0].match[0].method", "RE2");
         err(
             &format!("{route}match: [{{authority: {{prefix: \"\"}}}}]"),
             "spec.http[0].match[0].authority",
@@ -937,11 +680,7 @@ rewrite: {uri: /v2}"#);
             "spec.http[0].match[0].headers[@request.auth.claims.sub]",
             "only supported for gateway",
         );
-        err(
-            &format!("{route}match: [{{port: 70000}}]"),
-            "spec.http[0].match[0].port",
-            "port must be between 1-65535",
-        );
+        err(&format!("{route}match: [{{port: 70000}}]"), "spec.http[0].match[0].port", "port must be between 1-65535");
         err(
             &format!("{route}match: [{{sourceLabels: {{\"a b\": c}}}}]"),
             "spec.http[0].match[0].sourceLabels[a b]",
@@ -998,72 +737,24 @@ rewrite: {uri: /v2}"#);
             "spec.http[0].corsPolicy.allowOrigins[0]",
             "not a valid match type for CORS",
         );
-        err(
-            &cors("{allowOrigins: [{regex: \"(\"}]}"),
-            "spec.http[0].corsPolicy.allowOrigins[0]",
-            "RE2",
-        );
-        err(
-            &cors("{allowMethods: [FETCH]}"),
-            "spec.http[0].corsPolicy.allowMethods[0]",
-            "Unsupported value",
-        );
-        err(
-            &cors("{allowHeaders: [\"a b\"]}"),
-            "spec.http[0].corsPolicy.allowHeaders[0]",
-            "not a valid header name",
-        );
-        err(
-            &cors("{exposeHeaders: [\"\"]}"),
-            "spec.http[0].corsPolicy.exposeHeaders[0]",
-            "cannot be empty",
-        );
-        err(
-            &cors("{maxAge: 500us}"),
-            "spec.http[0].corsPolicy.maxAge",
-            "greater than 1ms",
-        );
-        err(
-            &cors("{maxAge: 1500ms}"),
-            "spec.http[0].corsPolicy.maxAge",
-            "seconds precision",
-        );
-        err(
-            &cors("{unmatchedPreflights: DROP}"),
-            "spec.http[0].corsPolicy.unmatchedPreflights",
-            "Unsupported value",
-        );
+        err(&cors("{allowOrigins: [{regex: \"(\"}]}"), "spec.http[0].corsPolicy.allowOrigins[0]", "RE2");
+        err(&cors("{allowMethods: [FETCH]}"), "spec.http[0].corsPolicy.allowMethods[0]", "Unsupported value");
+        err(&cors("{allowHeaders: [\"a b\"]}"), "spec.http[0].corsPolicy.allowHeaders[0]", "not a valid header name");
+        err(&cors("{exposeHeaders: [\"\"]}"), "spec.http[0].corsPolicy.exposeHeaders[0]", "cannot be empty");
+        err(&cors("{maxAge: 500us}"), "spec.http[0].corsPolicy.maxAge", "greater than 1ms");
+        err(&cors("{maxAge: 1500ms}"), "spec.http[0].corsPolicy.maxAge", "seconds precision");
+        err(&cors("{unmatchedPreflights: DROP}"), "spec.http[0].corsPolicy.unmatchedPreflights", "Unsupported value");
     }
 
     #[test]
     fn faults_are_checked() {
         let route = "route: [{destination: {host: a}}]\n";
         let fault = |f: &str| format!("{route}fault: {f}");
-        err(
-            &fault("{}"),
-            "spec.http[0].fault",
-            "must have an abort and/or a delay",
-        );
-        err(
-            &fault("{abort: {httpStatus: 700}}"),
-            "spec.http[0].fault.abort.httpStatus",
-            "not in range 200-599",
-        );
-        err(
-            &fault("{abort: {grpcStatus: NOPE}}"),
-            "spec.http[0].fault.abort.grpcStatus",
-            "Unsupported value",
-        );
-        err(
-            &fault("{abort: {http2Error: x}}"),
-            "spec.http[0].fault.abort.http2Error",
-            "not supported yet",
-        );
-        err(
-            &fault("{abort: {httpStatus: 500, grpcStatus: INTERNAL}}"),
-            "spec.http[0].fault.abort",
-            "only one of",
-        );
+        err(&fault("{}"), "spec.http[0].fault", "must have an abort and/or a delay");
+        err(&fault("{abort: {httpStatus: 700}}"), "spec.http[0].fault.abort.httpStatus", "not in range 200-599");
+        err(&fault("{abort: {grpcStatus: NOPE}}"), "spec.http[0].fault.abort.grpcStatus", "Unsupported value");
+        err(&fault("{abort: {http2Error: x}}"), "spec.http[0].fault.abort.http2Error", "not supported yet");
+        err(&fault("{abort: {httpStatus: 500, grpcStatus: INTERNAL}}"), "spec.http[0].fault.abort", "only one of");
         err(
             &fault("{abort: {httpStatus: 500, percentage: {value: 101}}}"),
             "spec.http[0].fault.abort.percentage.value",
@@ -1074,66 +765,30 @@ rewrite: {uri: /v2}"#);
             "spec.http[0].fault.delay.percentage.value",
             "neither 0.0",
         );
-        err(
-            &fault("{delay: {percentage: {value: 50}}}"),
-            "spec.http[0].fault.delay.fixedDelay",
-            "Required value",
-        );
-        err(
-            &fault("{delay: {fixedDelay: 0s}}"),
-            "spec.http[0].fault.delay.fixedDelay",
-            "greater than 1ms",
-        );
+        err(&fault("{delay: {percentage: {value: 50}}}"), "spec.http[0].fault.delay.fixedDelay", "Required value");
+        err(&fault("{delay: {fixedDelay: 0s}}"), "spec.http[0].fault.delay.fixedDelay", "greater than 1ms");
         err(
             &fault("{delay: {exponentialDelay: 1s}}"),
             "spec.http[0].fault.delay.exponentialDelay",
             "not supported yet",
         );
-        err(
-            &fault("{delay: {fixedDelay: 1s, percent: 150}}"),
-            "spec.http[0].fault.delay.percent",
-            "between 0 and 100",
-        );
+        err(&fault("{delay: {fixedDelay: 1s, percent: 150}}"), "spec.http[0].fault.delay.percent", "between 0 and 100");
         ok(&fault("{abort: {grpcStatus: UNAVAILABLE}}"));
     }
 
     #[test]
     fn redirects_are_checked() {
-        err(
-            "redirect: {}",
-            "spec.http[0].redirect",
-            "must specify URI, authority, scheme, or port",
-        );
-        err(
-            "redirect: {uri: /x, redirectCode: 300}",
-            "spec.http[0].redirect.redirectCode",
-            "301, 302, 303, 307, 308",
-        );
-        err(
-            "redirect: {scheme: ftp}",
-            "spec.http[0].redirect.scheme",
-            "invalid redirect scheme",
-        );
-        err(
-            "redirect: {uri: \"/a b\"}",
-            "spec.http[0].redirect.uri",
-            "spaces or control characters",
-        );
-        err(
-            "redirect: {port: 70000}",
-            "spec.http[0].redirect.port",
-            "port must be between 1-65535",
-        );
+        err("redirect: {}", "spec.http[0].redirect", "must specify URI, authority, scheme, or port");
+        err("redirect: {uri: /x, redirectCode: 300}", "spec.http[0].redirect.redirectCode", "301, 302, 303, 307, 308");
+        err("redirect: {scheme: ftp}", "spec.http[0].redirect.scheme", "invalid redirect scheme");
+        err("redirect: {uri: \"/a b\"}", "spec.http[0].redirect.uri", "spaces or control characters");
+        err("redirect: {port: 70000}", "spec.http[0].redirect.port", "port must be between 1-65535");
         err(
             "redirect: {port: 8080, derivePort: FROM_REQUEST_PORT}",
             "spec.http[0].redirect",
             "only one of port or derivePort",
         );
-        err(
-            "redirect: {derivePort: FROM_NOWHERE}",
-            "spec.http[0].redirect.derivePort",
-            "Unsupported value",
-        );
+        err("redirect: {derivePort: FROM_NOWHERE}", "spec.http[0].redirect.derivePort", "Unsupported value");
         ok("redirect: {authority: b.com, redirectCode: 308, scheme: https, port: 8443}");
     }
 
@@ -1141,50 +796,24 @@ rewrite: {uri: /v2}"#);
     fn retries_are_checked() {
         let route = "route: [{destination: {host: a}}]\n";
         let retries = |r: &str| format!("{route}retries: {r}");
-        err(
-            &retries("{attempts: -1}"),
-            "spec.http[0].retries.attempts",
-            "attempts cannot be negative",
-        );
-        err(
-            &retries("{attempts: 0, retryOn: 5xx}"),
-            "spec.http[0].retries",
-            "attempts are set to 0",
-        );
-        err(
-            &retries("{attempts: 2, perTryTimeout: 0s}"),
-            "spec.http[0].retries.perTryTimeout",
-            "greater than 1ms",
-        );
+        err(&retries("{attempts: -1}"), "spec.http[0].retries.attempts", "attempts cannot be negative");
+        err(&retries("{attempts: 0, retryOn: 5xx}"), "spec.http[0].retries", "attempts are set to 0");
+        err(&retries("{attempts: 2, perTryTimeout: 0s}"), "spec.http[0].retries.perTryTimeout", "greater than 1ms");
         err(
             &retries("{attempts: 2, retryOn: \"5xx,sometimes\"}"),
             "spec.http[0].retries.retryOn",
             "not a valid retryOn policy",
         );
-        err(
-            &retries("{attempts: 2, retryOn: \"999\"}"),
-            "spec.http[0].retries.retryOn",
-            "not a valid retryOn policy",
-        );
-        err(
-            &retries("{attempts: 2, backoff: 0s}"),
-            "spec.http[0].retries.backoff",
-            "greater than 1ms",
-        );
-        ok(&retries(
-            "{attempts: 2, retryOn: \"gateway-error,429,unavailable\"}",
-        ));
+        err(&retries("{attempts: 2, retryOn: \"999\"}"), "spec.http[0].retries.retryOn", "not a valid retryOn policy");
+        err(&retries("{attempts: 2, backoff: 0s}"), "spec.http[0].retries.backoff", "greater than 1ms");
+        ok(&retries("{attempts: 2, retryOn: \"gateway-error,429,unavailable\"}"));
     }
 
     #[test]
     fn rewrites_are_checked() {
         let route = "route: [{destination: {host: a}}]\n";
         let rewrite = |r: &str| format!("{route}rewrite: {r}");
-        err(
-            &rewrite("{}"),
-            "spec.http[0].rewrite",
-            "must specify at least one of URI, UriRegexRewrite, or authority",
-        );
+        err(&rewrite("{}"), "spec.http[0].rewrite", "must specify at least one of URI, UriRegexRewrite, or authority");
         err(
             &rewrite("{uri: /a, uriRegexRewrite: {match: a, rewrite: b}}"),
             "spec.http[0].rewrite",
@@ -1200,22 +829,12 @@ rewrite: {uri: /v2}"#);
             "spec.http[0].rewrite.uriRegexRewrite.match",
             "RE2",
         );
-        err(
-            &rewrite("{authority: \"50%\"}"),
-            "spec.http[0].rewrite.authority",
-            "un-escaped %",
-        );
-        ok(&rewrite(
-            "{uriRegexRewrite: {match: \"^/v1/(.*)\", rewrite: \"/v2/\\\\1\"}}",
-        ));
+        err(&rewrite("{authority: \"50%\"}"), "spec.http[0].rewrite.authority", "un-escaped %");
+        ok(&rewrite("{uriRegexRewrite: {match: \"^/v1/(.*)\", rewrite: \"/v2/\\\\1\"}}"));
     }
 
     #[test]
     fn timeouts_are_at_least_1ms() {
-        err(
-            "route: [{destination: {host: a}}]\ntimeout: 0s",
-            "spec.http[0].timeout",
-            "greater than 1ms",
-        );
+        err("route: [{destination: {host: a}}]\ntimeout: 0s", "spec.http[0].timeout", "greater than 1ms");
     }
 }

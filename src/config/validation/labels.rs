@@ -19,10 +19,7 @@ pub(super) fn check_label_key(key: &str) -> Result<(), String> {
     };
     if let Some(prefix) = prefix {
         if prefix.len() > MAX_PREFIX_LEN || !prefix.split('.').all(is_dns_label) {
-            return Err(invalid(
-                key,
-                "label key prefix must be a DNS subdomain of at most 253 characters",
-            ));
+            return Err(invalid(key, "label key prefix must be a DNS subdomain of at most 253 characters"));
         }
     }
     if name.len() > MAX_NAME_LEN || !is_qualified_name(name) {
@@ -53,9 +50,7 @@ fn is_qualified_name(name: &str) -> bool {
         (Some(first), Some(last)) => {
             first.is_ascii_alphanumeric()
                 && last.is_ascii_alphanumeric()
-                && bytes
-                    .iter()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+                && bytes.iter().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
         }
         _ => false,
     }
@@ -75,21 +70,9 @@ pub(super) fn check_selector(errors: &mut Errors, path: &str, labels: &Labels) {
     for (key, value) in labels {
         let field = format!("{path}[{key}]");
         if key.is_empty() {
-            errors.add(
-                field,
-                invalid(
-                    format!("{key}={value}"),
-                    "empty key is not supported in selector",
-                ),
-            );
+            errors.add(field, invalid(format!("{key}={value}"), "empty key is not supported in selector"));
         } else if key.contains('*') || value.contains('*') {
-            errors.add(
-                field,
-                invalid(
-                    format!("{key}={value}"),
-                    "wildcard is not supported in selector",
-                ),
-            );
+            errors.add(field, invalid(format!("{key}={value}"), "wildcard is not supported in selector"));
         } else {
             errors.check(field.clone(), check_label_key(key));
             errors.check(field, check_label_value(value));
@@ -102,10 +85,7 @@ mod tests {
     use super::*;
 
     fn labels(pairs: &[(&str, &str)]) -> Labels {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }
 
     #[test]
@@ -113,16 +93,10 @@ mod tests {
         assert!(check_label_key("app").is_ok());
         assert!(check_label_key("app.kubernetes.io/name").is_ok());
         assert!(check_label_key("My_Key.1").is_ok());
-        assert!(check_label_key("a/b/c")
-            .unwrap_err()
-            .contains("label key name"));
-        assert!(check_label_key("-a")
-            .unwrap_err()
-            .contains("label key name"));
+        assert!(check_label_key("a/b/c").unwrap_err().contains("label key name"));
+        assert!(check_label_key("-a").unwrap_err().contains("label key name"));
         assert!(check_label_key(&"a".repeat(64)).is_err());
-        assert!(check_label_key("bad_prefix/a")
-            .unwrap_err()
-            .contains("prefix"));
+        assert!(check_label_key("bad_prefix/a").unwrap_err().contains("prefix"));
         assert!(check_label_key("/a").unwrap_err().contains("prefix"));
     }
 
@@ -130,20 +104,14 @@ mod tests {
     fn values_may_be_empty_but_not_malformed() {
         assert!(check_label_value("").is_ok());
         assert!(check_label_value("v1.2_3").is_ok());
-        assert!(check_label_value("a b")
-            .unwrap_err()
-            .contains("label value"));
+        assert!(check_label_value("a b").unwrap_err().contains("label value"));
         assert!(check_label_value(&"a".repeat(64)).is_err());
     }
 
     #[test]
     fn label_errors_name_the_key() {
         let mut errors = Errors::default();
-        check_labels(
-            &mut errors,
-            "spec.labels",
-            &labels(&[("ok", "v"), ("bad key", "v")]),
-        );
+        check_labels(&mut errors, "spec.labels", &labels(&[("ok", "v"), ("bad key", "v")]));
         assert_eq!(errors.0.len(), 1);
         assert_eq!(errors.0[0].field, "spec.labels[bad key]");
     }
@@ -151,11 +119,7 @@ mod tests {
     #[test]
     fn selectors_reject_wildcards_and_empty_keys() {
         let mut errors = Errors::default();
-        check_selector(
-            &mut errors,
-            "s",
-            &labels(&[("*", "v"), ("a", "*"), ("", "v"), ("b", "ok")]),
-        );
+        check_selector(&mut errors, "s", &labels(&[("*", "v"), ("a", "*"), ("", "v"), ("b", "ok")]));
         let reasons: Vec<&str> = errors.0.iter().map(|e| e.reason.as_str()).collect();
         assert_eq!(reasons.len(), 3, "{reasons:?}");
         assert!(reasons[0].contains("empty key is not supported in selector"));

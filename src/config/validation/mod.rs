@@ -58,9 +58,7 @@ pub fn check_dns1123_subdomain(value: &str) -> Result<(), String> {
 pub fn check_dns1123_label(value: &str) -> Result<(), String> {
     let ok = !value.is_empty()
         && value.len() <= 63
-        && value
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && value.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !value.starts_with('-')
         && !value.ends_with('-');
     if ok {
@@ -113,10 +111,7 @@ fn forbidden(detail: impl Display) -> String {
 /// Reason for a value outside an enumeration.
 fn unsupported(value: impl Debug, supported: &[&str]) -> String {
     let list: Vec<String> = supported.iter().map(|s| format!("{s:?}")).collect();
-    format!(
-        "Unsupported value: {value:?}: supported values: {}",
-        list.join(", ")
-    )
+    format!("Unsupported value: {value:?}: supported values: {}", list.join(", "))
 }
 
 /// Checks an optional integer that must not be negative.
@@ -127,11 +122,7 @@ fn check_non_negative(errors: &mut Errors, field: impl Into<String>, value: Opti
 }
 
 /// Checks an optional percentage (0–100).
-fn check_percent_range<T: Into<f64> + Debug + Copy>(
-    errors: &mut Errors,
-    field: impl Into<String>,
-    value: Option<T>,
-) {
+fn check_percent_range<T: Into<f64> + Debug + Copy>(errors: &mut Errors, field: impl Into<String>, value: Option<T>) {
     if let Some(v) = value.filter(|v| !(0.0..=100.0).contains(&(*v).into())) {
         errors.add(field, invalid(v, "must be between 0 and 100"));
     }
@@ -189,11 +180,7 @@ mod testing {
             None => panic!("expected {field}: {reason}, but {kind} was accepted\n{spec}"),
             Some(e) => {
                 assert_eq!(e.field, field, "wrong field for {e}\n{spec}");
-                assert!(
-                    e.reason.contains(reason),
-                    "reason {:?} lacks {reason:?}\n{spec}",
-                    e.reason
-                );
+                assert!(e.reason.contains(reason), "reason {:?} lacks {reason:?}\n{spec}", e.reason);
             }
         }
     }
@@ -210,10 +197,7 @@ mod tests {
         assert_eq!(invalid("a", "bad"), "Invalid value: \"a\": bad");
         assert_eq!(duplicate("a", "again"), "Duplicate value: \"a\": again");
         assert_eq!(forbidden("no"), "Forbidden: no");
-        assert_eq!(
-            unsupported("X", &["A", "B"]),
-            "Unsupported value: \"X\": supported values: \"A\", \"B\""
-        );
+        assert_eq!(unsupported("X", &["A", "B"]), "Unsupported value: \"X\": supported values: \"A\", \"B\"");
     }
 
     #[test]

@@ -4,20 +4,8 @@ use super::hosts::is_dns_label;
 use super::invalid;
 
 /// Protocols Istio recognises on ports (matched case-insensitively).
-const KNOWN_PROTOCOLS: [&str; 12] = [
-    "HTTP",
-    "HTTPS",
-    "HTTP2",
-    "HTTP_PROXY",
-    "GRPC",
-    "GRPC-WEB",
-    "TCP",
-    "TLS",
-    "UDP",
-    "MONGO",
-    "REDIS",
-    "MYSQL",
-];
+const KNOWN_PROTOCOLS: [&str; 12] =
+    ["HTTP", "HTTPS", "HTTP2", "HTTP_PROXY", "GRPC", "GRPC-WEB", "TCP", "TLS", "UDP", "MONGO", "REDIS", "MYSQL"];
 
 /// Protocols routed by Envoy's HTTP connection manager.
 const HTTP_PROTOCOLS: [&str; 5] = ["HTTP", "HTTP2", "HTTP_PROXY", "GRPC", "GRPC-WEB"];
@@ -39,10 +27,7 @@ pub(super) fn check_port_name(name: &str) -> Result<(), String> {
     if is_dns_label(name) {
         Ok(())
     } else {
-        Err(invalid(
-            name,
-            "invalid port name: must be a DNS-1123 label of at most 63 characters",
-        ))
+        Err(invalid(name, "invalid port name: must be a DNS-1123 label of at most 63 characters"))
     }
 }
 
@@ -51,13 +36,7 @@ pub(super) fn check_protocol(protocol: &str) -> Result<(), String> {
     if protocol.is_empty() || is_known_protocol(protocol) {
         Ok(())
     } else {
-        Err(invalid(
-            protocol,
-            format!(
-                "unsupported protocol, supported protocols are {}",
-                KNOWN_PROTOCOLS.join(", ")
-            ),
-        ))
+        Err(invalid(protocol, format!("unsupported protocol, supported protocols are {}", KNOWN_PROTOCOLS.join(", "))))
     }
 }
 
@@ -88,21 +67,14 @@ mod tests {
     fn port_numbers_are_1_to_65535() {
         assert!(check_port(1).is_ok());
         assert!(check_port(65535).is_ok());
-        assert_eq!(
-            check_port(0).unwrap_err(),
-            "Invalid value: 0: port must be between 1-65535"
-        );
-        assert!(check_port(99999)
-            .unwrap_err()
-            .contains("port must be between 1-65535"));
+        assert_eq!(check_port(0).unwrap_err(), "Invalid value: 0: port must be between 1-65535");
+        assert!(check_port(99999).unwrap_err().contains("port must be between 1-65535"));
     }
 
     #[test]
     fn port_names_are_dns_labels() {
         assert!(check_port_name("http-web").is_ok());
-        assert!(check_port_name("a_b")
-            .unwrap_err()
-            .contains("invalid port name"));
+        assert!(check_port_name("a_b").unwrap_err().contains("invalid port name"));
         assert!(check_port_name("").is_err());
     }
 
@@ -111,9 +83,7 @@ mod tests {
         assert!(check_protocol("").is_ok());
         assert!(check_protocol("grpc-web").is_ok());
         assert!(check_protocol("Mongo").is_ok());
-        assert!(check_protocol("SMTP")
-            .unwrap_err()
-            .contains("unsupported protocol"));
+        assert!(check_protocol("SMTP").unwrap_err().contains("unsupported protocol"));
         assert!(is_http_protocol("http2") && !is_http_protocol("HTTPS"));
         assert!(is_tls_protocol("https") && !is_tls_protocol("TCP"));
     }

@@ -9,9 +9,7 @@ use super::addresses::check_ip_or_cidr;
 use super::export_to::{check_export_to, Exporter};
 use super::hosts::{check_fqdn, check_wildcard_host};
 use super::labels::check_selector;
-use super::ports::{
-    check_port, check_port_name, check_protocol, is_http_protocol, is_tls_protocol,
-};
+use super::ports::{check_port, check_port_name, check_protocol, is_http_protocol, is_tls_protocol};
 use super::workload_entry::{check_workload_entry, EndpointRules};
 use super::{duplicate, forbidden, invalid, required, Errors};
 
@@ -20,10 +18,7 @@ pub(super) fn validate(se: &ServiceEntry, namespace: &str, errors: &mut Errors) 
     // An unset resolution is NONE.
     let resolution = se.resolution.unwrap_or(Resolution::None);
     if se.workload_selector.is_some() && !se.endpoints.is_empty() {
-        errors.add(
-            "spec.workloadSelector",
-            forbidden("only one of WorkloadSelector or Endpoints can be set"),
-        );
+        errors.add("spec.workloadSelector", forbidden("only one of WorkloadSelector or Endpoints can be set"));
     }
     if let Some(selector) = &se.workload_selector {
         check_selector(errors, "spec.workloadSelector.labels", &selector.labels);
@@ -33,43 +28,23 @@ pub(super) fn validate(se: &ServiceEntry, namespace: &str, errors: &mut Errors) 
     let port_names = check_ports(errors, se);
     check_endpoints(errors, se, resolution, &port_names);
     check_multiple_hosts(errors, se, resolution);
-    for (i, san) in se
-        .subject_alt_names
-        .iter()
-        .enumerate()
-        .filter(|(_, san)| san.is_empty())
-    {
-        errors.add(
-            format!("spec.subjectAltNames[{i}]"),
-            invalid(san, "subject alt names must not be empty"),
-        );
+    for (i, san) in se.subject_alt_names.iter().enumerate().filter(|(_, san)| san.is_empty()) {
+        errors.add(format!("spec.subjectAltNames[{i}]"), invalid(san, "subject alt names must not be empty"));
     }
-    check_export_to(
-        errors,
-        "spec.exportTo",
-        namespace,
-        &se.export_to,
-        Exporter::ServiceEntry,
-    );
+    check_export_to(errors, "spec.exportTo", namespace, &se.export_to, Exporter::ServiceEntry);
 }
 
 /// Checks `spec.hosts`: present, not `*`, valid (wildcard) hostnames.
 fn check_hosts(errors: &mut Errors, se: &ServiceEntry) {
     if se.hosts.is_empty() {
-        errors.add(
-            "spec.hosts",
-            required("service entry must have at least one host"),
-        );
+        errors.add("spec.hosts", required("service entry must have at least one host"));
     }
     for (i, host) in se.hosts.iter().enumerate() {
         let field = format!("spec.hosts[{i}]");
         if host == "*" {
             errors.add(field, invalid(host, "hostname cannot be wildcard"));
         } else {
-            errors.check(
-                field,
-                check_wildcard_host(host).map_err(|e| invalid(host, e)),
-            );
+            errors.check(field, check_wildcard_host(host).map_err(|e| invalid(host, e)));
         }
     }
 }
@@ -80,18 +55,9 @@ fn check_addresses(errors: &mut Errors, se: &ServiceEntry, resolution: Resolutio
     let mut cidr_reported = false;
     for (i, address) in se.addresses.iter().enumerate() {
         let field = format!("spec.addresses[{i}]");
-        errors.check(
-            &field,
-            check_ip_or_cidr(address).map_err(|e| invalid(address, e)),
-        );
+        errors.check(&field, check_ip_or_cidr(address).map_err(|e| invalid(address, e)));
         if address.contains('/') && !keeps_destination && !cidr_reported {
-            errors.add(
-                field,
-                invalid(
-                    address,
-                    "CIDR addresses are allowed only for NONE/STATIC resolution types",
-                ),
-            );
+            errors.add(field, invalid(address, "CIDR addresses are allowed only for NONE/STATIC resolution types"));
             cidr_reported = true;
         }
     }
@@ -106,19 +72,13 @@ fn check_ports<'a>(errors: &mut Errors, se: &'a ServiceEntry) -> BTreeSet<&'a st
         if port.name.is_empty() {
             errors.add(format!("{path}.name"), required("port name is required"));
         } else if !names.insert(port.name.as_str()) {
-            errors.add(
-                &path,
-                duplicate(&port.name, "service entry port name already defined"),
-            );
+            errors.add(&path, duplicate(&port.name, "service entry port name already defined"));
         } else {
             errors.check(format!("{path}.name"), check_port_name(&port.name));
         }
         errors.check(format!("{path}.number"), check_port(port.number));
         if !numbers.insert(port.number) {
-            errors.add(
-                format!("{path}.number"),
-                duplicate(port.number, "port number cannot be duplicated"),
-            );
+            errors.add(format!("{path}.number"), duplicate(port.number, "port number cannot be duplicated"));
         }
         if let Some(target) = port.target_port {
             errors.check(format!("{path}.targetPort"), check_port(target));
@@ -129,44 +89,27 @@ fn check_ports<'a>(errors: &mut Errors, se: &'a ServiceEntry) -> BTreeSet<&'a st
 }
 
 /// Checks endpoints against the resolution mode.
-fn check_endpoints(
-    errors: &mut Errors,
-    se: &ServiceEntry,
-    resolution: Resolution,
-    port_names: &BTreeSet<&str>,
-) {
+fn check_endpoints(errors: &mut Errors, se: &ServiceEntry, resolution: Resolution, port_names: &BTreeSet<&str>) {
     let dns = matches!(resolution, Resolution::Dns | Resolution::DnsRoundRobin);
     match resolution {
         Resolution::None if !se.endpoints.is_empty() => {
-            errors.add(
-                "spec.endpoints",
-                forbidden("NONE mode cannot set endpoints"),
-            );
+            errors.add("spec.endpoints", forbidden("NONE mode cannot set endpoints"));
             return;
         }
         Resolution::DnsRoundRobin if se.endpoints.len() > 1 => {
             errors.add(
                 "spec.endpoints",
-                invalid(
-                    se.endpoints.len(),
-                    "DNS_ROUND_ROBIN mode cannot have multiple endpoints",
-                ),
+                invalid(se.endpoints.len(), "DNS_ROUND_ROBIN mode cannot have multiple endpoints"),
             );
         }
         _ => {}
     }
     if dns && se.endpoints.is_empty() {
         // Without endpoints the hosts themselves are resolved, so they cannot be wildcards.
-        let mode = if resolution == Resolution::Dns {
-            "DNS"
-        } else {
-            "DNS_ROUND_ROBIN"
-        };
+        let mode = if resolution == Resolution::Dns { "DNS" } else { "DNS_ROUND_ROBIN" };
         for (i, host) in se.hosts.iter().enumerate() {
             if check_wildcard_host(host).is_ok() && host != "*" && check_fqdn(host).is_err() {
-                let reason = format!(
-                    "hosts must be FQDN if no endpoints are provided for resolution mode {mode}"
-                );
+                let reason = format!("hosts must be FQDN if no endpoints are provided for resolution mode {mode}");
                 errors.add(format!("spec.hosts[{i}]"), invalid(host, reason));
             }
         }
@@ -186,16 +129,10 @@ fn check_multiple_hosts(errors: &mut Errors, se: &ServiceEntry, resolution: Reso
     if resolution == Resolution::None || se.hosts.len() < 2 {
         return;
     }
-    let opaque = se
-        .ports
-        .iter()
-        .position(|p| !is_http_protocol(&p.protocol) && !is_tls_protocol(&p.protocol));
+    let opaque = se.ports.iter().position(|p| !is_http_protocol(&p.protocol) && !is_tls_protocol(&p.protocol));
     if let Some(i) = opaque {
         let reason = "multiple hosts provided with non-HTTP, non-TLS ports";
-        errors.add(
-            format!("spec.ports[{i}].protocol"),
-            invalid(&se.ports[i].protocol, reason),
-        );
+        errors.add(format!("spec.ports[{i}].protocol"), invalid(&se.ports[i].protocol, reason));
     }
 }
 
@@ -220,36 +157,16 @@ mod tests {
 
     #[test]
     fn hosts_are_required_and_not_wildcard() {
-        assert_error(
-            SE,
-            "ports: [{number: 80, name: http}]",
-            "spec.hosts",
-            "Required value",
-        );
-        assert_error(
-            SE,
-            "hosts: [\"*\"]",
-            "spec.hosts[0]",
-            "hostname cannot be wildcard",
-        );
+        assert_error(SE, "ports: [{number: 80, name: http}]", "spec.hosts", "Required value");
+        assert_error(SE, "hosts: [\"*\"]", "spec.hosts[0]", "hostname cannot be wildcard");
         assert_error(SE, "hosts: [\"foo*\"]", "spec.hosts[0]", "Invalid value");
         assert_valid(SE, "hosts: [\"*x\"]");
     }
 
     #[test]
     fn addresses_are_ips_or_cidrs_and_cidrs_need_no_dns() {
-        assert_error(
-            SE,
-            "hosts: [a.com]\naddresses: [1.2.3.4/99]",
-            "spec.addresses[0]",
-            "not a valid CIDR block",
-        );
-        assert_error(
-            SE,
-            "hosts: [a.com]\naddresses: [not-an-ip]",
-            "spec.addresses[0]",
-            "not a valid IP",
-        );
+        assert_error(SE, "hosts: [a.com]\naddresses: [1.2.3.4/99]", "spec.addresses[0]", "not a valid CIDR block");
+        assert_error(SE, "hosts: [a.com]\naddresses: [not-an-ip]", "spec.addresses[0]", "not a valid IP");
         assert_error(
             SE,
             "hosts: [a.com]\naddresses: [1.2.3.4/16]\nresolution: DNS",
@@ -287,18 +204,8 @@ mod tests {
             "spec.ports[0].targetPort",
             "port must be between 1-65535",
         );
-        assert_error(
-            SE,
-            "hosts: [a.com]\nports: [{number: 1}]",
-            "spec.ports[0].name",
-            "Required value",
-        );
-        assert_error(
-            SE,
-            "hosts: [a.com]\nports: [{name: a_b, number: 1}]",
-            "spec.ports[0].name",
-            "invalid port name",
-        );
+        assert_error(SE, "hosts: [a.com]\nports: [{number: 1}]", "spec.ports[0].name", "Required value");
+        assert_error(SE, "hosts: [a.com]\nports: [{name: a_b, number: 1}]", "spec.ports[0].name", "invalid port name");
         assert_error(
             SE,
             "hosts: [a.com]\nports: [{name: a, number: 1, protocol: SMTP}]",
@@ -327,10 +234,7 @@ mod tests {
             "spec.workloadSelector.labels[*]",
             "wildcard is not supported in selector",
         );
-        assert_valid(
-            SE,
-            "hosts: [a.com]\nworkloadSelector: {}\nresolution: STATIC",
-        );
+        assert_valid(SE, "hosts: [a.com]\nworkloadSelector: {}\nresolution: STATIC");
     }
 
     #[test]
@@ -360,18 +264,8 @@ mod tests {
         let spec = |address: &str| {
             format!("hosts: [a.com]\nports: [{{number: 80, name: http}}]\nresolution: STATIC\nendpoints: [{{address: \"{address}\"}}]")
         };
-        assert_error(
-            SE,
-            &spec("a.example.com"),
-            "spec.endpoints[0].address",
-            "not a valid IP address",
-        );
-        assert_error(
-            SE,
-            &spec("unix:///dir/"),
-            "spec.endpoints[0].address",
-            "UDS may not be a dir",
-        );
+        assert_error(SE, &spec("a.example.com"), "spec.endpoints[0].address", "not a valid IP address");
+        assert_error(SE, &spec("unix:///dir/"), "spec.endpoints[0].address", "UDS may not be a dir");
         assert_error(
             SE,
             "hosts: [a.com]\nports: [{number: 80, name: http}, {number: 81, name: h2}]\nresolution: STATIC\nendpoints: [{address: \"unix:///s\"}]",
@@ -393,18 +287,8 @@ mod tests {
         };
         assert_valid(SE, &spec("b.example.com"));
         assert_valid(SE, &spec("10.1.1.1"));
-        assert_error(
-            SE,
-            &spec("a..b"),
-            "spec.endpoints[0].address",
-            "not a valid FQDN or an IP address",
-        );
-        assert_error(
-            SE,
-            &spec("unix:///s"),
-            "spec.endpoints[0].address",
-            "need resolution STATIC",
-        );
+        assert_error(SE, &spec("a..b"), "spec.endpoints[0].address", "not a valid FQDN or an IP address");
+        assert_error(SE, &spec("unix:///s"), "spec.endpoints[0].address", "need resolution STATIC");
     }
 
     #[test]
@@ -413,18 +297,8 @@ mod tests {
             format!("hosts: [a.com]\nports: [{{number: 80, name: http}}]\nresolution: DNS\nendpoints: [{{address: b.com, ports: {ports}}}]")
         };
         assert_valid(SE, &spec("{http: 8080}"));
-        assert_error(
-            SE,
-            &spec("{grpc: 8080}"),
-            "spec.endpoints[0].ports[grpc]",
-            "not defined by the service entry",
-        );
-        assert_error(
-            SE,
-            &spec("{http: 0}"),
-            "spec.endpoints[0].ports[http]",
-            "port must be between 1-65535",
-        );
+        assert_error(SE, &spec("{grpc: 8080}"), "spec.endpoints[0].ports[grpc]", "not defined by the service entry");
+        assert_error(SE, &spec("{http: 0}"), "spec.endpoints[0].ports[http]", "port must be between 1-65535");
     }
 
     #[test]
@@ -440,17 +314,7 @@ mod tests {
 
     #[test]
     fn subject_alt_names_and_export_to_are_checked() {
-        assert_error(
-            SE,
-            "hosts: [a.com]\nsubjectAltNames: [\"\"]",
-            "spec.subjectAltNames[0]",
-            "must not be empty",
-        );
-        assert_error(
-            SE,
-            "hosts: [a.com]\nexportTo: [\"~\", a]",
-            "spec.exportTo",
-            "no one (~) and someone",
-        );
+        assert_error(SE, "hosts: [a.com]\nsubjectAltNames: [\"\"]", "spec.subjectAltNames[0]", "must not be empty");
+        assert_error(SE, "hosts: [a.com]\nexportTo: [\"~\", a]", "spec.exportTo", "no one (~) and someone");
     }
 }

@@ -7,9 +7,7 @@ use serde_json::Value;
 
 use crate::config::api::destination_rule::ConnectionPoolSettings;
 use crate::config::api::gateway::ServerTlsSettings;
-use crate::config::api::sidecar::{
-    CaptureMode, IstioEgressListener, OutboundMode, OutboundTrafficPolicy,
-};
+use crate::config::api::sidecar::{CaptureMode, IstioEgressListener, OutboundMode, OutboundTrafficPolicy};
 use crate::config::api::virtual_service::Destination;
 use crate::config::api::{Port, Sidecar};
 
@@ -23,14 +21,7 @@ use super::traffic_policy::check_connection_pool;
 use super::{duplicate, forbidden, invalid, required, unsupported, Errors};
 
 /// Fields of an ingress listener.
-const INGRESS_FIELDS: [&str; 6] = [
-    "port",
-    "bind",
-    "captureMode",
-    "defaultEndpoint",
-    "tls",
-    "connectionPool",
-];
+const INGRESS_FIELDS: [&str; 6] = ["port", "bind", "captureMode", "defaultEndpoint", "tls", "connectionPool"];
 
 /// Values of `captureMode`.
 const CAPTURE_MODES: [&str; 3] = ["DEFAULT", "IPTABLES", "NONE"];
@@ -41,11 +32,7 @@ const DEFAULT_ENDPOINT_HOSTS: [&str; 5] = ["", "127.0.0.1", "0.0.0.0", "::1", ":
 /// Checks a Sidecar.
 pub(super) fn validate(sidecar: &Sidecar, errors: &mut Errors) {
     if let Some(selector) = &sidecar.workload_selector {
-        check_selector(
-            errors,
-            "spec.workloadSelector.labels",
-            &selector.match_labels,
-        );
+        check_selector(errors, "spec.workloadSelector.labels", &selector.match_labels);
     }
     let empty = sidecar.egress.is_empty()
         && sidecar.ingress.is_empty()
@@ -58,9 +45,7 @@ pub(super) fn validate(sidecar: &Sidecar, errors: &mut Errors) {
     }
     check_ingress(errors, &sidecar.ingress);
     if let Some(pool) = &sidecar.inbound_connection_pool {
-        if let Some(pool) =
-            typed::<ConnectionPoolSettings>(errors, "spec.inboundConnectionPool", pool)
-        {
+        if let Some(pool) = typed::<ConnectionPoolSettings>(errors, "spec.inboundConnectionPool", pool) {
             check_connection_pool(errors, "spec.inboundConnectionPool", &pool);
         }
     }
@@ -76,11 +61,7 @@ fn typed<T: DeserializeOwned>(errors: &mut Errors, path: &str, value: &Value) ->
         Ok(v) => Some(v),
         Err(e) => {
             let inner = e.path().to_string();
-            let field = if inner == "." {
-                path.to_string()
-            } else {
-                format!("{path}.{inner}")
-            };
+            let field = if inner == "." { path.to_string() } else { format!("{path}.{inner}") };
             errors.add(field, e.into_inner().to_string());
             None
         }
@@ -102,24 +83,19 @@ fn check_egress(errors: &mut Errors, egress: &[IstioEgressListener]) {
                 );
             }
             None if i + 1 != egress.len() => {
-                let reason = forbidden("sidecar: the egress listener with empty port should be the last listener in the list");
+                let reason =
+                    forbidden("sidecar: the egress listener with empty port should be the last listener in the list");
                 errors.add(&path, reason);
                 catch_all_seen = true;
             }
             None => catch_all_seen = true,
-            Some(port) => {
-                check_egress_port(errors, &path, port, listener, &mut ports, &mut sockets)
-            }
+            Some(port) => check_egress_port(errors, &path, port, listener, &mut ports, &mut sockets),
         }
         if listener.hosts.is_empty() {
-            errors.add(
-                format!("{path}.hosts"),
-                required("sidecar: egress listener must contain at least one host"),
-            );
+            errors.add(format!("{path}.hosts"), required("sidecar: egress listener must contain at least one host"));
         }
         for (k, host) in listener.hosts.iter().enumerate() {
-            let result =
-                check_namespaced_host(host, HostScope::Sidecar).map_err(|e| invalid(host, e));
+            let result = check_namespaced_host(host, HostScope::Sidecar).map_err(|e| invalid(host, e));
             errors.check(format!("{path}.hosts[{k}]"), result);
         }
     }
@@ -143,40 +119,26 @@ fn check_egress_port<'a>(
                 required("sidecar: ports with 0 value must have a unix domain socket bind address"),
             );
         } else {
-            errors.check(
-                format!("{path}.bind"),
-                check_unix_address(bind).map_err(|e| invalid(bind, e)),
-            );
+            errors.check(format!("{path}.bind"), check_unix_address(bind).map_err(|e| invalid(bind, e)));
             if !sockets.insert(bind) {
                 errors.add(
                     format!("{path}.bind"),
-                    duplicate(
-                        bind,
-                        "sidecar: unix domain socket values for listeners must be unique",
-                    ),
+                    duplicate(bind, "sidecar: unix domain socket values for listeners must be unique"),
                 );
             }
         }
         if listener.capture_mode == Some(CaptureMode::Iptables) {
-            let reason = forbidden(
-                "sidecar: captureMode must be DEFAULT/NONE for unix domain socket listeners",
-            );
+            let reason = forbidden("sidecar: captureMode must be DEFAULT/NONE for unix domain socket listeners");
             errors.add(format!("{path}.captureMode"), reason);
         }
         return;
     }
     errors.check(format!("{path}.port.number"), check_port(port.number));
     if !bind.is_empty() {
-        errors.check(
-            format!("{path}.bind"),
-            check_ip(bind).map_err(|e| invalid(bind, e)),
-        );
+        errors.check(format!("{path}.bind"), check_ip(bind).map_err(|e| invalid(bind, e)));
     }
     if !ports.insert(port.number) {
-        let reason = duplicate(
-            port.number,
-            "sidecar: ports on IP bound listeners must be unique",
-        );
+        let reason = duplicate(port.number, "sidecar: ports on IP bound listeners must be unique");
         errors.add(format!("{path}.port.number"), reason);
     }
 }
@@ -188,10 +150,7 @@ fn check_listener_port(errors: &mut Errors, path: &str, port: &Port) {
     }
     errors.check(format!("{path}.protocol"), check_protocol(&port.protocol));
     if port.target_port.is_some_and(|t| t > 0) {
-        errors.add(
-            format!("{path}.targetPort"),
-            forbidden("targetPort has no impact on Sidecars"),
-        );
+        errors.add(format!("{path}.targetPort"), forbidden("targetPort has no impact on Sidecars"));
     }
 }
 
@@ -201,44 +160,24 @@ fn check_ingress(errors: &mut Errors, ingress: &[Value]) {
     for (i, listener) in ingress.iter().enumerate() {
         let path = format!("spec.ingress[{i}]");
         let Some(fields) = listener.as_object() else {
-            errors.add(
-                path,
-                invalid(listener, "ingress listener must be an object"),
-            );
+            errors.add(path, invalid(listener, "ingress listener must be an object"));
             continue;
         };
-        for key in fields
-            .keys()
-            .filter(|k| !INGRESS_FIELDS.contains(&k.as_str()))
-        {
+        for key in fields.keys().filter(|k| !INGRESS_FIELDS.contains(&k.as_str())) {
             errors.add(
                 format!("{path}.{key}"),
-                format!(
-                    "unknown field `{key}`, expected one of {}",
-                    INGRESS_FIELDS.join(", ")
-                ),
+                format!("unknown field `{key}`, expected one of {}", INGRESS_FIELDS.join(", ")),
             );
         }
-        let text = |name: &str| {
-            listener
-                .get(name)
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-        };
+        let text = |name: &str| listener.get(name).and_then(Value::as_str).unwrap_or_default();
         match listener.get("port").filter(|p| !p.is_null()) {
-            None => errors.add(
-                format!("{path}.port"),
-                required("sidecar: port is required for ingress listeners"),
-            ),
+            None => errors.add(format!("{path}.port"), required("sidecar: port is required for ingress listeners")),
             Some(value) => {
                 if let Some(port) = typed::<Port>(errors, &format!("{path}.port"), value) {
                     check_listener_port(errors, &format!("{path}.port"), &port);
                     errors.check(format!("{path}.port.number"), check_port(port.number));
                     if !ports.insert(port.number) {
-                        let reason = duplicate(
-                            port.number,
-                            "sidecar: ports on IP bound listeners must be unique",
-                        );
+                        let reason = duplicate(port.number, "sidecar: ports on IP bound listeners must be unique");
                         errors.add(format!("{path}.port.number"), reason);
                     }
                 }
@@ -246,25 +185,16 @@ fn check_ingress(errors: &mut Errors, ingress: &[Value]) {
         }
         let bind = text("bind");
         if !bind.is_empty() {
-            errors.check(
-                format!("{path}.bind"),
-                check_ip(bind).map_err(|e| invalid(bind, e)),
-            );
+            errors.check(format!("{path}.bind"), check_ip(bind).map_err(|e| invalid(bind, e)));
         }
         if let Some(mode) = listener.get("captureMode").filter(|m| !m.is_null()) {
             if !mode.as_str().is_some_and(|m| CAPTURE_MODES.contains(&m)) {
-                errors.add(
-                    format!("{path}.captureMode"),
-                    unsupported(mode, &CAPTURE_MODES),
-                );
+                errors.add(format!("{path}.captureMode"), unsupported(mode, &CAPTURE_MODES));
             }
         }
         let endpoint = text("defaultEndpoint");
         if !endpoint.is_empty() {
-            errors.check(
-                format!("{path}.defaultEndpoint"),
-                check_default_endpoint(endpoint),
-            );
+            errors.check(format!("{path}.defaultEndpoint"), check_default_endpoint(endpoint));
         }
         if let Some(tls) = listener.get("tls").filter(|t| !t.is_null()) {
             if let Some(tls) = typed::<ServerTlsSettings>(errors, &format!("{path}.tls"), tls) {
@@ -272,9 +202,7 @@ fn check_ingress(errors: &mut Errors, ingress: &[Value]) {
             }
         }
         if let Some(pool) = listener.get("connectionPool").filter(|p| !p.is_null()) {
-            if let Some(pool) =
-                typed::<ConnectionPoolSettings>(errors, &format!("{path}.connectionPool"), pool)
-            {
+            if let Some(pool) = typed::<ConnectionPoolSettings>(errors, &format!("{path}.connectionPool"), pool) {
                 check_connection_pool(errors, &format!("{path}.connectionPool"), &pool);
             }
         }
@@ -289,9 +217,7 @@ fn check_default_endpoint(endpoint: &str) -> Result<(), String> {
     let shape = "sidecar: defaultEndpoint must be of form 127.0.0.1:<port>,0.0.0.0:<port>,[::1]:port,[::]:port,unix://filepath or unset";
     let split = match endpoint.strip_prefix('[') {
         Some(rest) => rest.split_once("]:"),
-        None => endpoint
-            .rsplit_once(':')
-            .filter(|(host, _)| !host.contains(':')),
+        None => endpoint.rsplit_once(':').filter(|(host, _)| !host.contains(':')),
     };
     let Some((host, port)) = split else {
         return Err(invalid(endpoint, shape));
@@ -301,10 +227,7 @@ fn check_default_endpoint(endpoint: &str) -> Result<(), String> {
     }
     match port.parse::<u32>() {
         Ok(number) => check_port(number),
-        Err(_) => Err(invalid(
-            endpoint,
-            format!("sidecar: defaultEndpoint port ({port}) is not a number"),
-        )),
+        Err(_) => Err(invalid(endpoint, format!("sidecar: defaultEndpoint port ({port}) is not a number"))),
     }
 }
 
@@ -317,26 +240,13 @@ fn check_ingress_tls(errors: &mut Errors, path: &str, tls: &ServerTlsSettings) {
         );
     }
     if tls.https_redirect {
-        errors.add(
-            format!("{path}.httpsRedirect"),
-            forbidden("sidecar: httpsRedirect is not supported"),
-        );
+        errors.add(format!("{path}.httpsRedirect"), forbidden("sidecar: httpsRedirect is not supported"));
     }
     if !tls.credential_name.is_empty() {
-        errors.add(
-            format!("{path}.credentialName"),
-            forbidden("sidecar: credentialName is not currently supported"),
-        );
+        errors.add(format!("{path}.credentialName"), forbidden("sidecar: credentialName is not currently supported"));
     }
-    if let Some(mode) = tls
-        .mode
-        .as_deref()
-        .filter(|m| matches!(*m, "ISTIO_MUTUAL" | "AUTO_PASSTHROUGH"))
-    {
-        errors.add(
-            format!("{path}.mode"),
-            forbidden(format!("cannot set mode to {mode} in sidecar ingress tls")),
-        );
+    if let Some(mode) = tls.mode.as_deref().filter(|m| matches!(*m, "ISTIO_MUTUAL" | "AUTO_PASSTHROUGH")) {
+        errors.add(format!("{path}.mode"), forbidden(format!("cannot set mode to {mode} in sidecar ingress tls")));
     }
     check_server_tls(errors, path, tls);
 }
@@ -348,23 +258,20 @@ fn check_outbound_policy(errors: &mut Errors, path: &str, policy: &OutboundTraff
     };
     let field = format!("{path}.egressProxy");
     if policy.mode != Some(OutboundMode::AllowAny) {
-        errors.add(field, forbidden("sidecar: egress_proxy must be set only with ALLOW_ANY outbound_traffic_policy mode"));
+        errors.add(
+            field,
+            forbidden("sidecar: egress_proxy must be set only with ALLOW_ANY outbound_traffic_policy mode"),
+        );
         return;
     }
     let Some(destination) = typed::<Destination>(errors, &field, proxy) else {
         return;
     };
     if destination.host.starts_with('*') {
-        errors.add(
-            format!("{field}.host"),
-            invalid(&destination.host, "egress proxy host must be an FQDN"),
-        );
+        errors.add(format!("{field}.host"), invalid(&destination.host, "egress proxy host must be an FQDN"));
     }
     if destination.port.is_none() {
-        errors.add(
-            format!("{field}.port"),
-            required("sidecar: egress_proxy port must be non-nil"),
-        );
+        errors.add(format!("{field}.port"), required("sidecar: egress_proxy port must be non-nil"));
     }
     check_destination(errors, &field, &destination);
 }
@@ -391,10 +298,7 @@ mod tests {
             "ingress: [{port: {number: 9080, protocol: HTTP, name: http}, defaultEndpoint: \"127.0.0.1:8080\", captureMode: DEFAULT}]",
         );
         assert_valid(SC, "outboundTrafficPolicy: {mode: ALLOW_ANY, egressProxy: {host: proxy.ns.svc.cluster.local, port: {number: 3128}}}");
-        assert_valid(
-            SC,
-            "inboundConnectionPool: {http: {http1MaxPendingRequests: 10}}",
-        );
+        assert_valid(SC, "inboundConnectionPool: {http: {http1MaxPendingRequests: 10}}");
     }
 
     #[test]
@@ -419,30 +323,15 @@ mod tests {
 
     #[test]
     fn egress_hosts_are_namespaced() {
-        assert_error(
-            SC,
-            "egress: [{port: {number: 80, name: http}}]",
-            "spec.egress[0].hosts",
-            "at least one host",
-        );
+        assert_error(SC, "egress: [{port: {number: 80, name: http}}]", "spec.egress[0].hosts", "at least one host");
         assert_error(
             SC,
             "egress: [{hosts: [a.com]}]",
             "spec.egress[0].hosts[0]",
             "host must be of form namespace/dnsName",
         );
-        assert_error(
-            SC,
-            "egress: [{hosts: [\"Bad_NS/*\"]}]",
-            "spec.egress[0].hosts[0]",
-            "invalid namespace value",
-        );
-        assert_error(
-            SC,
-            "egress: [{hosts: [ns/short]}]",
-            "spec.egress[0].hosts[0]",
-            "short names",
-        );
+        assert_error(SC, "egress: [{hosts: [\"Bad_NS/*\"]}]", "spec.egress[0].hosts[0]", "invalid namespace value");
+        assert_error(SC, "egress: [{hosts: [ns/short]}]", "spec.egress[0].hosts[0]", "short names");
     }
 
     #[test]
@@ -460,21 +349,12 @@ mod tests {
             "should be the last listener",
         );
         let three = "egress: [{hosts: [\"a/*\"]}, {hosts: [\"b/*\"]}, {hosts: [\"c/*\"]}]";
-        let found: Vec<String> = all_errors(SC, three)
-            .iter()
-            .map(|e| e.to_string())
-            .collect();
+        let found: Vec<String> = all_errors(SC, three).iter().map(|e| e.to_string()).collect();
         assert_eq!(found.len(), 3, "{found:?}");
-        assert!(
-            found[0].starts_with("spec.egress[0]: Forbidden"),
-            "{found:?}"
-        );
+        assert!(found[0].starts_with("spec.egress[0]: Forbidden"), "{found:?}");
         for (i, error) in found.iter().enumerate().skip(1) {
             let field = format!("spec.egress[{i}].port: Forbidden");
-            assert!(
-                error.starts_with(&field) && error.contains("only one listener"),
-                "{found:?}"
-            );
+            assert!(error.starts_with(&field) && error.contains("only one listener"), "{found:?}");
         }
     }
 
@@ -548,42 +428,17 @@ mod tests {
 
     #[test]
     fn ingress_listeners_are_checked() {
-        assert_error(
-            SC,
-            "ingress: [{defaultEndpoint: \"127.0.0.1:80\"}]",
-            "spec.ingress[0].port",
-            "port is required",
-        );
-        assert_error(
-            SC,
-            "ingress: [{port: {number: 0}}]",
-            "spec.ingress[0].port.number",
-            "1-65535",
-        );
-        assert_error(
-            SC,
-            "ingress: [{port: {number: 80, nmae: x}}]",
-            "spec.ingress[0].port.nmae",
-            "unknown field",
-        );
-        assert_error(
-            SC,
-            "ingress: [{port: {number: 80}, bnid: x}]",
-            "spec.ingress[0].bnid",
-            "unknown field",
-        );
+        assert_error(SC, "ingress: [{defaultEndpoint: \"127.0.0.1:80\"}]", "spec.ingress[0].port", "port is required");
+        assert_error(SC, "ingress: [{port: {number: 0}}]", "spec.ingress[0].port.number", "1-65535");
+        assert_error(SC, "ingress: [{port: {number: 80, nmae: x}}]", "spec.ingress[0].port.nmae", "unknown field");
+        assert_error(SC, "ingress: [{port: {number: 80}, bnid: x}]", "spec.ingress[0].bnid", "unknown field");
         assert_error(
             SC,
             "ingress: [{port: {number: 80}}, {port: {number: 80}}]",
             "spec.ingress[1].port.number",
             "must be unique",
         );
-        assert_error(
-            SC,
-            "ingress: [{port: {number: 80}, bind: a.b}]",
-            "spec.ingress[0].bind",
-            "not a valid IP",
-        );
+        assert_error(SC, "ingress: [{port: {number: 80}, bind: a.b}]", "spec.ingress[0].bind", "not a valid IP");
         assert_error(
             SC,
             "ingress: [{port: {number: 80}, captureMode: ALWAYS}]",
@@ -616,37 +471,27 @@ mod tests {
         assert!(check_default_endpoint(":8080").is_ok());
         assert!(check_default_endpoint("[::1]:8080").is_ok());
         assert!(check_default_endpoint("unix:///var/run/app.sock").is_ok());
-        assert!(check_default_endpoint("10.0.0.1:8080")
-            .unwrap_err()
-            .contains("must be of form"));
-        assert!(check_default_endpoint("127.0.0.1")
-            .unwrap_err()
-            .contains("must be of form"));
-        assert!(check_default_endpoint("127.0.0.1:http")
-            .unwrap_err()
-            .contains("not a number"));
-        assert!(check_default_endpoint("127.0.0.1:0")
-            .unwrap_err()
-            .contains("1-65535"));
-        assert!(check_default_endpoint("unix://x")
-            .unwrap_err()
-            .contains("UDS must be an absolute path"));
+        assert!(check_default_endpoint("10.0.0.1:8080").unwrap_err().contains("must be of form"));
+        assert!(check_default_endpoint("127.0.0.1").unwrap_err().contains("must be of form"));
+        assert!(check_default_endpoint("127.0.0.1:http").unwrap_err().contains("not a number"));
+        assert!(check_default_endpoint("127.0.0.1:0").unwrap_err().contains("1-65535"));
+        assert!(check_default_endpoint("unix://x").unwrap_err().contains("UDS must be an absolute path"));
     }
 
     #[test]
     fn inbound_connection_pools_are_checked() {
-        assert_error(
-            SC,
-            "inboundConnectionPool: {}",
-            "spec.inboundConnectionPool",
-            "at least one field",
-        );
+        assert_error(SC, "inboundConnectionPool: {}", "spec.inboundConnectionPool", "at least one field");
     }
 
     #[test]
     fn egress_proxies_need_allow_any_and_a_port() {
         let path = "spec.outboundTrafficPolicy.egressProxy";
-        assert_error(SC, "outboundTrafficPolicy: {mode: REGISTRY_ONLY, egressProxy: {host: p.com, port: {number: 1}}}", path, "ALLOW_ANY");
+        assert_error(
+            SC,
+            "outboundTrafficPolicy: {mode: REGISTRY_ONLY, egressProxy: {host: p.com, port: {number: 1}}}",
+            path,
+            "ALLOW_ANY",
+        );
         assert_error(
             SC,
             "outboundTrafficPolicy: {mode: ALLOW_ANY, egressProxy: {host: p.com}}",

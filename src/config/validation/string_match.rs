@@ -17,19 +17,14 @@ pub(super) enum EmptyPrefix {
 }
 
 /// Checks a `StringMatch`.
-pub(super) fn check_string_match(
-    matcher: &StringMatch,
-    empty_prefix: EmptyPrefix,
-) -> Result<(), String> {
+pub(super) fn check_string_match(matcher: &StringMatch, empty_prefix: EmptyPrefix) -> Result<(), String> {
     match matcher {
         StringMatch::Exact(_) => Ok(()),
         StringMatch::Prefix(p) if p.is_empty() && empty_prefix == EmptyPrefix::Rejected => {
             Err(invalid(p, "prefix string match should not be empty"))
         }
         StringMatch::Prefix(_) => Ok(()),
-        StringMatch::Regex(re) if re.is_empty() => {
-            Err(invalid(re, "regex string match should not be empty"))
-        }
+        StringMatch::Regex(re) if re.is_empty() => Err(invalid(re, "regex string match should not be empty")),
         StringMatch::Regex(re) => check_regex(re),
     }
 }
@@ -37,14 +32,14 @@ pub(super) fn check_string_match(
 /// Checks that `pattern` is a regex Envoy's RE2 engine accepts (no lookaround, no backreferences).
 pub(super) fn check_regex(pattern: &str) -> Result<(), String> {
     if pattern.len() > MAX_REGEX_LEN {
-        return Err(invalid(
-            pattern,
-            format!("regex is too large, max length allowed is {MAX_REGEX_LEN}"),
-        ));
+        return Err(invalid(pattern, format!("regex is too large, max length allowed is {MAX_REGEX_LEN}")));
     }
     regex::Regex::new(pattern).map(|_| ()).map_err(|e| {
         let message = e.to_string().split_whitespace().collect::<Vec<_>>().join(" ");
-        invalid(pattern, format!("{message}; Istio uses RE2 style regex-based match (https://github.com/google/re2/wiki/Syntax)"))
+        invalid(
+            pattern,
+            format!("{message}; Istio uses RE2 style regex-based match (https://github.com/google/re2/wiki/Syntax)"),
+        )
     })
 }
 
@@ -54,9 +49,7 @@ mod tests {
 
     #[test]
     fn exact_matches_are_always_fine() {
-        assert!(
-            check_string_match(&StringMatch::Exact(String::new()), EmptyPrefix::Rejected).is_ok()
-        );
+        assert!(check_string_match(&StringMatch::Exact(String::new()), EmptyPrefix::Rejected).is_ok());
     }
 
     #[test]
@@ -69,23 +62,13 @@ mod tests {
 
     #[test]
     fn regexes_must_be_non_empty_and_re2_compatible() {
-        assert!(check_string_match(
-            &StringMatch::Regex("/v[0-9]+/.*".into()),
-            EmptyPrefix::Rejected
-        )
-        .is_ok());
-        let e = check_string_match(&StringMatch::Regex(String::new()), EmptyPrefix::Allowed)
-            .unwrap_err();
+        assert!(check_string_match(&StringMatch::Regex("/v[0-9]+/.*".into()), EmptyPrefix::Rejected).is_ok());
+        let e = check_string_match(&StringMatch::Regex(String::new()), EmptyPrefix::Allowed).unwrap_err();
         assert!(e.contains("regex string match should not be empty"), "{e}");
         for bad in ["(", "a(?=b)", "(a)\\1"] {
             let e = check_regex(bad).unwrap_err();
-            assert!(
-                e.contains("Istio uses RE2 style regex-based match") && !e.contains('\n'),
-                "{e}"
-            );
+            assert!(e.contains("Istio uses RE2 style regex-based match") && !e.contains('\n'), "{e}");
         }
-        assert!(check_regex(&"a".repeat(1025))
-            .unwrap_err()
-            .contains("regex is too large"));
+        assert!(check_regex(&"a".repeat(1025)).unwrap_err().contains("regex is too large"));
     }
 }

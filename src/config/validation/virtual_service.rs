@@ -2,9 +2,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::config::api::virtual_service::{
-    RouteDestination, TcpRoute, TlsMatchAttributes, TlsRoute,
-};
+use crate::config::api::virtual_service::{RouteDestination, TcpRoute, TlsMatchAttributes, TlsRoute};
 use crate::config::api::{Labels, VirtualService};
 
 use super::addresses::{check_ip_or_cidr, is_ip};
@@ -30,10 +28,7 @@ pub(super) fn validate(vs: &VirtualService, namespace: &str, errors: &mut Errors
     let ctx = RouteContext::new(vs, namespace);
     check_hosts(errors, vs, &ctx);
     if vs.http.is_empty() && vs.tcp.is_empty() && vs.tls.is_empty() {
-        errors.add(
-            "spec.http",
-            required("http, tcp or tls must be provided in virtual service"),
-        );
+        errors.add("spec.http", required("http, tcp or tls must be provided in virtual service"));
     }
     for (i, route) in vs.http.iter().enumerate() {
         check_http_route(errors, &format!("spec.http[{i}]"), route, &ctx);
@@ -44,13 +39,7 @@ pub(super) fn validate(vs: &VirtualService, namespace: &str, errors: &mut Errors
     for (i, route) in vs.tcp.iter().enumerate() {
         check_tcp_route(errors, &format!("spec.tcp[{i}]"), route, &ctx);
     }
-    check_export_to(
-        errors,
-        "spec.exportTo",
-        namespace,
-        &vs.export_to,
-        Exporter::Plain,
-    );
+    check_export_to(errors, "spec.exportTo", namespace, &vs.export_to, Exporter::Plain);
 }
 
 /// What routes need to know about their VirtualService.
@@ -68,36 +57,21 @@ impl<'a> RouteContext<'a> {
         let bound = if vs.gateways.is_empty() {
             BTreeSet::from([MESH.to_string()])
         } else {
-            vs.gateways
-                .iter()
-                .map(|g| gateway_key(g, namespace))
-                .collect()
+            vs.gateways.iter().map(|g| gateway_key(g, namespace)).collect()
         };
         let gateway_only = !vs.gateways.is_empty() && !vs.gateways.iter().any(|g| g == MESH);
-        RouteContext {
-            gateway_only,
-            namespace,
-            bound,
-        }
+        RouteContext { gateway_only, namespace, bound }
     }
 
     /// Checks the `gateways` of a match: valid names, each one the VirtualService is bound to.
-    pub(super) fn check_match_gateways(
-        &self,
-        errors: &mut Errors,
-        path: &str,
-        gateways: &[String],
-    ) {
+    pub(super) fn check_match_gateways(&self, errors: &mut Errors, path: &str, gateways: &[String]) {
         for (k, gateway) in gateways.iter().enumerate() {
             let field = format!("{path}[{k}]");
             match check_gateway_name(gateway) {
                 Err(reason) => errors.add(field, reason),
                 // A match on a gateway the VirtualService is not bound to could never apply.
                 Ok(()) if !self.bound.contains(&gateway_key(gateway, self.namespace)) => {
-                    errors.add(
-                        field,
-                        invalid(gateway, "not one of the virtual service's gateways"),
-                    );
+                    errors.add(field, invalid(gateway, "not one of the virtual service's gateways"));
                 }
                 Ok(()) => {}
             }
@@ -111,20 +85,11 @@ fn check_gateway_name(name: &str) -> Result<(), String> {
         return check_fqdn(name).map_err(|e| invalid(name, format!("invalid gateway name: {e}")));
     };
     if namespace.is_empty() || gateway.is_empty() {
-        Err(invalid(
-            name,
-            "config namespace and gateway name cannot be empty",
-        ))
+        Err(invalid(name, "config namespace and gateway name cannot be empty"))
     } else if !is_dns_label(namespace) {
-        Err(invalid(
-            name,
-            format!("invalid value for namespace: {namespace:?}"),
-        ))
+        Err(invalid(name, format!("invalid value for namespace: {namespace:?}")))
     } else if !is_dns_label(gateway) {
-        Err(invalid(
-            name,
-            format!("invalid value for gateway name: {gateway:?}"),
-        ))
+        Err(invalid(name, format!("invalid value for gateway name: {gateway:?}")))
     } else {
         Ok(())
     }
@@ -146,29 +111,19 @@ fn gateway_key(name: &str, namespace: &str) -> String {
 /// Checks `spec.hosts`: present, valid, no `*` for sidecars, and no two hosts that overlap.
 fn check_hosts(errors: &mut Errors, vs: &VirtualService, ctx: &RouteContext) {
     if vs.hosts.is_empty() {
-        let reason =
-            "hosts are required (delegate VirtualServices without hosts are not supported)";
+        let reason = "hosts are required (delegate VirtualServices without hosts are not supported)";
         errors.add("spec.hosts", required(reason));
         return;
     }
-    let sni = vs
-        .tls
-        .iter()
-        .flat_map(|t| &t.matches)
-        .any(|m| !m.sni_hosts.is_empty());
+    let sni = vs.tls.iter().flat_map(|t| &t.matches).any(|m| !m.sni_hosts.is_empty());
     let mut all_valid = true;
     for (i, host) in vs.hosts.iter().enumerate() {
-        let result = if ctx.gateway_only {
-            check_gateway_bound_host(host, sni)
-        } else {
-            check_wildcard_host(host)
-        };
+        let result = if ctx.gateway_only { check_gateway_bound_host(host, sni) } else { check_wildcard_host(host) };
         let reason = match result {
             Err(e) if !is_ip(host) => Some(e),
-            Ok(()) if !ctx.gateway_only && host == "*" => Some(
-                "wildcard host * is not allowed for virtual services bound to the mesh gateway"
-                    .to_string(),
-            ),
+            Ok(()) if !ctx.gateway_only && host == "*" => {
+                Some("wildcard host * is not allowed for virtual services bound to the mesh gateway".to_string())
+            }
             _ => None,
         };
         if let Some(reason) = reason {
@@ -200,66 +155,43 @@ fn check_gateway_bound_host(host: &str, sni: bool) -> Result<(), String> {
         return if after.is_some_and(|b| (b'0'..=b'8').contains(b)) {
             Ok(())
         } else {
-            Err(format!(
-                "domain name {host:?} invalid (label {first:?} invalid)"
-            ))
+            Err(format!("domain name {host:?} invalid (label {first:?} invalid)"))
         };
     }
     check_wildcard_host(host)
 }
 
 /// Checks a TLS route at `path` (`spec.tls[i]`).
-fn check_tls_route(
-    errors: &mut Errors,
-    path: &str,
-    route: &TlsRoute,
-    vs: &VirtualService,
-    ctx: &RouteContext,
-) {
+fn check_tls_route(errors: &mut Errors, path: &str, route: &TlsRoute, vs: &VirtualService, ctx: &RouteContext) {
     if route.matches.is_empty() {
-        errors.add(
-            format!("{path}.match"),
-            required("TLS route must have at least one match condition"),
-        );
+        errors.add(format!("{path}.match"), required("TLS route must have at least one match condition"));
     }
     for (j, m) in route.matches.iter().enumerate() {
         check_tls_match(errors, &format!("{path}.match[{j}]"), m, vs, ctx);
     }
-    check_l4_destinations(
-        errors,
-        &format!("{path}.route"),
-        &route.route,
-        "TLS route is required",
-    );
+    check_l4_destinations(errors, &format!("{path}.route"), &route.route, "TLS route is required");
 }
 
-fn check_tls_match(
-    errors: &mut Errors,
-    path: &str,
-    m: &TlsMatchAttributes,
-    vs: &VirtualService,
-    ctx: &RouteContext,
-) {
+fn check_tls_match(errors: &mut Errors, path: &str, m: &TlsMatchAttributes, vs: &VirtualService, ctx: &RouteContext) {
     if m.sni_hosts.is_empty() {
-        errors.add(
-            format!("{path}.sniHosts"),
-            required("TLS match must have at least one SNI host"),
-        );
+        errors.add(format!("{path}.sniHosts"), required("TLS match must have at least one SNI host"));
     }
     for (k, sni) in m.sni_hosts.iter().enumerate() {
         let field = format!("{path}.sniHosts[{k}]");
-        let result = if ctx.gateway_only {
-            check_gateway_bound_host(sni, true)
-        } else {
-            check_wildcard_host(sni)
-        };
+        let result = if ctx.gateway_only { check_gateway_bound_host(sni, true) } else { check_wildcard_host(sni) };
         match result {
             // An IP is against the SNI spec, but some clients send one.
             Err(_) if is_ip(sni) => {}
             Err(e) => errors.add(field, invalid(sni, e)),
             Ok(()) if !vs.hosts.iter().any(|h| host_within(sni, h)) => {
                 let hosts = vs.hosts.join(", ");
-                errors.add(field, invalid(sni, format!("SNI host is not a compatible subset of any of the virtual service hosts: [{hosts}]")));
+                errors.add(
+                    field,
+                    invalid(
+                        sni,
+                        format!("SNI host is not a compatible subset of any of the virtual service hosts: [{hosts}]"),
+                    ),
+                );
             }
             Ok(()) => {}
         }
@@ -286,12 +218,7 @@ fn check_tcp_route(errors: &mut Errors, path: &str, route: &TcpRoute, ctx: &Rout
         };
         check_l4_match(errors, &format!("{path}.match[{j}]"), &l4, ctx);
     }
-    check_l4_destinations(
-        errors,
-        &format!("{path}.route"),
-        &route.route,
-        "TCP route is required",
-    );
+    check_l4_destinations(errors, &format!("{path}.route"), &route.route, "TCP route is required");
 }
 
 /// The match fields TLS and TCP routes share.
@@ -305,10 +232,8 @@ struct L4Match<'a> {
 
 fn check_l4_match(errors: &mut Errors, path: &str, m: &L4Match, ctx: &RouteContext) {
     for (k, subnet) in m.destination_subnets.iter().enumerate() {
-        errors.check(
-            format!("{path}.destinationSubnets[{k}]"),
-            check_ip_or_cidr(subnet).map_err(|e| invalid(subnet, e)),
-        );
+        errors
+            .check(format!("{path}.destinationSubnets[{k}]"), check_ip_or_cidr(subnet).map_err(|e| invalid(subnet, e)));
     }
     if let Some(port) = m.port.filter(|p| *p != 0) {
         errors.check(format!("{path}.port"), check_port(port));
@@ -316,20 +241,12 @@ fn check_l4_match(errors: &mut Errors, path: &str, m: &L4Match, ctx: &RouteConte
     check_labels(errors, &format!("{path}.sourceLabels"), m.source_labels);
     ctx.check_match_gateways(errors, &format!("{path}.gateways"), m.gateways);
     if !m.source_namespace.is_empty() && !is_dns_label(m.source_namespace) {
-        errors.add(
-            format!("{path}.sourceNamespace"),
-            invalid(m.source_namespace, "sourceNamespace match is invalid"),
-        );
+        errors.add(format!("{path}.sourceNamespace"), invalid(m.source_namespace, "sourceNamespace match is invalid"));
     }
 }
 
 /// Checks the destinations of a TLS or TCP route at `path` (`...route`).
-fn check_l4_destinations(
-    errors: &mut Errors,
-    path: &str,
-    destinations: &[RouteDestination],
-    missing: &str,
-) {
+fn check_l4_destinations(errors: &mut Errors, path: &str, destinations: &[RouteDestination], missing: &str) {
     if destinations.is_empty() {
         errors.add(path, required(missing));
     }
@@ -354,31 +271,15 @@ mod tests {
 
     #[test]
     fn a_mesh_virtual_service_is_valid() {
-        assert_valid(
-            VS,
-            &format!("hosts: [a, b.ns.svc.cluster.local, \"*.example.com\", 10.0.0.1]\n{ROUTE}"),
-        );
-        assert_valid(
-            VS,
-            &format!("hosts: [a]\ngateways: [mesh, ns/gw, gw2]\nexportTo: [\".\"]\n{ROUTE}"),
-        );
+        assert_valid(VS, &format!("hosts: [a, b.ns.svc.cluster.local, \"*.example.com\", 10.0.0.1]\n{ROUTE}"));
+        assert_valid(VS, &format!("hosts: [a]\ngateways: [mesh, ns/gw, gw2]\nexportTo: [\".\"]\n{ROUTE}"));
     }
 
     #[test]
     fn hosts_are_required_and_valid() {
         assert_error(VS, ROUTE, "spec.hosts", "Required value");
-        assert_error(
-            VS,
-            &format!("hosts: [\"a..b\"]\n{ROUTE}"),
-            "spec.hosts[0]",
-            "Invalid value",
-        );
-        assert_error(
-            VS,
-            &format!("hosts: [\"foo*.com\"]\n{ROUTE}"),
-            "spec.hosts[0]",
-            "label \"foo*\" invalid",
-        );
+        assert_error(VS, &format!("hosts: [\"a..b\"]\n{ROUTE}"), "spec.hosts[0]", "Invalid value");
+        assert_error(VS, &format!("hosts: [\"foo*.com\"]\n{ROUTE}"), "spec.hosts[0]", "label \"foo*\" invalid");
     }
 
     #[test]
@@ -400,12 +301,7 @@ mod tests {
 
     #[test]
     fn overlapping_hosts_are_duplicates() {
-        assert_error(
-            VS,
-            &format!("hosts: [\"*.foo.com\", a.foo.com]\n{ROUTE}"),
-            "spec.hosts[1]",
-            "Duplicate value",
-        );
+        assert_error(VS, &format!("hosts: [\"*.foo.com\", a.foo.com]\n{ROUTE}"), "spec.hosts[1]", "Duplicate value");
         assert_error(
             VS,
             &format!("hosts: [a, a]\n{ROUTE}"),
@@ -416,12 +312,7 @@ mod tests {
 
     #[test]
     fn gateway_names_are_checked() {
-        assert_error(
-            VS,
-            &format!("hosts: [a]\ngateways: [\"ns/\"]\n{ROUTE}"),
-            "spec.gateways[0]",
-            "cannot be empty",
-        );
+        assert_error(VS, &format!("hosts: [a]\ngateways: [\"ns/\"]\n{ROUTE}"), "spec.gateways[0]", "cannot be empty");
         assert_error(
             VS,
             &format!("hosts: [a]\ngateways: [\"Bad_NS/gw\"]\n{ROUTE}"),
@@ -459,12 +350,7 @@ mod tests {
 
     #[test]
     fn some_route_is_required() {
-        assert_error(
-            VS,
-            "hosts: [a]",
-            "spec.http",
-            "http, tcp or tls must be provided",
-        );
+        assert_error(VS, "hosts: [a]", "spec.http", "http, tcp or tls must be provided");
     }
 
     #[test]
@@ -474,18 +360,8 @@ mod tests {
         };
         assert_valid(VS, &tls("a.example.com"));
         assert_valid(VS, &tls("1.2.3.4"));
-        assert_error(
-            VS,
-            &tls("a.other.com"),
-            "spec.tls[0].match[0].sniHosts[0]",
-            "not a compatible subset",
-        );
-        assert_error(
-            VS,
-            &tls("\"a..b\""),
-            "spec.tls[0].match[0].sniHosts[0]",
-            "Invalid value",
-        );
+        assert_error(VS, &tls("a.other.com"), "spec.tls[0].match[0].sniHosts[0]", "not a compatible subset");
+        assert_error(VS, &tls("\"a..b\""), "spec.tls[0].match[0].sniHosts[0]", "Invalid value");
         assert_error(
             VS,
             "hosts: [a]\ntls: [{match: [{port: 443}], route: [{destination: {host: a}}]}]",
@@ -498,12 +374,7 @@ mod tests {
             "spec.tls[0].match",
             "at least one match",
         );
-        assert_error(
-            VS,
-            "hosts: [a]\ntls: [{match: [{sniHosts: [a]}]}]",
-            "spec.tls[0].route",
-            "TLS route is required",
-        );
+        assert_error(VS, "hosts: [a]\ntls: [{match: [{sniHosts: [a]}]}]", "spec.tls[0].route", "TLS route is required");
     }
 
     #[test]
@@ -519,24 +390,15 @@ mod tests {
     #[test]
     fn tcp_routes_are_checked() {
         let tcp = |body: &str| format!("hosts: [a]\ntcp: [{body}]");
-        assert_valid(VS, &tcp("{match: [{port: 27017, destinationSubnets: [10.0.0.0/8]}], route: [{destination: {host: db}}]}"));
-        assert_error(
+        assert_valid(
             VS,
-            &tcp("{match: [{port: 1}]}"),
-            "spec.tcp[0].route",
-            "TCP route is required",
+            &tcp("{match: [{port: 27017, destinationSubnets: [10.0.0.0/8]}], route: [{destination: {host: db}}]}"),
         );
+        assert_error(VS, &tcp("{match: [{port: 1}]}"), "spec.tcp[0].route", "TCP route is required");
+        assert_error(VS, &tcp("{route: [{weight: 1}]}"), "spec.tcp[0].route[0].destination", "Required value");
         assert_error(
             VS,
-            &tcp("{route: [{weight: 1}]}"),
-            "spec.tcp[0].route[0].destination",
-            "Required value",
-        );
-        assert_error(
-            VS,
-            &tcp(
-                "{match: [{destinationSubnets: [1.2.3.4/40]}], route: [{destination: {host: a}}]}",
-            ),
+            &tcp("{match: [{destinationSubnets: [1.2.3.4/40]}], route: [{destination: {host: a}}]}"),
             "spec.tcp[0].match[0].destinationSubnets[0]",
             "not a valid CIDR block",
         );
@@ -568,12 +430,7 @@ mod tests {
 
     #[test]
     fn export_to_is_checked() {
-        assert_error(
-            VS,
-            &format!("hosts: [a]\nexportTo: [\"*\", ns2]\n{ROUTE}"),
-            "spec.exportTo",
-            "public (*)",
-        );
+        assert_error(VS, &format!("hosts: [a]\nexportTo: [\"*\", ns2]\n{ROUTE}"), "spec.exportTo", "public (*)");
     }
 
     #[test]

@@ -25,73 +25,34 @@ pub(super) struct EndpointRules<'a> {
 
 /// Checks a WorkloadEntry.
 pub(super) fn validate(entry: &WorkloadEntry, errors: &mut Errors) {
-    let rules = EndpointRules {
-        hostnames: true,
-        unix_sockets: true,
-        service_ports: None,
-    };
+    let rules = EndpointRules { hostnames: true, unix_sockets: true, service_ports: None };
     check_workload_entry(errors, "spec", entry, &rules);
 }
 
 /// Checks a workload entry at `path` (`spec`, or `spec.endpoints[i]` of a ServiceEntry).
-pub(super) fn check_workload_entry(
-    errors: &mut Errors,
-    path: &str,
-    entry: &WorkloadEntry,
-    rules: &EndpointRules,
-) {
+pub(super) fn check_workload_entry(errors: &mut Errors, path: &str, entry: &WorkloadEntry, rules: &EndpointRules) {
     let address = entry.address.as_str();
     let field = format!("{path}.address");
     let unix = address.starts_with(UNIX_PREFIX);
     if address.is_empty() {
         if entry.network.is_empty() {
-            errors.add(
-                field,
-                required("Address is required (it may only be omitted when network is set)"),
-            );
+            errors.add(field, required("Address is required (it may only be omitted when network is set)"));
         }
     } else if unix {
-        errors.check(
-            &field,
-            check_unix_address(address).map_err(|e| invalid(address, e)),
-        );
+        errors.check(&field, check_unix_address(address).map_err(|e| invalid(address, e)));
         if !entry.ports.is_empty() {
-            errors.add(
-                format!("{path}.ports"),
-                forbidden("UDS may not include ports"),
-            );
+            errors.add(format!("{path}.ports"), forbidden("UDS may not include ports"));
         }
         if !rules.unix_sockets {
-            errors.add(
-                &field,
-                invalid(
-                    address,
-                    "unix domain socket endpoints need resolution STATIC",
-                ),
-            );
+            errors.add(&field, invalid(address, "unix domain socket endpoints need resolution STATIC"));
         } else if rules.service_ports.is_some_and(|ports| ports.len() != 1) {
-            errors.add(
-                &field,
-                invalid(
-                    address,
-                    "exactly 1 service port required for unix endpoints",
-                ),
-            );
+            errors.add(&field, invalid(address, "exactly 1 service port required for unix endpoints"));
         }
     } else if !is_ip(address) {
         if !rules.hostnames {
-            errors.add(
-                field,
-                invalid(address, "endpoint address is not a valid IP address"),
-            );
+            errors.add(field, invalid(address, "endpoint address is not a valid IP address"));
         } else if check_fqdn(address).is_err() {
-            errors.add(
-                field,
-                invalid(
-                    address,
-                    "endpoint address is not a valid FQDN or an IP address",
-                ),
-            );
+            errors.add(field, invalid(address, "endpoint address is not a valid FQDN or an IP address"));
         }
     }
     check_endpoint_ports(errors, path, entry, rules);
@@ -99,30 +60,16 @@ pub(super) fn check_workload_entry(
 }
 
 /// Checks the port map: valid names (of service ports, in a ServiceEntry) and numbers.
-fn check_endpoint_ports(
-    errors: &mut Errors,
-    path: &str,
-    entry: &WorkloadEntry,
-    rules: &EndpointRules,
-) {
+fn check_endpoint_ports(errors: &mut Errors, path: &str, entry: &WorkloadEntry, rules: &EndpointRules) {
     for (name, number) in &entry.ports {
         if name.len() > MAX_PORT_NAME_LEN || !is_dns_label(name) {
-            errors.add(
-                format!("{path}.ports"),
-                invalid(name, "port name must be valid"),
-            );
+            errors.add(format!("{path}.ports"), invalid(name, "port name must be valid"));
             continue;
         }
         let field = format!("{path}.ports[{name}]");
         errors.check(&field, check_port(*number));
-        if rules
-            .service_ports
-            .is_some_and(|ports| !ports.contains(name.as_str()))
-        {
-            errors.add(
-                field,
-                invalid(name, "endpoint port is not defined by the service entry"),
-            );
+        if rules.service_ports.is_some_and(|ports| !ports.contains(name.as_str())) {
+            errors.add(field, invalid(name, "endpoint port is not defined by the service entry"));
         }
     }
 }
@@ -135,10 +82,7 @@ mod tests {
 
     #[test]
     fn typical_entries_are_valid() {
-        assert_valid(
-            WE,
-            "address: 1.2.3.4\nports: {http: 8080}\nlabels: {app: a}\nweight: 2\nlocality: r/z/s",
-        );
+        assert_valid(WE, "address: 1.2.3.4\nports: {http: 8080}\nlabels: {app: a}\nweight: 2\nlocality: r/z/s");
         assert_valid(WE, "address: 2001:db8::1");
         assert_valid(WE, "address: vm1.example.com");
         assert_valid(WE, "address: unix:///var/run/a.sock");
@@ -148,81 +92,31 @@ mod tests {
 
     #[test]
     fn an_address_or_network_is_required() {
-        assert_error(
-            WE,
-            "labels: {app: a}",
-            "spec.address",
-            "Address is required",
-        );
+        assert_error(WE, "labels: {app: a}", "spec.address", "Address is required");
     }
 
     #[test]
     fn unix_sockets_are_absolute_files_without_ports() {
-        assert_error(
-            WE,
-            "address: unix:///dir/",
-            "spec.address",
-            "UDS may not be a dir",
-        );
-        assert_error(
-            WE,
-            "address: unix://relative",
-            "spec.address",
-            "UDS must be an absolute path or abstract socket",
-        );
-        assert_error(
-            WE,
-            "address: unix:///a.sock\nports: {http: 80}",
-            "spec.ports",
-            "UDS may not include ports",
-        );
+        assert_error(WE, "address: unix:///dir/", "spec.address", "UDS may not be a dir");
+        assert_error(WE, "address: unix://relative", "spec.address", "UDS must be an absolute path or abstract socket");
+        assert_error(WE, "address: unix:///a.sock\nports: {http: 80}", "spec.ports", "UDS may not include ports");
     }
 
     #[test]
     fn hostnames_must_be_fqdns() {
-        assert_error(
-            WE,
-            "address: \"a..b\"",
-            "spec.address",
-            "not a valid FQDN or an IP address",
-        );
-        assert_error(
-            WE,
-            "address: \"*.example.com\"",
-            "spec.address",
-            "not a valid FQDN or an IP address",
-        );
+        assert_error(WE, "address: \"a..b\"", "spec.address", "not a valid FQDN or an IP address");
+        assert_error(WE, "address: \"*.example.com\"", "spec.address", "not a valid FQDN or an IP address");
     }
 
     #[test]
     fn ports_are_named_and_in_range() {
-        assert_error(
-            WE,
-            "address: 1.1.1.1\nports: {http: 99999}",
-            "spec.ports[http]",
-            "port must be between 1-65535",
-        );
-        assert_error(
-            WE,
-            "address: 1.1.1.1\nports: {http: 0}",
-            "spec.ports[http]",
-            "port must be between 1-65535",
-        );
-        assert_error(
-            WE,
-            "address: 1.1.1.1\nports: {\"@\": 80}",
-            "spec.ports",
-            "Invalid value",
-        );
+        assert_error(WE, "address: 1.1.1.1\nports: {http: 99999}", "spec.ports[http]", "port must be between 1-65535");
+        assert_error(WE, "address: 1.1.1.1\nports: {http: 0}", "spec.ports[http]", "port must be between 1-65535");
+        assert_error(WE, "address: 1.1.1.1\nports: {\"@\": 80}", "spec.ports", "Invalid value");
     }
 
     #[test]
     fn labels_are_checked() {
-        assert_error(
-            WE,
-            "address: 1.1.1.1\nlabels: {\"a b\": c}",
-            "spec.labels[a b]",
-            "label key",
-        );
+        assert_error(WE, "address: 1.1.1.1\nlabels: {\"a b\": c}", "spec.labels[a b]", "label key");
     }
 }
