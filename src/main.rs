@@ -31,6 +31,24 @@ enum Command {
         #[arg(short = 'f', long = "filename")]
         path: PathBuf,
     },
+    /// Open N simulated sidecar ADS streams, ACK what they receive, and report convergence.
+    Load {
+        /// ADS URL of a frontend or of the hashing load balancer.
+        #[arg(long, default_value = "http://127.0.0.1:15010")]
+        xds_url: String,
+        /// Number of simulated proxies.
+        #[arg(long, default_value_t = 100)]
+        proxies: usize,
+        /// Namespaces to spread them over (comma separated).
+        #[arg(long, default_value = "default", value_delimiter = ',')]
+        namespaces: Vec<String>,
+        /// Wait until every proxy acked at least this snapshot version (TERM.SEQ).
+        #[arg(long)]
+        wait_version: Option<meshpilot::snapshot::Version>,
+        /// Give up after this long.
+        #[arg(long, default_value = "60s", value_parser = parse_duration)]
+        timeout: Duration,
+    },
     /// Print the version.
     Version,
 }
@@ -70,6 +88,17 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Validate { path } => validate(&path),
+        Command::Load { xds_url, proxies, namespaces, wait_version, timeout } => {
+            let settings = meshpilot::sim::load::LoadSettings { xds_url, proxies, namespaces, wait_version, timeout };
+            match load(settings) {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::FAILURE,
+                Err(e) => {
+                    eprintln!("meshpilot load: {e:#}");
+                    ExitCode::from(2)
+                }
+            }
+        }
         Command::Standalone(args) => match run_standalone(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -101,6 +130,14 @@ fn run_standalone(args: StandaloneArgs) -> anyhow::Result<()> {
         });
         standalone::run(settings, stop_rx).await.context("standalone meshpilot")
     })
+}
+
+/// Runs a load test; `Ok(false)` when not every proxy converged.
+fn load(settings: meshpilot::sim::load::LoadSettings) -> anyhow::Result<bool> {
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    let report = runtime.block_on(meshpilot::sim::load::run(&settings));
+    println!("{}", serde_json::to_string(&report).context("encoding the report")?);
+    Ok(report.converged == settings.proxies)
 }
 
 async fn shutdown_signal() {

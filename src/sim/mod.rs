@@ -2,5 +2,6 @@
 //! for load generation and tests.
 
 mod client;
+pub mod load;
 
 pub use client::{SimError, SimProxy, SimProxySpec, SimState, TypeState};
