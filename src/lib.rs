@@ -2,10 +2,14 @@
 
 pub mod admin;
 pub mod config;
+pub mod election;
+pub mod etcd;
 pub mod frontend;
 pub mod fswatch;
 pub mod ingest;
+pub mod membership;
 pub mod mesh;
+pub mod ownership;
 pub mod registry;
 pub mod sim;
 pub mod snapshot;
