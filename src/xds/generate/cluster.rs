@@ -1,0 +1,290 @@
+//! CDS: one cluster per visible service port (and DestinationRule subset), plus Istio's
+//! `BlackHoleCluster` and `PassthroughCluster`.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::config::cluster::v3::{cluster, Cluster};
+use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+use envoy_types::pb::envoy::extensions::clusters::common::dns::v3::DnsLookupFamily;
+use envoy_types::pb::envoy::extensions::clusters::dns::v3::DnsCluster;
+
+use super::endpoint::{assignment, locality_endpoints};
+use super::names::ext::DNS_CLUSTER;
+use super::names::{cluster_name, BLACKHOLE_CLUSTER, PASSTHROUGH_CLUSTER};
+use super::proto::{ads_config_source, any, duration, resource};
+use super::scope::Scope;
+use super::tls::upstream_transport_socket;
+use super::traffic_policy::{self, Policy};
+use super::Resource;
+use crate::config::api::destination_rule::Subset;
+use crate::config::api::DestinationRule;
+use crate::registry::{Endpoint, Resolution, Service, ServicePort};
+
+/// One outbound cluster to build: a service port, optionally narrowed to a subset.
+pub(super) struct OutboundCluster<'a> {
+    /// `outbound|PORT|SUBSET|HOST`.
+    pub name: String,
+    /// The service.
+    pub service: &'a Arc<Service>,
+    /// The port.
+    pub port: &'a ServicePort,
+    /// The DestinationRule subset, if any.
+    pub subset: Option<&'a Subset>,
+    /// The DestinationRule that applies to the service, if any.
+    pub rule: Option<&'a DestinationRule>,
+}
+
+/// Every outbound cluster of the view, in service then port then subset order.
+pub(super) fn outbound_clusters<'a>(scope: &Scope<'a>) -> Vec<OutboundCluster<'a>> {
+    let mut out = Vec::new();
+    for service in scope.cluster_services() {
+        let rule = scope.destination_rule(service);
+        let host = service.hostname.as_str();
+        for port in service.ports.iter().filter(|p| p.number != 0) {
+            out.push(OutboundCluster { name: cluster_name(port.number, "", host), service, port, subset: None, rule });
+            let mut seen = BTreeSet::new();
+            for subset in rule.map(|r| r.subsets.as_slice()).unwrap_or_default() {
+                if subset.name.is_empty() || !seen.insert(subset.name.as_str()) {
+                    continue;
+                }
+                let name = cluster_name(port.number, &subset.name, host);
+                out.push(OutboundCluster { name, service, port, subset: Some(subset), rule });
+            }
+        }
+    }
+    out
+}
+
+/// All clusters of the view.
+pub(super) fn clusters(scope: &Scope<'_>) -> Vec<Resource> {
+    let mut out: Vec<Resource> =
+        outbound_clusters(scope).iter().map(|c| resource(c.name.clone(), outbound_cluster(scope, c))).collect();
+    out.push(resource(BLACKHOLE_CLUSTER, blackhole_cluster(scope)));
+    out.push(resource(PASSTHROUGH_CLUSTER, passthrough_cluster(scope)));
+    out
+}
+
+fn outbound_cluster(scope: &Scope<'_>, oc: &OutboundCluster<'_>) -> Cluster {
+    let mesh = &scope.snapshot.mesh;
+    let mut c = Cluster { name: oc.name.clone(), ..Default::default() };
+    match oc.service.resolution {
+        Resolution::Static => {
+            c.cluster_discovery_type = Some(discovery(cluster::DiscoveryType::Eds));
+            c.eds_cluster_config = Some(cluster::EdsClusterConfig {
+                eds_config: Some(ads_config_source()),
+                service_name: oc.name.clone(),
+            });
+        }
+        Resolution::Dns | Resolution::DnsRoundRobin => {
+            let logical = oc.service.resolution == Resolution::DnsRoundRobin;
+            c.cluster_discovery_type = Some(dns_discovery(scope, logical));
+            c.load_assignment = Some(dns_assignment(scope, oc, logical));
+        }
+        Resolution::Passthrough => c.cluster_discovery_type = Some(discovery(cluster::DiscoveryType::OriginalDst)),
+    }
+    let policy = Policy::effective(oc.rule, oc.subset, oc.port.number);
+    traffic_policy::apply(&mut c, &policy, oc.port.protocol, mesh);
+    if let Some(tls) = policy.tls {
+        let dns = matches!(oc.service.resolution, Resolution::Dns | Resolution::DnsRoundRobin);
+        let default_sni = dns.then_some(oc.service.hostname.as_str());
+        c.transport_socket = upstream_transport_socket(tls, default_sni);
+    }
+    c
+}
+
+/// Endpoints Envoy resolves itself: the registry's endpoint addresses, or the service host when
+/// there are none. LOGICAL_DNS clusters take exactly one.
+fn dns_assignment(scope: &Scope<'_>, oc: &OutboundCluster<'_>, logical: bool) -> ClusterLoadAssignment {
+    let mut cla = assignment(scope, oc, |_| true);
+    if logical {
+        cla.endpoints.truncate(1);
+        if let Some(locality) = cla.endpoints.first_mut() {
+            locality.lb_endpoints.truncate(1);
+            locality.load_balancing_weight = None;
+        }
+    }
+    let empty = cla.endpoints.iter().all(|l| l.lb_endpoints.is_empty());
+    let registry_empty = scope.snapshot.endpoints(oc.service).is_none_or(|e| e.is_empty());
+    if empty && (registry_empty || logical) {
+        let host = Endpoint {
+            address: oc.service.hostname.to_string(),
+            ports: Default::default(),
+            labels: Default::default(),
+            locality: String::new(),
+            network: String::new(),
+            weight: 1,
+            service_account: String::new(),
+        };
+        cla.endpoints = vec![locality_endpoints("", &[&host], |e| e.port_for(oc.port))];
+    }
+    cla
+}
+
+fn blackhole_cluster(scope: &Scope<'_>) -> Cluster {
+    Cluster {
+        name: BLACKHOLE_CLUSTER.to_string(),
+        cluster_discovery_type: Some(discovery(cluster::DiscoveryType::Static)),
+        connect_timeout: Some(duration(scope.snapshot.mesh.connect_timeout.as_std())),
+        ..Default::default()
+    }
+}
+
+fn passthrough_cluster(scope: &Scope<'_>) -> Cluster {
+    let mut c = Cluster {
+        name: PASSTHROUGH_CLUSTER.to_string(),
+        cluster_discovery_type: Some(discovery(cluster::DiscoveryType::OriginalDst)),
+        ..Default::default()
+    };
+    traffic_policy::apply(&mut c, &Policy::default(), crate::config::api::Protocol::Tcp, &scope.snapshot.mesh);
+    c
+}
+
+/// Envoy's DNS cluster extension (the STRICT_DNS / LOGICAL_DNS types' replacement, whose
+/// refresh settings on the cluster are deprecated): IPv4 answers, refreshed at the mesh's rate or
+/// the records' TTL.
+fn dns_discovery(scope: &Scope<'_>, logical: bool) -> cluster::ClusterDiscoveryType {
+    let dns = DnsCluster {
+        dns_refresh_rate: Some(duration(scope.snapshot.mesh.dns_refresh_rate.as_std())),
+        respect_dns_ttl: true,
+        dns_lookup_family: DnsLookupFamily::V4Only as i32,
+        all_addresses_in_single_endpoint: logical,
+        ..Default::default()
+    };
+    cluster::ClusterDiscoveryType::ClusterType(cluster::CustomClusterType {
+        name: DNS_CLUSTER.to_string(),
+        typed_config: Some(any(dns)),
+    })
+}
+
+fn discovery(kind: cluster::DiscoveryType) -> cluster::ClusterDiscoveryType {
+    cluster::ClusterDiscoveryType::Type(kind as i32)
+}
+
+#[cfg(test)]
+mod tests {
+    use envoy_types::pb::envoy::config::core::v3::transport_socket;
+    use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::UpstreamTlsContext;
+    use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
+        http_protocol_options::{explicit_http_config::ProtocolConfig, UpstreamProtocolOptions},
+        HttpProtocolOptions,
+    };
+
+    use super::*;
+    use crate::xds::generate::names::ext;
+    use crate::xds::generate::testing::{find, names, sidecar, testdata_snapshot, unpack};
+    use crate::xds::TypeUrl;
+
+    fn bookinfo(name: &str) -> Cluster {
+        let s = testdata_snapshot("bookinfo.yaml");
+        find(&s, &sidecar("bookinfo", &[("app", "productpage")]), TypeUrl::Cluster, name)
+    }
+
+    fn features(name: &str) -> Cluster {
+        let s = testdata_snapshot("features.yaml");
+        find(&s, &sidecar("shop", &[("app", "web")]), TypeUrl::Cluster, name)
+    }
+
+    fn lb(c: &Cluster) -> cluster::LbPolicy {
+        cluster::LbPolicy::try_from(c.lb_policy).expect("known lb policy")
+    }
+
+    #[test]
+    fn static_services_are_eds_clusters_named_after_themselves() {
+        let c = bookinfo("outbound|9080||details.bookinfo.svc.cluster.local");
+        assert_eq!(c.cluster_discovery_type, Some(discovery(cluster::DiscoveryType::Eds)));
+        let eds = c.eds_cluster_config.clone().expect("eds config");
+        assert_eq!(eds.service_name, c.name);
+        assert_eq!(eds.eds_config, Some(ads_config_source()));
+        assert_eq!(lb(&c), cluster::LbPolicy::LeastRequest, "Istio's default");
+        assert_eq!(c.connect_timeout.map(|d| d.seconds), Some(10), "mesh default");
+    }
+
+    #[test]
+    fn subsets_inherit_the_rule_policy_and_override_it() {
+        let v1 = bookinfo("outbound|9080|v1|reviews.bookinfo.svc.cluster.local");
+        assert_eq!(lb(&v1), cluster::LbPolicy::RoundRobin);
+        assert_eq!(v1.connect_timeout.map(|d| d.seconds), Some(3), "tcp.connectTimeout");
+        let thresholds = &v1.circuit_breakers.as_ref().expect("limits").thresholds[0];
+        assert_eq!(thresholds.max_connections.map(|v| v.value), Some(100));
+        assert_eq!(thresholds.max_pending_requests.map(|v| v.value), Some(10));
+        assert_eq!(thresholds.max_requests.map(|v| v.value), Some(u32::MAX));
+        let outlier = v1.outlier_detection.as_ref().expect("outlier detection");
+        assert_eq!(outlier.consecutive_5xx.map(|v| v.value), Some(5));
+        assert_eq!(outlier.enforcing_consecutive_5xx.map(|v| v.value), Some(100));
+        let v3 = bookinfo("outbound|9080|v3|reviews.bookinfo.svc.cluster.local");
+        assert_eq!(lb(&v3), cluster::LbPolicy::Random, "the subset's own load balancer");
+    }
+
+    #[test]
+    fn connection_pool_http_settings_go_in_protocol_options() {
+        let c = bookinfo("outbound|9080||reviews.bookinfo.svc.cluster.local");
+        let options: HttpProtocolOptions = unpack(&c.typed_extension_protocol_options[ext::HTTP_PROTOCOL_OPTIONS]);
+        let common = options.common_http_protocol_options.expect("common options");
+        assert_eq!(common.max_requests_per_connection.map(|v| v.value), Some(5));
+        assert_eq!(common.idle_timeout.map(|d| d.seconds), Some(30));
+        let Some(UpstreamProtocolOptions::ExplicitHttpConfig(explicit)) = options.upstream_protocol_options else {
+            panic!("explicit protocol expected")
+        };
+        assert!(matches!(explicit.protocol_config, Some(ProtocolConfig::HttpProtocolOptions(_))));
+    }
+
+    #[test]
+    fn grpc_ports_and_upgrade_policy_get_http2() {
+        let c = features("outbound|9090||web.shop.svc.cluster.local");
+        let options: HttpProtocolOptions = unpack(&c.typed_extension_protocol_options[ext::HTTP_PROTOCOL_OPTIONS]);
+        let Some(UpstreamProtocolOptions::ExplicitHttpConfig(explicit)) = options.upstream_protocol_options else {
+            panic!("explicit protocol expected")
+        };
+        let Some(ProtocolConfig::Http2ProtocolOptions(h2)) = explicit.protocol_config else { panic!("http2 expected") };
+        // Port 9090's own settings replace the rule's wholesale: maglev, and no connection pool.
+        assert_eq!(h2.max_concurrent_streams, None);
+        assert_eq!(lb(&c), cluster::LbPolicy::Maglev);
+        let http = features("outbound|8080||web.shop.svc.cluster.local");
+        assert_eq!(lb(&http), cluster::LbPolicy::RingHash);
+        assert!(http.typed_extension_protocol_options.contains_key(ext::HTTP_PROTOCOL_OPTIONS), "UPGRADE policy");
+    }
+
+    #[test]
+    fn dns_services_use_the_dns_cluster_with_endpoint_hostnames() {
+        let c = features("outbound|443||api.partner.example");
+        let Some(cluster::ClusterDiscoveryType::ClusterType(kind)) = &c.cluster_discovery_type else { panic!() };
+        assert_eq!(kind.name, "envoy.clusters.dns");
+        let la = c.load_assignment.expect("load assignment");
+        assert_eq!(la.endpoints[0].lb_endpoints.len(), 2);
+        let subset = features("outbound|443|pool-a|api.partner.example");
+        assert_eq!(subset.load_assignment.expect("load assignment").endpoints[0].lb_endpoints.len(), 1);
+    }
+
+    #[test]
+    fn mutual_tls_uses_files_and_dns_host_as_sni() {
+        let c = features("outbound|443||api.partner.example");
+        let socket = c.transport_socket.expect("tls");
+        assert_eq!(socket.name, ext::TLS_TRANSPORT_SOCKET);
+        let Some(transport_socket::ConfigType::TypedConfig(any)) = &socket.config_type else { panic!() };
+        let tls: UpstreamTlsContext = unpack(any);
+        assert_eq!(tls.sni, "api.partner.example");
+        let common = tls.common_tls_context.expect("common");
+        assert_eq!(common.tls_certificates.len(), 1);
+        assert!(common.validation_context_type.is_some());
+    }
+
+    #[test]
+    fn resolution_none_is_original_dst() {
+        let c = features("outbound|7000||*.wild.example");
+        assert_eq!(c.cluster_discovery_type, Some(discovery(cluster::DiscoveryType::OriginalDst)));
+        assert_eq!(lb(&c), cluster::LbPolicy::ClusterProvided);
+    }
+
+    #[test]
+    fn catch_all_clusters_and_sorted_names() {
+        let s = testdata_snapshot("bookinfo.yaml");
+        let all = names(&s, &sidecar("bookinfo", &[]), TypeUrl::Cluster);
+        assert!(all.contains(&BLACKHOLE_CLUSTER.to_string()) && all.contains(&PASSTHROUGH_CLUSTER.to_string()));
+        let mut sorted = all.clone();
+        sorted.sort();
+        assert_eq!(all, sorted);
+        let passthrough = bookinfo(PASSTHROUGH_CLUSTER);
+        assert_eq!(lb(&passthrough), cluster::LbPolicy::ClusterProvided);
+    }
+}

@@ -1,0 +1,169 @@
+//! EDS: one ClusterLoadAssignment per EDS cluster, endpoints grouped by locality.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use envoy_types::pb::envoy::config::core::v3::Locality;
+use envoy_types::pb::envoy::config::endpoint::v3::{
+    lb_endpoint::HostIdentifier, ClusterLoadAssignment, Endpoint as EnvoyEndpoint, LbEndpoint, LocalityLbEndpoints,
+};
+
+use super::cluster::{outbound_clusters, OutboundCluster};
+use super::proto::{resource, socket_address, u32_value};
+use super::scope::Scope;
+use super::Resource;
+use crate::registry::{Endpoint, Resolution};
+
+/// Every load assignment the proxy's EDS clusters need, including empty ones: Envoy keeps an EDS
+/// cluster warming until its assignment arrives.
+pub(super) fn load_assignments(scope: &Scope<'_>) -> Vec<Resource> {
+    outbound_clusters(scope)
+        .iter()
+        .filter(|c| c.service.resolution == Resolution::Static)
+        .map(|c| resource(c.name.clone(), assignment(scope, c, is_ip_or_socket)))
+        .collect()
+}
+
+/// The endpoints of one cluster (subset applied), keeping those `keep` accepts.
+pub(super) fn assignment(
+    scope: &Scope<'_>,
+    cluster: &OutboundCluster<'_>,
+    keep: fn(&Endpoint) -> bool,
+) -> ClusterLoadAssignment {
+    let endpoints = scope.snapshot.endpoints(cluster.service);
+    let selected = endpoints
+        .map(|e| e.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .filter(|e| keep(e))
+        .filter(|e| cluster.subset.is_none_or(|s| e.matches(&s.labels)));
+    let mut by_locality: BTreeMap<&str, Vec<&Endpoint>> = BTreeMap::new();
+    for endpoint in selected {
+        by_locality.entry(endpoint.locality.as_str()).or_default().push(endpoint);
+    }
+    let endpoints = by_locality
+        .into_iter()
+        .map(|(locality, endpoints)| locality_endpoints(locality, &endpoints, |e| e.port_for(cluster.port)))
+        .collect();
+    ClusterLoadAssignment { cluster_name: cluster.name.clone(), endpoints, ..Default::default() }
+}
+
+/// Endpoints of one locality, weighted as their WorkloadEntries say.
+pub(super) fn locality_endpoints(
+    locality: &str,
+    endpoints: &[&Endpoint],
+    port_of: impl Fn(&Endpoint) -> u16,
+) -> LocalityLbEndpoints {
+    let lb_endpoints: Vec<LbEndpoint> =
+        endpoints.iter().map(|e| lb_endpoint(&e.address, port_of(e), e.weight.max(1))).collect();
+    let total: u32 = endpoints.iter().map(|e| e.weight.max(1)).fold(0, u32::saturating_add);
+    LocalityLbEndpoints {
+        locality: parse_locality(locality),
+        lb_endpoints,
+        load_balancing_weight: Some(u32_value(total.max(1))),
+        ..Default::default()
+    }
+}
+
+/// One endpoint at `address:port`.
+pub(super) fn lb_endpoint(address: &str, port: u16, weight: u32) -> LbEndpoint {
+    LbEndpoint {
+        host_identifier: Some(HostIdentifier::Endpoint(EnvoyEndpoint {
+            address: Some(socket_address(address, u32::from(port))),
+            ..Default::default()
+        })),
+        load_balancing_weight: Some(u32_value(weight)),
+        ..Default::default()
+    }
+}
+
+/// EDS delivers addresses Envoy does not resolve: IPs and unix sockets only (a hostname would be
+/// rejected with the whole assignment).
+fn is_ip_or_socket(endpoint: &Endpoint) -> bool {
+    endpoint.address.starts_with("unix://") || endpoint.address.parse::<IpAddr>().is_ok()
+}
+
+fn parse_locality(locality: &str) -> Option<Locality> {
+    if locality.is_empty() {
+        return None;
+    }
+    let mut parts = locality.splitn(3, '/').map(str::to_string);
+    Some(Locality {
+        region: parts.next().unwrap_or_default(),
+        zone: parts.next().unwrap_or_default(),
+        sub_zone: parts.next().unwrap_or_default(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use envoy_types::pb::envoy::config::core::v3::{address::Address, socket_address::PortSpecifier};
+
+    use super::*;
+    use crate::xds::generate::testing::{find, names, sidecar, snapshot, testdata_snapshot};
+    use crate::xds::TypeUrl;
+
+    fn assignment_of(file: &str, name: &str) -> ClusterLoadAssignment {
+        let s = testdata_snapshot(file);
+        find(&s, &sidecar("bookinfo", &[]), TypeUrl::Endpoint, name)
+    }
+
+    fn addresses(cla: &ClusterLoadAssignment) -> Vec<(String, u32, u32)> {
+        let mut out = Vec::new();
+        for e in cla.endpoints.iter().flat_map(|l| &l.lb_endpoints) {
+            let Some(HostIdentifier::Endpoint(ep)) = &e.host_identifier else { continue };
+            let Some(Address::SocketAddress(sa)) = ep.address.as_ref().and_then(|a| a.address.as_ref()) else {
+                continue;
+            };
+            let Some(PortSpecifier::PortValue(port)) = sa.port_specifier else { continue };
+            out.push((sa.address.clone(), port, e.load_balancing_weight.map_or(0, |w| w.value)));
+        }
+        out
+    }
+
+    #[test]
+    fn subset_assignment_selects_by_labels() {
+        let v2 = assignment_of("bookinfo.yaml", "outbound|9080|v2|reviews.bookinfo.svc.cluster.local");
+        assert_eq!(addresses(&v2), [("10.0.0.22".to_string(), 9090, 3)], "targetPort and weight");
+        let v3 = assignment_of("bookinfo.yaml", "outbound|9080|v3|reviews.bookinfo.svc.cluster.local");
+        assert_eq!(addresses(&v3), [("10.0.0.23".to_string(), 9091, 1)], "the entry's port override");
+    }
+
+    #[test]
+    fn endpoints_are_grouped_by_locality() {
+        let all = assignment_of("bookinfo.yaml", "outbound|9080||reviews.bookinfo.svc.cluster.local");
+        let localities: Vec<(String, usize, u32)> = all
+            .endpoints
+            .iter()
+            .map(|l| {
+                let loc = l.locality.clone().unwrap_or_default();
+                (
+                    format!("{}/{}", loc.region, loc.zone),
+                    l.lb_endpoints.len(),
+                    l.load_balancing_weight.map_or(0, |w| w.value),
+                )
+            })
+            .collect();
+        assert_eq!(localities, [("us-east/zone-a".to_string(), 1, 1), ("us-east/zone-b".to_string(), 2, 4)]);
+    }
+
+    #[test]
+    fn clusters_without_endpoints_get_an_empty_assignment() {
+        let s = snapshot(
+            "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: empty, namespace: ns}\nspec:\n  \
+             hosts: [empty.ns.svc.cluster.local]\n  location: MESH_INTERNAL\n  resolution: STATIC\n  \
+             ports: [{number: 80, name: http}]\n",
+        );
+        let cla: ClusterLoadAssignment =
+            find(&s, &sidecar("ns", &[]), TypeUrl::Endpoint, "outbound|80||empty.ns.svc.cluster.local");
+        assert!(cla.endpoints.is_empty());
+        assert_eq!(cla.cluster_name, "outbound|80||empty.ns.svc.cluster.local");
+    }
+
+    #[test]
+    fn only_eds_clusters_have_assignments() {
+        let s = testdata_snapshot("bookinfo.yaml");
+        let all = names(&s, &sidecar("bookinfo", &[]), TypeUrl::Endpoint);
+        assert!(!all.iter().any(|n| n.contains("httpbin.org")), "DNS clusters carry their endpoints: {all:?}");
+    }
+}

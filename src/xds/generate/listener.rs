@@ -1,0 +1,393 @@
+//! Sidecar LDS: outbound listeners per port (from the Sidecar's egress listeners, or from the
+//! visible services' ports), and Istio's `virtualOutbound` listener when traffic is redirected.
+//!
+//! With several TCP services on one port, each service with addresses gets a filter chain matched
+//! on them; the first service without addresses takes the remaining traffic, else the outbound
+//! policy (PassthroughCluster or BlackHoleCluster) does.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
+use envoy_types::pb::envoy::config::listener::v3::{FilterChain, Listener};
+
+use super::http_match::RouteContext;
+use super::names::{
+    cluster_name, listener_name, BLACKHOLE_CLUSTER, LOCALHOST, PASSTHROUGH_CLUSTER, VIRTUAL_OUTBOUND_LISTENER,
+    VIRTUAL_OUTBOUND_PORT, WILDCARD_ADDRESS,
+};
+use super::network_filter::{
+    chain, claim_server_names, destination_match, http_connection_manager, sni_match, stat_prefix_of, tcp_proxy_filter,
+    tls_inspector, to_cluster,
+};
+use super::proto::{bool_value, resource, socket_address};
+use super::scope::{Imports, Scope};
+use super::tcp_route::{tcp_target, tls_targets};
+use super::Resource;
+use crate::config::api::sidecar::{CaptureMode, OutboundMode};
+use crate::config::api::Protocol;
+use crate::registry::{hosts_overlap, Service};
+use crate::xds::proxy::Interception;
+
+/// How an outbound listener treats connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ListenerProtocol {
+    /// HTTP connection manager with RDS route config `PORT`.
+    Http,
+    /// TCP proxy per service.
+    Tcp,
+    /// TCP proxy per SNI.
+    Tls,
+}
+
+/// One outbound listener of a sidecar.
+pub(super) struct OutboundListener<'a> {
+    /// `ADDRESS_PORT`.
+    pub name: String,
+    /// Address.
+    pub address: String,
+    /// Port.
+    pub port: u16,
+    /// Whether Envoy binds the address (else only `virtualOutbound` hands connections to it).
+    pub bound: bool,
+    /// Protocol.
+    pub protocol: ListenerProtocol,
+    /// What the listener's hosts are.
+    pub imports: Imports<'a>,
+    /// Declared by a Sidecar egress listener (not derived from service ports).
+    pub explicit: bool,
+}
+
+/// The sidecar's outbound listeners, first claim of a name winning.
+pub(super) fn outbound_plan<'a>(scope: &Scope<'a>) -> Vec<OutboundListener<'a>> {
+    let intercepted = scope.view.interception == Interception::Redirect;
+    let mut out: Vec<OutboundListener<'a>> = Vec::new();
+    let mut claimed = BTreeSet::new();
+    for egress in scope.egress_listeners() {
+        let Some(port) = &egress.port else { continue };
+        let Some(number) = u16::try_from(port.number).ok().filter(|n| *n != 0) else { continue };
+        let declared =
+            if port.protocol.is_empty() { port.name.split('-').next().unwrap_or_default() } else { &port.protocol };
+        let binds = egress.capture_mode == Some(CaptureMode::None) || !intercepted;
+        let address = match (egress.bind.as_str(), binds) {
+            ("", true) => LOCALHOST.to_string(),
+            ("", false) => WILDCARD_ADDRESS.to_string(),
+            (bind, _) => bind.to_string(),
+        };
+        claimed.insert(number);
+        out.push(OutboundListener {
+            name: listener_name(&address, number),
+            address,
+            port: number,
+            bound: binds,
+            protocol: listener_protocol([Protocol::parse(declared)].into_iter()),
+            imports: Imports::of(egress, scope.namespace()),
+            explicit: true,
+        });
+    }
+    if let Some(imports) = scope.catch_all_imports() {
+        let mut by_port: BTreeMap<u16, Vec<Protocol>> = BTreeMap::new();
+        for svc in scope.services_in(imports) {
+            for p in svc.ports.iter().filter(|p| p.number != 0 && !claimed.contains(&p.number)) {
+                by_port.entry(p.number).or_default().push(p.protocol);
+            }
+        }
+        let address = if intercepted { WILDCARD_ADDRESS } else { LOCALHOST };
+        for (port, protocols) in by_port {
+            out.push(OutboundListener {
+                name: listener_name(address, port),
+                address: address.to_string(),
+                port,
+                bound: !intercepted,
+                protocol: listener_protocol(protocols.into_iter()),
+                imports,
+                explicit: false,
+            });
+        }
+    }
+    let mut names = HashSet::new();
+    out.retain(|l| names.insert(l.name.clone()));
+    out
+}
+
+/// HTTP wins a port shared with other protocols; TLS needs every service to be TLS.
+fn listener_protocol(mut protocols: impl Iterator<Item = Protocol> + Clone) -> ListenerProtocol {
+    if protocols.clone().any(Protocol::is_http) {
+        ListenerProtocol::Http
+    } else if protocols.all(|p| matches!(p, Protocol::Tls | Protocol::Https)) {
+        ListenerProtocol::Tls
+    } else {
+        ListenerProtocol::Tcp
+    }
+}
+
+/// All listeners of a sidecar.
+pub(super) fn listeners(scope: &Scope<'_>) -> Vec<Resource> {
+    let plan = outbound_plan(scope);
+    // As in Istio, a redirected sidecar always has the listener iptables sends traffic to.
+    let redirect = scope.view.interception == Interception::Redirect;
+    let mut out: Vec<Resource> = plan
+        .iter()
+        // The virtual listener owns its port when traffic is redirected.
+        .filter(|l| !(redirect && l.port == VIRTUAL_OUTBOUND_PORT))
+        .map(|l| resource(l.name.clone(), outbound_listener(scope, l)))
+        .collect();
+    if redirect {
+        out.push(resource(VIRTUAL_OUTBOUND_LISTENER, virtual_outbound(scope)));
+    }
+    out
+}
+
+fn outbound_listener(scope: &Scope<'_>, l: &OutboundListener<'_>) -> Listener {
+    let mesh = &scope.snapshot.mesh;
+    let mut listener = Listener {
+        name: l.name.clone(),
+        address: Some(socket_address(&l.address, u32::from(l.port))),
+        traffic_direction: TrafficDirection::Outbound as i32,
+        bind_to_port: (!l.bound).then(|| bool_value(false)),
+        ..Default::default()
+    };
+    match l.protocol {
+        ListenerProtocol::Http => {
+            let stat_prefix = format!("outbound_{}", l.name);
+            let hcm = http_connection_manager(&stat_prefix, &l.port.to_string(), false, mesh);
+            listener.filter_chains = vec![chain(String::new(), None, vec![hcm], None)];
+        }
+        ListenerProtocol::Tcp => {
+            let (chains, default) = tcp_chains(scope, l);
+            listener.filter_chains = chains;
+            listener.default_filter_chain = Some(default);
+        }
+        ListenerProtocol::Tls => {
+            listener.filter_chains = tls_chains(scope, l);
+            listener.default_filter_chain = Some(policy_chain(scope));
+            listener.listener_filters = vec![tls_inspector()];
+        }
+    }
+    listener
+}
+
+fn context<'a>(scope: &Scope<'a>, port: u16) -> RouteContext<'a> {
+    RouteContext {
+        listen_port: port,
+        gateway: "mesh",
+        tls: false,
+        labels: &scope.view.labels,
+        namespace: scope.namespace(),
+    }
+}
+
+/// The services a listener serves, each with the service port its cluster is for: the listener's
+/// port, or, on a Sidecar egress listener with another port, a single-port service's only port
+/// of a compatible protocol (Istio picks that port for TCP too; multi-port services need a
+/// VirtualService there).
+pub(super) fn services_on_port<'a>(scope: &Scope<'a>, l: &OutboundListener<'a>) -> Vec<(&'a Arc<Service>, u16)> {
+    scope
+        .services_in(l.imports)
+        .into_iter()
+        .filter_map(|s| {
+            let port = match (s.port(l.port), s.ports.as_slice()) {
+                (Some(p), _) => p.number,
+                (None, [only]) if l.explicit && compatible(l.protocol, only.protocol) => only.number,
+                _ => return None,
+            };
+            Some((s, port))
+        })
+        .collect()
+}
+
+/// HTTP listeners route only HTTP services; TCP and TLS listeners forward any bytes.
+fn compatible(listener: ListenerProtocol, service: Protocol) -> bool {
+    listener != ListenerProtocol::Http || service.is_http()
+}
+
+/// Chains per service address, and the default chain for everything else.
+fn tcp_chains(scope: &Scope<'_>, l: &OutboundListener<'_>) -> (Vec<FilterChain>, FilterChain) {
+    let mesh = &scope.snapshot.mesh;
+    let ctx = context(scope, l.port);
+    let vss = scope.mesh_virtual_services(l.imports);
+    let mut chains = Vec::new();
+    let mut seen_matches = HashSet::new();
+    let mut default = None;
+    for (svc, port) in services_on_port(scope, l) {
+        let target = tcp_target(scope, &vss, Some(&svc.hostname), &ctx)
+            .unwrap_or_else(|| to_cluster(&cluster_name(port, "", svc.hostname.as_str())));
+        let filter = tcp_proxy_filter(stat_prefix_of(&target), target.clone(), mesh);
+        match destination_match(&svc.addresses) {
+            Some(m) if seen_matches.insert(format!("{:?}", m.prefix_ranges)) => {
+                chains.push(chain(svc.hostname.to_string(), Some(m), vec![filter], None));
+            }
+            Some(_) => {}
+            None if default.is_none() => default = Some(chain(svc.hostname.to_string(), None, vec![filter], None)),
+            None => {}
+        }
+    }
+    (chains, default.unwrap_or_else(|| policy_chain(scope)))
+}
+
+/// Chains per SNI: VirtualService TLS rules first, then each service's own host.
+fn tls_chains(scope: &Scope<'_>, l: &OutboundListener<'_>) -> Vec<FilterChain> {
+    let mesh = &scope.snapshot.mesh;
+    let ctx = context(scope, l.port);
+    let services = services_on_port(scope, l);
+    let vss: Vec<_> = scope
+        .mesh_virtual_services(l.imports)
+        .into_iter()
+        .filter(|(ix, _)| {
+            ix.hosts.iter().any(|h| services.iter().any(|(s, _)| hosts_overlap(h.as_str(), s.hostname.as_str())))
+        })
+        .collect();
+    let mut claimed = HashSet::new();
+    let mut chains = Vec::new();
+    for t in tls_targets(scope, &vss, &ctx, |_| true) {
+        let names = claim_server_names(&t.server_names, &mut claimed);
+        if names.is_empty() {
+            continue;
+        }
+        let filter = tcp_proxy_filter(stat_prefix_of(&t.target), t.target.clone(), mesh);
+        chains.push(chain(names.join(","), sni_match(names), vec![filter], None));
+    }
+    for (svc, port) in &services {
+        let names = claim_server_names(&[svc.hostname.to_string()], &mut claimed);
+        if names.is_empty() {
+            continue;
+        }
+        let target = to_cluster(&cluster_name(*port, "", svc.hostname.as_str()));
+        let filter = tcp_proxy_filter(stat_prefix_of(&target), target.clone(), mesh);
+        chains.push(chain(svc.hostname.to_string(), sni_match(names), vec![filter], None));
+    }
+    chains
+}
+
+/// Where unknown destinations go: PassthroughCluster (ALLOW_ANY) or BlackHoleCluster.
+fn policy_chain(scope: &Scope<'_>) -> FilterChain {
+    let cluster = match scope.outbound_mode {
+        OutboundMode::AllowAny => PASSTHROUGH_CLUSTER,
+        OutboundMode::RegistryOnly => BLACKHOLE_CLUSTER,
+    };
+    let filter = tcp_proxy_filter(cluster, to_cluster(cluster), &scope.snapshot.mesh);
+    chain(cluster.to_string(), None, vec![filter], None)
+}
+
+/// Istio's `virtualOutbound`: binds 0.0.0.0:15001, where iptables sends outbound connections, and
+/// hands each to the listener of its original destination; unmatched ones follow the policy.
+fn virtual_outbound(scope: &Scope<'_>) -> Listener {
+    let mut catch_all = policy_chain(scope);
+    catch_all.name = format!("{VIRTUAL_OUTBOUND_LISTENER}-catchall-tcp");
+    Listener {
+        name: VIRTUAL_OUTBOUND_LISTENER.to_string(),
+        address: Some(socket_address(WILDCARD_ADDRESS, u32::from(VIRTUAL_OUTBOUND_PORT))),
+        use_original_dst: Some(bool_value(true)),
+        traffic_direction: TrafficDirection::Outbound as i32,
+        filter_chains: vec![catch_all],
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use envoy_types::pb::envoy::config::listener::v3::filter;
+    use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+        http_connection_manager::RouteSpecifier, HttpConnectionManager,
+    };
+    use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{tcp_proxy::ClusterSpecifier, TcpProxy};
+
+    use super::*;
+    use crate::xds::generate::testing::{find, names, sidecar, testdata_snapshot, unpack};
+    use crate::xds::TypeUrl;
+
+    fn web_listener(name: &str) -> Listener {
+        let s = testdata_snapshot("features.yaml");
+        find(&s, &sidecar("shop", &[("app", "web")]), TypeUrl::Listener, name)
+    }
+
+    fn typed<T: prost::Message + Default>(chain: &FilterChain) -> T {
+        match &chain.filters[0].config_type {
+            Some(filter::ConfigType::TypedConfig(any)) => unpack(any),
+            other => panic!("no typed config: {other:?}"),
+        }
+    }
+
+    fn rds_name(l: &Listener) -> String {
+        let hcm: HttpConnectionManager = typed(&l.filter_chains[0]);
+        match hcm.route_specifier {
+            Some(RouteSpecifier::Rds(rds)) => rds.route_config_name,
+            other => panic!("not RDS: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn egress_listener_with_bind_is_bound_and_named_by_address() {
+        let l = web_listener("127.0.0.1_18080");
+        assert_eq!(l.bind_to_port, None, "bound (Envoy's default)");
+        assert_eq!(l.address, Some(socket_address("127.0.0.1", 18080)));
+        assert_eq!(rds_name(&l), "18080");
+    }
+
+    #[test]
+    fn redirected_listeners_do_not_bind_and_virtual_outbound_does() {
+        let l = web_listener("0.0.0.0_8080");
+        assert_eq!(l.bind_to_port.map(|b| b.value), Some(false));
+        assert_eq!(rds_name(&l), "8080");
+        let vo = web_listener(VIRTUAL_OUTBOUND_LISTENER);
+        assert_eq!(vo.use_original_dst.map(|b| b.value), Some(true));
+        assert_eq!(vo.address, Some(socket_address("0.0.0.0", 15001)));
+        let tcp: TcpProxy = typed(&vo.filter_chains[0]);
+        assert_eq!(tcp.cluster_specifier, Some(ClusterSpecifier::Cluster(BLACKHOLE_CLUSTER.into())), "REGISTRY_ONLY");
+    }
+
+    #[test]
+    fn without_interception_listeners_bind_localhost() {
+        let s = testdata_snapshot("bookinfo.yaml");
+        let mut view = sidecar("bookinfo", &[]);
+        view.interception = Interception::None;
+        let all = names(&s, &view, TypeUrl::Listener);
+        assert_eq!(all, ["127.0.0.1_27017", "127.0.0.1_443", "127.0.0.1_80", "127.0.0.1_9080"]);
+    }
+
+    #[test]
+    fn tcp_services_get_chains_by_address_and_weighted_routes() {
+        let l = web_listener("0.0.0.0_5432");
+        let db = l.filter_chains.iter().find(|c| c.name == "db.shop.svc.cluster.local").expect("db chain");
+        let ranges = &db.filter_chain_match.as_ref().expect("match").prefix_ranges;
+        assert_eq!(ranges[0].address_prefix, "240.0.0.10");
+        let tcp: TcpProxy = typed(db);
+        let Some(ClusterSpecifier::WeightedClusters(w)) = tcp.cluster_specifier else { panic!("weighted expected") };
+        let got: Vec<(&str, u32)> = w.clusters.iter().map(|c| (c.name.as_str(), c.weight)).collect();
+        assert_eq!(
+            got,
+            [("outbound|5432||db.shop.svc.cluster.local", 80), ("outbound|5432||cache.shop.svc.cluster.local", 20)]
+        );
+        let default = l.default_filter_chain.expect("default chain");
+        let tcp: TcpProxy = typed(&default);
+        assert_eq!(tcp.cluster_specifier, Some(ClusterSpecifier::Cluster(BLACKHOLE_CLUSTER.into())));
+    }
+
+    #[test]
+    fn explicit_tcp_egress_port_forwards_to_the_single_port_service() {
+        let l = web_listener("0.0.0.0_15432");
+        assert_eq!(l.filter_chains.len(), 1);
+        let tcp: TcpProxy = typed(&l.filter_chains[0]);
+        // The VirtualService's TCP rule matches port 5432 only, so the service's own cluster is used.
+        assert_eq!(
+            tcp.cluster_specifier,
+            Some(ClusterSpecifier::Cluster("outbound|5432||db.shop.svc.cluster.local".into()))
+        );
+    }
+
+    #[test]
+    fn tls_ports_match_sni_after_the_tls_inspector() {
+        let l = web_listener("0.0.0.0_443");
+        assert_eq!(l.listener_filters[0].name, crate::xds::generate::names::ext::TLS_INSPECTOR);
+        let chain = &l.filter_chains[0];
+        assert_eq!(
+            chain.filter_chain_match.as_ref().map(|m| m.server_names.clone()),
+            Some(vec!["api.partner.example".into()])
+        );
+        let tcp: TcpProxy = typed(chain);
+        assert_eq!(
+            tcp.cluster_specifier,
+            Some(ClusterSpecifier::Cluster("outbound|443|pool-a|api.partner.example".into()))
+        );
+    }
+}

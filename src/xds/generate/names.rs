@@ -1,0 +1,71 @@
+//! Istio's names for Envoy resources and well-known extensions.
+
+/// Catch-all cluster forwarding to the original destination (ALLOW_ANY).
+pub(super) const PASSTHROUGH_CLUSTER: &str = "PassthroughCluster";
+/// Cluster with no endpoints: connections to it fail (REGISTRY_ONLY).
+pub(super) const BLACKHOLE_CLUSTER: &str = "BlackHoleCluster";
+/// The listener iptables redirects outbound traffic to.
+pub(super) const VIRTUAL_OUTBOUND_LISTENER: &str = "virtualOutbound";
+/// Port of the virtual outbound listener.
+pub(super) const VIRTUAL_OUTBOUND_PORT: u16 = 15001;
+/// Catch-all virtual host name under ALLOW_ANY.
+pub(super) const ALLOW_ANY_VHOST: &str = "allow_any";
+/// Catch-all virtual host name under REGISTRY_ONLY.
+pub(super) const BLOCK_ALL_VHOST: &str = "block_all";
+/// Name of the route a service gets without VirtualService.
+pub(super) const DEFAULT_ROUTE: &str = "default";
+/// Address outbound listeners use when they do not bind (iptables delivers to them).
+pub(super) const WILDCARD_ADDRESS: &str = "0.0.0.0";
+/// Address listeners bind to without interception.
+pub(super) const LOCALHOST: &str = "127.0.0.1";
+
+/// Envoy extension names.
+pub(super) mod ext {
+    /// HTTP connection manager network filter.
+    pub const HTTP_CONNECTION_MANAGER: &str = "envoy.filters.network.http_connection_manager";
+    /// TCP proxy network filter.
+    pub const TCP_PROXY: &str = "envoy.filters.network.tcp_proxy";
+    /// CORS HTTP filter.
+    pub const CORS: &str = "envoy.filters.http.cors";
+    /// Fault injection HTTP filter.
+    pub const FAULT: &str = "envoy.filters.http.fault";
+    /// Router HTTP filter.
+    pub const ROUTER: &str = "envoy.filters.http.router";
+    /// TLS inspector listener filter (reads SNI).
+    pub const TLS_INSPECTOR: &str = "envoy.filters.listener.tls_inspector";
+    /// TLS transport socket.
+    pub const TLS_TRANSPORT_SOCKET: &str = "envoy.transport_sockets.tls";
+    /// Upstream HTTP protocol options key of `typed_extension_protocol_options`.
+    pub const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
+    /// Retry host predicate avoiding previously tried hosts.
+    pub const PREVIOUS_HOSTS: &str = "envoy.retry_host_predicates.previous_hosts";
+    /// DNS cluster type.
+    pub const DNS_CLUSTER: &str = "envoy.clusters.dns";
+    /// File access logger.
+    pub const FILE_ACCESS_LOG: &str = "envoy.access_loggers.file";
+}
+
+/// `outbound|PORT|SUBSET|HOST`, Istio's outbound cluster name.
+pub(super) fn cluster_name(port: u16, subset: &str, host: &str) -> String {
+    format!("outbound|{port}|{subset}|{host}")
+}
+
+/// `ADDRESS_PORT`, Istio's listener name.
+pub(super) fn listener_name(address: &str, port: u16) -> String {
+    format!("{address}_{port}")
+}
+
+/// `HOST:PORT`, Istio's virtual host name.
+pub(super) fn domain_name(host: &str, port: u16) -> String {
+    format!("{host}:{port}")
+}
+
+/// Route configuration of a gateway's plain HTTP servers on a port.
+pub(super) fn gateway_http_route_name(port: u16) -> String {
+    format!("http.{port}")
+}
+
+/// Route configuration of one TLS-terminating HTTPS server of a gateway.
+pub(super) fn gateway_https_route_name(port: u16, port_name: &str, gateway: &str, namespace: &str) -> String {
+    format!("https.{port}.{port_name}.{gateway}.{namespace}")
+}

@@ -1,0 +1,153 @@
+//! Network and listener filters: the HTTP connection manager (RDS), TCP proxy, TLS inspector, and
+//! filter chains keyed by destination address or SNI.
+
+use std::collections::HashSet;
+
+use envoy_types::pb::envoy::config::accesslog::v3::{access_log, AccessLog};
+use envoy_types::pb::envoy::config::core::v3::{CidrRange, TransportSocket};
+use envoy_types::pb::envoy::config::listener::v3::{
+    filter, listener_filter, Filter, FilterChain, FilterChainMatch, ListenerFilter,
+};
+use envoy_types::pb::envoy::extensions::access_loggers::file::v3::FileAccessLog;
+use envoy_types::pb::envoy::extensions::filters::http::cors::v3::Cors;
+use envoy_types::pb::envoy::extensions::filters::http::fault::v3::HttpFault;
+use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
+use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    http_connection_manager::{RouteSpecifier, UpgradeConfig},
+    http_filter, HttpConnectionManager, HttpFilter, Rds,
+};
+use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{tcp_proxy, TcpProxy};
+use prost::{Message, Name};
+
+use super::names::ext;
+use super::proto::{ads_config_source, any, bool_value, u32_value};
+use crate::mesh::MeshConfig;
+
+/// An HTTP connection manager fetching route configuration `route_name` over RDS, with Istio's
+/// outbound filter order (CORS, fault, router). Gateways use the client's address as remote.
+pub(super) fn http_connection_manager(
+    stat_prefix: &str,
+    route_name: &str,
+    use_remote_address: bool,
+    mesh: &MeshConfig,
+) -> Filter {
+    let hcm = HttpConnectionManager {
+        stat_prefix: stat_prefix.to_string(),
+        route_specifier: Some(RouteSpecifier::Rds(Rds {
+            config_source: Some(ads_config_source()),
+            route_config_name: route_name.to_string(),
+        })),
+        http_filters: vec![
+            http_filter(ext::CORS, Cors {}),
+            http_filter(ext::FAULT, HttpFault::default()),
+            http_filter(ext::ROUTER, Router::default()),
+        ],
+        use_remote_address: Some(bool_value(use_remote_address)),
+        upgrade_configs: vec![UpgradeConfig { upgrade_type: "websocket".into(), ..Default::default() }],
+        access_log: access_logs(mesh),
+        ..Default::default()
+    };
+    network_filter(ext::HTTP_CONNECTION_MANAGER, hcm)
+}
+
+/// A TCP proxy to one cluster or weighted clusters.
+pub(super) fn tcp_proxy_filter(stat_prefix: &str, target: tcp_proxy::ClusterSpecifier, mesh: &MeshConfig) -> Filter {
+    let proxy = TcpProxy {
+        stat_prefix: stat_prefix.to_string(),
+        cluster_specifier: Some(target),
+        access_log: access_logs(mesh),
+        ..Default::default()
+    };
+    network_filter(ext::TCP_PROXY, proxy)
+}
+
+/// A TCP proxy target: one cluster.
+pub(super) fn to_cluster(cluster: &str) -> tcp_proxy::ClusterSpecifier {
+    tcp_proxy::ClusterSpecifier::Cluster(cluster.to_string())
+}
+
+/// The stat prefix Istio gives a TCP proxy: its (first) cluster.
+pub(super) fn stat_prefix_of(target: &tcp_proxy::ClusterSpecifier) -> &str {
+    match target {
+        tcp_proxy::ClusterSpecifier::Cluster(c) => c,
+        tcp_proxy::ClusterSpecifier::WeightedClusters(w) => w.clusters.first().map(|c| c.name.as_str()).unwrap_or(""),
+    }
+}
+
+/// The TLS inspector, needed before filter chains can match on SNI.
+pub(super) fn tls_inspector() -> ListenerFilter {
+    ListenerFilter {
+        name: ext::TLS_INSPECTOR.to_string(),
+        config_type: Some(listener_filter::ConfigType::TypedConfig(any(TlsInspector::default()))),
+        ..Default::default()
+    }
+}
+
+/// A filter chain with one filter and an optional match and transport socket.
+pub(super) fn chain(
+    name: String,
+    chain_match: Option<FilterChainMatch>,
+    filters: Vec<Filter>,
+    transport_socket: Option<TransportSocket>,
+) -> FilterChain {
+    FilterChain { name, filter_chain_match: chain_match, filters, transport_socket, ..Default::default() }
+}
+
+/// Matches connections by SNI.
+pub(super) fn sni_match(server_names: Vec<String>) -> Option<FilterChainMatch> {
+    (!server_names.is_empty()).then(|| FilterChainMatch { server_names, ..Default::default() })
+}
+
+/// Matches connections by original destination address (IPs or CIDRs); `None` if none parse.
+pub(super) fn destination_match(addresses: &[String]) -> Option<FilterChainMatch> {
+    let prefix_ranges: Vec<CidrRange> = addresses.iter().filter_map(|a| cidr(a)).collect();
+    (!prefix_ranges.is_empty()).then(|| FilterChainMatch { prefix_ranges, ..Default::default() })
+}
+
+fn cidr(address: &str) -> Option<CidrRange> {
+    let (ip, len) = match address.split_once('/') {
+        Some((ip, len)) => (ip, Some(len.parse::<u32>().ok()?)),
+        None => (address, None),
+    };
+    let parsed: std::net::IpAddr = ip.parse().ok()?;
+    let max = if parsed.is_ipv4() { 32 } else { 128 };
+    let len = len.unwrap_or(max).min(max);
+    Some(CidrRange { address_prefix: ip.to_string(), prefix_len: Some(u32_value(len)) })
+}
+
+/// Removes server names already claimed by earlier chains (Envoy rejects listeners whose chains
+/// match identically), and `*`, which Envoy's SNI matching does not take.
+pub(super) fn claim_server_names(names: &[String], claimed: &mut HashSet<String>) -> Vec<String> {
+    let mut out = Vec::new();
+    for name in names.iter().map(|n| n.to_ascii_lowercase()) {
+        if name != "*" && claimed.insert(name.clone()) {
+            out.push(name);
+        }
+    }
+    out
+}
+
+fn access_logs(mesh: &MeshConfig) -> Vec<AccessLog> {
+    if mesh.access_log_file.is_empty() {
+        return Vec::new();
+    }
+    let file = FileAccessLog { path: mesh.access_log_file.clone(), ..Default::default() };
+    vec![AccessLog {
+        name: ext::FILE_ACCESS_LOG.to_string(),
+        config_type: Some(access_log::ConfigType::TypedConfig(any(file))),
+        ..Default::default()
+    }]
+}
+
+fn http_filter<T: Name + Message>(name: &str, config: T) -> HttpFilter {
+    HttpFilter {
+        name: name.to_string(),
+        config_type: Some(http_filter::ConfigType::TypedConfig(any(config))),
+        ..Default::default()
+    }
+}
+
+fn network_filter<T: Name + Message>(name: &str, config: T) -> Filter {
+    Filter { name: name.to_string(), config_type: Some(filter::ConfigType::TypedConfig(any(config))) }
+}

@@ -1,0 +1,204 @@
+//! Sidecar RDS: route configuration `PORT` for each outbound HTTP listener — a virtual host per
+//! service on the port (VirtualService routes, else the default route), virtual hosts for
+//! VirtualService hosts that are not services, and Istio's catch-all virtual host.
+//!
+//! VirtualService hosts that name no service get virtual hosts where Istio puts them (port 80, and
+//! ports where the VirtualService also routes a service) and, beyond Istio, on ports of explicit
+//! Sidecar egress listeners, whose hosts the user imported on purpose.
+
+use std::collections::HashSet;
+
+use envoy_types::pb::envoy::config::route::v3::{Route, RouteConfiguration, VirtualHost};
+
+use super::http_match::RouteContext;
+use super::http_route::{default_route, virtual_service_routes};
+use super::listener::{outbound_plan, services_on_port, ListenerProtocol, OutboundListener};
+use super::names::domain_name;
+use super::proto::{bool_value, resource, u32_value};
+use super::scope::{Scope, VsRef};
+use super::virtual_host::{catch_all, host_domains, service_domains, VirtualHosts};
+use super::Resource;
+use crate::registry::{host_matches, Service};
+
+/// Envoy's limit for direct response bodies is 4 KiB; Istio raises it to 1 MiB.
+pub(super) const MAX_DIRECT_RESPONSE_BODY: u32 = 1024 * 1024;
+
+/// One route configuration per outbound HTTP listener port.
+pub(super) fn route_configs(scope: &Scope<'_>) -> Vec<Resource> {
+    outbound_plan(scope)
+        .iter()
+        .filter(|l| l.protocol == ListenerProtocol::Http)
+        .map(|l| resource(l.port.to_string(), route_config(scope, l)))
+        .collect()
+}
+
+fn route_config(scope: &Scope<'_>, l: &OutboundListener<'_>) -> RouteConfiguration {
+    let port = l.port;
+    let ctx = RouteContext {
+        listen_port: port,
+        gateway: "mesh",
+        tls: false,
+        labels: &scope.view.labels,
+        namespace: scope.namespace(),
+    };
+    let services = services_on_port(scope, l);
+    let vss = scope.mesh_virtual_services(l.imports);
+    let vs_routes: Vec<Vec<Route>> = vss.iter().map(|vs| virtual_service_routes(scope, *vs, &ctx)).collect();
+    let mut vhosts = VirtualHosts::default();
+    let mut routing_vs = HashSet::new();
+    for (svc, service_port) in &services {
+        let claimed = claiming_virtual_service(&vss, svc).filter(|i| !vs_routes[*i].is_empty());
+        let routes = match claimed {
+            Some(i) => {
+                routing_vs.insert(i);
+                vs_routes[i].clone()
+            }
+            None => vec![default_route(scope, svc, *service_port)],
+        };
+        let domains = service_domains(svc, port, scope.namespace(), scope.domain());
+        vhosts.push(virtual_host(domain_name(svc.hostname.as_str(), port), domains, routes));
+    }
+    for (i, (ix, _)) in vss.iter().enumerate() {
+        if vs_routes[i].is_empty() || !(port == 80 || l.explicit || routing_vs.contains(&i)) {
+            continue;
+        }
+        for host in
+            ix.hosts.iter().filter(|h| !services.iter().any(|(s, _)| host_matches(h.as_str(), s.hostname.as_str())))
+        {
+            let domains = host_domains(host.as_str(), port);
+            vhosts.push(virtual_host(domain_name(host.as_str(), port), domains, vs_routes[i].clone()));
+        }
+    }
+    let mut virtual_hosts = vhosts.into_sorted();
+    virtual_hosts.push(catch_all(scope.outbound_mode));
+    RouteConfiguration {
+        name: port.to_string(),
+        virtual_hosts,
+        validate_clusters: Some(bool_value(false)),
+        max_direct_response_body_size_bytes: Some(u32_value(MAX_DIRECT_RESPONSE_BODY)),
+        ignore_port_in_host_matching: true,
+        ..Default::default()
+    }
+}
+
+/// A virtual host counting request attempts, as Istio's do.
+pub(super) fn virtual_host(name: String, domains: Vec<String>, routes: Vec<Route>) -> VirtualHost {
+    VirtualHost { name, domains, routes, include_request_attempt_count: true, ..Default::default() }
+}
+
+/// The VirtualService that routes a service: the first naming its host exactly, else the one with
+/// the most specific wildcard host covering it.
+fn claiming_virtual_service(vss: &[VsRef<'_>], svc: &Service) -> Option<usize> {
+    let host = svc.hostname.as_str();
+    if let Some(i) = vss.iter().position(|(ix, _)| ix.hosts.iter().any(|h| h.as_str() == host)) {
+        return Some(i);
+    }
+    vss.iter()
+        .enumerate()
+        .filter_map(|(i, (ix, _))| {
+            let best = ix
+                .hosts
+                .iter()
+                .filter(|h| h.is_wildcard() && host_matches(h.as_str(), host))
+                .map(|h| h.as_str().len())
+                .max()?;
+            Some((i, best))
+        })
+        .min_by_key(|(i, len)| (usize::MAX - len, *i))
+        .map(|(i, _)| i)
+}
+
+#[cfg(test)]
+mod tests {
+    use envoy_types::pb::envoy::config::route::v3::{route, route_action::ClusterSpecifier};
+
+    use super::*;
+    use crate::xds::generate::names::{ALLOW_ANY_VHOST, BLOCK_ALL_VHOST, PASSTHROUGH_CLUSTER};
+    use crate::xds::generate::testing::{find, route_action, sidecar, testdata_snapshot, vhost};
+    use crate::xds::TypeUrl;
+
+    fn bookinfo(ns: &str, name: &str) -> RouteConfiguration {
+        let s = testdata_snapshot("bookinfo.yaml");
+        find(&s, &sidecar(ns, &[("app", "productpage")]), TypeUrl::Route, name)
+    }
+
+    #[test]
+    fn services_answer_to_istio_short_names_with_ports() {
+        let rc = bookinfo("bookinfo", "9080");
+        let vh = vhost(&rc, "reviews.bookinfo.svc.cluster.local:9080");
+        for d in [
+            "reviews.bookinfo.svc.cluster.local",
+            "reviews",
+            "reviews:9080",
+            "reviews.bookinfo",
+            "reviews.bookinfo.svc:9080",
+        ] {
+            assert!(vh.domains.iter().any(|x| x == d), "{d} missing from {:?}", vh.domains);
+        }
+        assert!(vh.domains.iter().any(|x| x == "240.240.0.2:9080"), "the service address: {:?}", vh.domains);
+        let elsewhere = bookinfo("other", "9080");
+        let vh = vhost(&elsewhere, "reviews.bookinfo.svc.cluster.local:9080");
+        assert!(!vh.domains.iter().any(|x| x == "reviews"), "bare names only in the service's namespace");
+        assert!(vh.domains.iter().any(|x| x == "reviews.bookinfo"));
+    }
+
+    #[test]
+    fn services_without_virtual_service_get_istios_default_route() {
+        let rc = bookinfo("bookinfo", "9080");
+        let r = &vhost(&rc, "details.bookinfo.svc.cluster.local:9080").routes[0];
+        assert_eq!(r.name, "default");
+        let action = route_action(r);
+        assert_eq!(action.timeout.map(|t| (t.seconds, t.nanos)), Some((0, 0)));
+        let retry = action.retry_policy.clone().expect("default retry");
+        assert_eq!(retry.num_retries.map(|n| n.value), Some(2));
+        assert_eq!(retry.retry_on, "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes");
+        assert_eq!(retry.host_selection_retry_max_attempts, 5);
+        assert_eq!(retry.retry_host_predicate[0].name, "envoy.retry_host_predicates.previous_hosts");
+    }
+
+    #[test]
+    fn catch_all_host_follows_the_outbound_policy() {
+        let rc = bookinfo("bookinfo", "80");
+        let last = rc.virtual_hosts.last().expect("vhosts");
+        assert_eq!((last.name.as_str(), last.domains.as_slice()), (ALLOW_ANY_VHOST, &["*".to_string()][..]));
+        let Some(route::Action::Route(a)) = &last.routes[0].action else { panic!() };
+        assert_eq!(a.cluster_specifier, Some(ClusterSpecifier::Cluster(PASSTHROUGH_CLUSTER.into())));
+        let s = testdata_snapshot("features.yaml");
+        let rc: RouteConfiguration = find(&s, &sidecar("shop", &[("app", "web")]), TypeUrl::Route, "8080");
+        let last = rc.virtual_hosts.last().expect("vhosts");
+        let Some(route::Action::DirectResponse(d)) = &last.routes[0].action else { panic!() };
+        assert_eq!((last.name.as_str(), d.status), (BLOCK_ALL_VHOST, 502));
+    }
+
+    #[test]
+    fn egress_port_routes_single_port_services_and_virtual_service_hosts() {
+        let s = testdata_snapshot("features.yaml");
+        let rc: RouteConfiguration = find(&s, &sidecar("shop", &[("app", "web")]), TypeUrl::Route, "18080");
+        let names: Vec<&str> = rc.virtual_hosts.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "legacy.shop.example:18080",
+                "local.shop.svc.cluster.local:18080",
+                "web.shop.example:18080",
+                "web.shop.svc.cluster.local:18080",
+                BLOCK_ALL_VHOST
+            ]
+        );
+        let Some(route::Action::Route(a)) = &vhost(&rc, "legacy.shop.example:18080").routes[0].action else { panic!() };
+        assert_eq!(
+            a.cluster_specifier,
+            Some(ClusterSpecifier::Cluster("outbound|8080||web.shop.svc.cluster.local".into()))
+        );
+    }
+
+    #[test]
+    fn domains_stay_unique_across_virtual_hosts() {
+        let rc = bookinfo("bookinfo", "9080");
+        let mut all: Vec<&String> = rc.virtual_hosts.iter().flat_map(|v| &v.domains).collect();
+        let n = all.len();
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), n);
+    }
+}

@@ -1,0 +1,235 @@
+//! What one proxy view sees of the snapshot: services, VirtualServices, its Sidecar, its policy.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::config::api::sidecar::{IstioEgressListener, OutboundMode};
+use crate::config::api::{DestinationRule, Sidecar, VirtualService};
+use crate::registry::{host_matches, hosts_overlap, Hostname, Service};
+use crate::snapshot::{Indexed, Snapshot};
+use crate::xds::proxy::{ProxyKind, ProxyView};
+
+/// A VirtualService with its index entry (qualified hosts, key).
+pub(super) type VsRef<'a> = (&'a Indexed<VirtualService>, &'a VirtualService);
+
+/// The `namespace/host` patterns an egress listener imports, or everything visible.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Imports<'a> {
+    hosts: Option<&'a [String]>,
+    namespace: &'a str,
+}
+
+impl<'a> Imports<'a> {
+    /// Imports everything visible (no Sidecar, or gateways).
+    pub(super) fn all(namespace: &'a str) -> Self {
+        Imports { hosts: None, namespace }
+    }
+
+    /// Imports what an egress listener's `hosts` name; `.` is the proxy's namespace.
+    pub(super) fn of(listener: &'a IstioEgressListener, namespace: &'a str) -> Self {
+        Imports { hosts: Some(&listener.hosts), namespace }
+    }
+
+    /// Whether a service declared in `service_ns` with `host` is imported.
+    pub(super) fn imports_host(&self, service_ns: &str, host: &Hostname) -> bool {
+        self.patterns()
+            .into_iter()
+            .any(|(ns, pattern)| self.ns_matches(ns, service_ns) && host_matches(pattern, host.as_str()))
+    }
+
+    /// Whether a VirtualService in `vs_ns` with `hosts` is imported.
+    pub(super) fn imports_virtual_service(&self, vs_ns: &str, hosts: &[Hostname]) -> bool {
+        self.patterns()
+            .into_iter()
+            .any(|(ns, pattern)| self.ns_matches(ns, vs_ns) && hosts.iter().any(|h| hosts_overlap(pattern, h.as_str())))
+    }
+
+    fn patterns(&self) -> Vec<(&'a str, &'a str)> {
+        match self.hosts {
+            None => vec![("*", "*")],
+            Some(hosts) => hosts.iter().map(|h| h.split_once('/').unwrap_or(("*", h.as_str()))).collect(),
+        }
+    }
+
+    fn ns_matches(&self, pattern: &str, namespace: &str) -> bool {
+        match pattern {
+            "*" => true,
+            "~" => false,
+            "." => namespace == self.namespace,
+            other => other == namespace,
+        }
+    }
+}
+
+/// A proxy view resolved against a snapshot.
+pub(super) struct Scope<'a> {
+    /// The snapshot.
+    pub snapshot: &'a Snapshot,
+    /// The proxy view.
+    pub view: &'a ProxyView,
+    /// The Sidecar that applies to a sidecar proxy.
+    pub sidecar: Option<&'a Sidecar>,
+    /// REGISTRY_ONLY or ALLOW_ANY (the Sidecar's, else the mesh's).
+    pub outbound_mode: OutboundMode,
+    visible: Vec<&'a Arc<Service>>,
+}
+
+impl<'a> Scope<'a> {
+    /// Resolves a view.
+    pub(super) fn new(snapshot: &'a Snapshot, view: &'a ProxyView) -> Self {
+        let sidecar = match view.kind {
+            ProxyKind::Sidecar => snapshot.sidecar_for(&view.namespace, &view.labels).map(|(_, s)| s),
+            ProxyKind::Router => None,
+        };
+        let outbound_mode = sidecar
+            .and_then(|s| s.outbound_traffic_policy.as_ref())
+            .and_then(|p| p.mode)
+            .unwrap_or(snapshot.mesh.outbound_traffic_policy.mode);
+        let visible = snapshot.services_visible_to(&view.namespace);
+        Scope { snapshot, view, sidecar, outbound_mode, visible }
+    }
+
+    /// The proxy's namespace.
+    pub(super) fn namespace(&self) -> &'a str {
+        &self.view.namespace
+    }
+
+    /// The DNS suffix services are qualified with.
+    pub(super) fn domain(&self) -> &'a str {
+        &self.snapshot.mesh.trust_domain
+    }
+
+    /// The Sidecar's egress listeners; a Sidecar without any imports everything.
+    pub(super) fn egress_listeners(&self) -> &'a [IstioEgressListener] {
+        self.sidecar.map(|s| s.egress.as_slice()).unwrap_or_default()
+    }
+
+    /// Imports of the catch-all egress listener (the one without port), if the proxy has one.
+    pub(super) fn catch_all_imports(&self) -> Option<Imports<'a>> {
+        let ns = self.namespace();
+        match self.sidecar {
+            None => Some(Imports::all(ns)),
+            Some(s) if s.egress.is_empty() => Some(Imports::all(ns)),
+            Some(s) => s.egress.iter().find(|e| e.port.is_none()).map(|e| Imports::of(e, ns)),
+        }
+    }
+
+    /// Imports of every egress listener (or everything, without Sidecar).
+    pub(super) fn all_imports(&self) -> Vec<Imports<'a>> {
+        let ns = self.namespace();
+        match self.sidecar {
+            Some(s) if !s.egress.is_empty() => s.egress.iter().map(|e| Imports::of(e, ns)).collect(),
+            _ => vec![Imports::all(ns)],
+        }
+    }
+
+    /// Visible services an egress listener imports, in hostname order.
+    pub(super) fn services_in(&self, imports: Imports<'_>) -> Vec<&'a Arc<Service>> {
+        self.visible.iter().copied().filter(|s| imports.imports_host(&s.namespace, &s.hostname)).collect()
+    }
+
+    /// Services the proxy needs clusters for: everything its listeners import, plus what its
+    /// imported VirtualServices route to (as Istio adds VirtualService destinations to the scope).
+    pub(super) fn cluster_services(&self) -> Vec<&'a Arc<Service>> {
+        let imports = self.all_imports();
+        let mut by_host: BTreeMap<&Hostname, &'a Arc<Service>> = BTreeMap::new();
+        for svc in &self.visible {
+            if imports.iter().any(|i| i.imports_host(&svc.namespace, &svc.hostname)) {
+                by_host.insert(&svc.hostname, svc);
+            }
+        }
+        if self.view.kind == ProxyKind::Sidecar {
+            for imp in &imports {
+                for (ix, vs) in self.mesh_virtual_services(*imp) {
+                    for host in destination_hosts(vs, &ix.config.key.namespace, self.domain()) {
+                        if let Some(svc) = self.service_for_host(&host) {
+                            by_host.entry(&svc.hostname).or_insert(svc);
+                        }
+                    }
+                }
+            }
+        }
+        by_host.into_values().collect()
+    }
+
+    /// VirtualServices bound to `mesh` that the egress listener imports, in key order.
+    pub(super) fn mesh_virtual_services(&self, imports: Imports<'_>) -> Vec<VsRef<'a>> {
+        self.snapshot
+            .virtual_services_for(self.namespace(), "mesh")
+            .into_iter()
+            .filter(|(ix, _)| imports.imports_virtual_service(&ix.config.key.namespace, &ix.hosts))
+            .collect()
+    }
+
+    /// The service a host reaches from this proxy.
+    pub(super) fn service_for_host(&self, host: &Hostname) -> Option<&'a Arc<Service>> {
+        self.snapshot.service_for_host(self.namespace(), host)
+    }
+
+    /// The DestinationRule for a service, as seen from this proxy.
+    pub(super) fn destination_rule(&self, service: &Service) -> Option<&'a DestinationRule> {
+        self.snapshot.destination_rule_for(self.namespace(), service)
+    }
+}
+
+/// Hosts a VirtualService sends traffic to (routes and mirrors), qualified with its namespace.
+pub(super) fn destination_hosts(vs: &VirtualService, vs_ns: &str, domain: &str) -> Vec<Hostname> {
+    let http = vs.http.iter().flat_map(|r| {
+        let routes = r.route.iter().filter_map(|d| d.destination.as_ref());
+        let mirrors = r.mirrors.iter().filter_map(|m| m.destination.as_ref());
+        routes.chain(mirrors).chain(r.mirror.as_ref())
+    });
+    let tcp = vs.tcp.iter().flat_map(|r| r.route.iter().filter_map(|d| d.destination.as_ref()));
+    let tls = vs.tls.iter().flat_map(|r| r.route.iter().filter_map(|d| d.destination.as_ref()));
+    http.chain(tcp).chain(tls).map(|d| Hostname::qualify(&d.host, vs_ns, domain)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::xds::generate::testing::{names, sidecar, snapshot};
+    use crate::xds::TypeUrl;
+
+    fn service(name: &str, ns: &str) -> String {
+        format!(
+            "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  \
+             hosts: [{name}.{ns}.svc.cluster.local]\n  location: MESH_INTERNAL\n  resolution: STATIC\n  \
+             ports: [{{number: 80, name: http}}]\n---\n"
+        )
+    }
+
+    const SIDECAR: &str = r#"
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: default, namespace: app}
+spec:
+  egress:
+  - hosts: ["./a.app.svc.cluster.local", "lib/*"]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: a, namespace: app}
+spec:
+  hosts: [a]
+  http:
+  - route: [{destination: {host: hidden.other.svc.cluster.local}}]
+"#;
+
+    #[test]
+    fn sidecar_egress_hosts_restrict_clusters_and_add_virtual_service_destinations() {
+        let yaml = [service("a", "app"), service("b", "app"), service("l", "lib"), service("hidden", "other")].concat();
+        let s = snapshot(&format!("{yaml}{SIDECAR}"));
+        let got = names(&s, &sidecar("app", &[]), TypeUrl::Cluster);
+        assert_eq!(
+            got,
+            [
+                "BlackHoleCluster",
+                "PassthroughCluster",
+                "outbound|80||a.app.svc.cluster.local",
+                "outbound|80||hidden.other.svc.cluster.local",
+                "outbound|80||l.lib.svc.cluster.local"
+            ]
+        );
+        // A namespace without Sidecar sees everything.
+        assert_eq!(names(&s, &sidecar("elsewhere", &[]), TypeUrl::Cluster).len(), 6);
+    }
+}

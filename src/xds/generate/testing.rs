@@ -1,0 +1,107 @@
+//! Test helpers: snapshots from YAML, proxy views, decoding generated resources.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::config::route::v3::{route, Route, RouteAction, RouteConfiguration, VirtualHost};
+use envoy_types::pb::google::protobuf::Any;
+use prost::Message;
+
+use super::{generate, Resource};
+use crate::config::api::Labels;
+use crate::config::parse::{parse_file, Document};
+use crate::snapshot::{ChangeSet, Snapshot, SourceState, Version};
+use crate::xds::proxy::{Interception, ProxyKind, ProxyView};
+use crate::xds::TypeUrl;
+
+/// A snapshot of the objects in `yaml` (which must all be valid).
+pub(super) fn snapshot(yaml: &str) -> Snapshot {
+    let mut state = SourceState::default();
+    for doc in parse_file("test.yaml", yaml) {
+        match doc {
+            Document::Valid(obj) => {
+                state.configs.insert(obj.key.clone(), Arc::new(obj));
+            }
+            other => panic!("invalid test config: {other:?}"),
+        }
+    }
+    Snapshot::build(Version::new(1, 1), ChangeSet::full(), &state)
+}
+
+/// The testdata directory.
+pub(super) fn testdata() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/xds/generate/testdata")
+}
+
+/// A snapshot of a testdata file, certificate paths pointed at the test certificate.
+pub(super) fn testdata_snapshot(file: &str) -> Snapshot {
+    let yaml = std::fs::read_to_string(testdata().join(file)).expect("read testdata");
+    snapshot(&yaml.replace("/etc/certs", &testdata().display().to_string()))
+}
+
+/// A sidecar in `namespace` with `labels`, traffic redirected by iptables.
+pub(super) fn sidecar(namespace: &str, labels: &[(&str, &str)]) -> ProxyView {
+    ProxyView {
+        kind: ProxyKind::Sidecar,
+        namespace: namespace.into(),
+        labels: labels_of(labels),
+        interception: Interception::Redirect,
+    }
+}
+
+/// A gateway proxy in `namespace` with `labels`.
+pub(super) fn router(namespace: &str, labels: &[(&str, &str)]) -> ProxyView {
+    ProxyView {
+        kind: ProxyKind::Router,
+        namespace: namespace.into(),
+        labels: labels_of(labels),
+        interception: Interception::None,
+    }
+}
+
+fn labels_of(labels: &[(&str, &str)]) -> Labels {
+    labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+/// Decodes a packed resource.
+pub(super) fn decode<T: Message + Default>(r: &Resource) -> T {
+    T::decode(r.body.value.as_slice()).expect("resource decodes")
+}
+
+/// The generated resource of `type_url` named `name`, decoded.
+pub(super) fn find<T: Message + Default>(s: &Snapshot, v: &ProxyView, type_url: TypeUrl, name: &str) -> T {
+    let all = generate(type_url, s, v);
+    let names: Vec<&str> = all.iter().map(|r| r.name.as_str()).collect();
+    let r = all.iter().find(|r| r.name == name).unwrap_or_else(|| panic!("no {type_url} {name:?} in {names:?}"));
+    decode(r)
+}
+
+/// Names of the generated resources of `type_url`.
+pub(super) fn names(s: &Snapshot, v: &ProxyView, type_url: TypeUrl) -> Vec<String> {
+    generate(type_url, s, v).into_iter().map(|r| r.name).collect()
+}
+
+/// The route action of a route.
+pub(super) fn route_action(r: &Route) -> &RouteAction {
+    match &r.action {
+        Some(route::Action::Route(a)) => a,
+        other => panic!("route {:?} does not forward: {other:?}", r.name),
+    }
+}
+
+/// The virtual host `name` of a route configuration.
+pub(super) fn vhost<'a>(rc: &'a RouteConfiguration, name: &str) -> &'a VirtualHost {
+    let names: Vec<&str> = rc.virtual_hosts.iter().map(|v| v.name.as_str()).collect();
+    rc.virtual_hosts.iter().find(|v| v.name == name).unwrap_or_else(|| panic!("no vhost {name:?} in {names:?}"))
+}
+
+/// The route `name` of a virtual host.
+pub(super) fn route_named<'a>(vh: &'a VirtualHost, name: &str) -> &'a Route {
+    let names: Vec<&str> = vh.routes.iter().map(|r| r.name.as_str()).collect();
+    vh.routes.iter().find(|r| r.name == name).unwrap_or_else(|| panic!("no route {name:?} in {names:?}"))
+}
+
+/// Decodes a typed config.
+pub(super) fn unpack<T: Message + Default>(any: &Any) -> T {
+    T::decode(any.value.as_slice()).expect("typed config decodes")
+}
