@@ -51,33 +51,35 @@ pub fn converged(state: &SimState, v: Option<Version>) -> bool {
     all_acked && reached
 }
 
-/// Connects the proxies, waits for convergence, and reports.
+/// Connects the proxies (concurrently), waits for each to converge, and reports.
 pub async fn run(settings: &LoadSettings) -> LoadReport {
-    let started = Instant::now();
-    let mut proxies = Vec::with_capacity(settings.proxies);
-    let mut connect_started = Vec::with_capacity(settings.proxies);
+    let mut tasks = tokio::task::JoinSet::new();
     for i in 0..settings.proxies {
         let ns = settings.namespaces.get(i % settings.namespaces.len().max(1)).cloned().unwrap_or_else(|| "default".into());
         let ip = format!("10.{}.{}.{}", 128 + (i >> 16) % 64, (i >> 8) % 256, i % 256);
         let spec = SimProxySpec::sidecar(&settings.xds_url, &ns, &format!("load-{i}"), &ip);
-        let t0 = Instant::now();
-        match SimProxy::connect(spec).await {
-            Ok(p) => {
-                proxies.push(p);
-                connect_started.push(t0);
-            }
-            Err(e) => tracing::warn!(proxy = i, error = %e, "simulated proxy could not connect"),
-        }
+        let (timeout, wait_version) = (settings.timeout, settings.wait_version);
+        tasks.spawn(async move {
+            let t0 = Instant::now();
+            let proxy = match SimProxy::connect(spec).await {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(proxy = i, error = %e, "simulated proxy could not connect");
+                    return None;
+                }
+            };
+            let ok = proxy.wait_for(timeout, |s| converged(s, wait_version)).await;
+            Some((ok.then(|| t0.elapsed().as_secs_f64()), proxy))
+        });
     }
-    let deadline = started + settings.timeout;
-    let mut done: Vec<Option<f64>> = vec![None; proxies.len()];
-    while Instant::now() < deadline && done.iter().any(Option::is_none) {
-        for ((p, d), t0) in proxies.iter().zip(done.iter_mut()).zip(&connect_started) {
-            if d.is_none() && converged(&p.state(), settings.wait_version) {
-                *d = Some(t0.elapsed().as_secs_f64());
-            }
+    // Keep every stream open until all are measured, so late proxies see the same server load.
+    let mut proxies = Vec::new();
+    let mut done = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        if let Ok(Some((time, proxy))) = joined {
+            done.push(time);
+            proxies.push(proxy);
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let mut times: Vec<f64> = done.iter().flatten().copied().collect();
     times.sort_by(f64::total_cmp);
