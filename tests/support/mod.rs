@@ -43,6 +43,9 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// Istio YAML, proxies and readers for the Envoy routing tests.
+pub mod mesh;
+
 /// Default timeout for process start-up and readiness.
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default timeout for configuration to converge (xDS push reaching Envoy, ...).

@@ -1,0 +1,486 @@
+//! Gateway and sidecar routing through a real Envoy (1.40) configured by the meshpilot binary.
+//!
+//! Each test writes its own config directory (namespace `shop`: ServiceEntries with STATIC
+//! endpoints at [`Backend`]s on 127.0.0.1, a Gateway selecting `istio: ingressgateway` on a free
+//! port, VirtualServices, DestinationRules), starts `meshpilot standalone` on it and one Envoy,
+//! then checks what Envoy holds (`/config_dump`, rejection stats) and where requests land.
+
+mod support;
+
+use std::collections::BTreeMap;
+
+use support::mesh::*;
+use support::*;
+
+/// The host the gateway VirtualServices serve.
+const HOST: &str = "shop.example.com";
+
+/// One meshpilot, one gateway Envoy, and a client for the gateway listener.
+struct GatewaySetup {
+    port: u16,
+    config: tempfile::TempDir,
+    _cp: Meshpilot,
+    envoy: Envoy,
+    ingress: Ingress,
+}
+
+/// Writes `files` plus `gateway.yaml` (Gateway `shop/gw` on a free port) into a fresh config
+/// dir, starts meshpilot and the gateway Envoy (ready, nothing rejected).
+async fn start_gateway_setup(files: &[(&str, String)]) -> GatewaySetup {
+    let port = free_port();
+    let config = temp_dir_with(&[("gateway.yaml", gateway(port).as_str())]);
+    for (name, text) in files {
+        write_files(config.path(), &[(name, text.as_str())]);
+    }
+    let cp = start_meshpilot(config.path()).await;
+    let envoy = start_gateway(&cp).await;
+    GatewaySetup { port, config, _cp: cp, envoy, ingress: Ingress::new(port, HOST) }
+}
+
+/// A VirtualService `NAME` for [`HOST`] bound to `shop/gw`, with `http` (YAML list items, indented
+/// as under `spec.http`, i.e. starting with `  - `).
+fn gateway_vs(name: &str, http: &str) -> String {
+    format!(
+        "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata:\n  name: {name}\n  namespace: shop\nspec:\n  \
+         hosts: [{HOST}]\n  gateways: [shop/gw]\n  http:\n{}",
+        dedent(http)
+            .lines()
+            .map(|l| if l.is_empty() { String::new() } else { format!("  {l}") })
+            .collect::<Vec<_>>()
+            .join("\n")
+    )
+}
+
+#[tokio::test]
+async fn gateway_routes_by_uri_and_header() {
+    let reviews_v1 = Backend::new("reviews-v1");
+    let reviews_v2 = Backend::new("reviews-v2");
+    let ratings = Backend::new("ratings-v1");
+    let details = Backend::new("details-v1");
+    let services = documents(&[
+        service_entry("reviews", 80, &[(&reviews_v1, "v1"), (&reviews_v2, "v2")]),
+        service_entry("ratings", 80, &[(&ratings, "v1")]),
+        service_entry("details", 80, &[(&details, "v1")]),
+        destination_rule("reviews", &["v1", "v2"], None),
+    ]);
+    let vs = gateway_vs(
+        "shop",
+        r#"
+        - name: alice
+          match:
+          - headers:
+              x-user: {exact: alice}
+          route:
+          - destination: {host: reviews, subset: v2}
+        - name: details-exact
+          match:
+          - uri: {exact: /details}
+          route:
+          - destination: {host: details.shop.svc.cluster.local, port: {number: 80}}
+        - name: ratings-regex
+          match:
+          - uri: {regex: "/ratings/[0-9]+"}
+          route:
+          - destination: {host: ratings}
+        - name: reviews-prefix
+          match:
+          - uri: {prefix: /reviews}
+          route:
+          - destination: {host: reviews, subset: v1}
+        "#,
+    );
+    let s = start_gateway_setup(&[("services.yaml", services), ("routes.yaml", vs)]).await;
+    let port = s.port;
+
+    // What Envoy holds.
+    let dump = s.envoy.config_dump().await;
+    let listener = dynamic_listener(&dump, &format!("0.0.0.0_{port}"))
+        .unwrap_or_else(|| panic!("no listener 0.0.0.0_{port}; listeners: {:?}", dynamic_listener_names(&dump)));
+    assert_eq!(listener["active_state"]["listener"]["address"]["socket_address"]["port_value"], port, "{listener:#}");
+    let rc = dynamic_route_config(&dump, &format!("http.{port}"))
+        .unwrap_or_else(|| panic!("no route config http.{port}; has {:?}", dynamic_route_config_names(&dump)));
+    let vhosts = rc["route_config"]["virtual_hosts"].as_array().cloned().unwrap_or_default();
+    assert!(
+        vhosts.iter().any(|vh| vh["domains"].as_array().is_some_and(|d| d.iter().any(|d| d == HOST))),
+        "no virtual host for {HOST} in http.{port}: {:#}",
+        rc["route_config"]
+    );
+    let clusters = dynamic_cluster_names(&dump);
+    for c in [
+        cluster_name(80, "", "reviews"),
+        cluster_name(80, "v1", "reviews"),
+        cluster_name(80, "v2", "reviews"),
+        cluster_name(80, "", "ratings"),
+        cluster_name(80, "", "details"),
+    ] {
+        assert!(clusters.contains(&c), "cluster {c} missing; Envoy has {clusters:?}");
+    }
+    // Subset clusters hold only their version's endpoint.
+    assert_eq!(endpoint_ports(&dump, &cluster_name(80, "v1", "reviews")), Some(vec![u64::from(reviews_v1.port())]));
+    assert_eq!(endpoint_ports(&dump, &cluster_name(80, "v2", "reviews")), Some(vec![u64::from(reviews_v2.port())]));
+    let mut both = vec![u64::from(reviews_v1.port()), u64::from(reviews_v2.port())];
+    both.sort();
+    assert_eq!(endpoint_ports(&dump, &cluster_name(80, "", "reviews")), Some(both));
+
+    // Where requests land.
+    let gw = &s.ingress;
+    gw.wait_backend("/reviews/1", &[], "reviews-v1").await;
+    for _ in 0..10 {
+        assert_eq!(gw.backend("/reviews/1", &[]).await, "reviews-v1", "prefix /reviews → subset v1 only");
+    }
+    let echo = gw.echo("/reviews/1?x=1", &[]).await;
+    assert_eq!(echo["backend"], "reviews-v1");
+    assert_eq!(echo["path"], "/reviews/1?x=1", "path and query are passed through");
+    assert_eq!(echo["host"], HOST, "Host is passed through");
+
+    // exact
+    assert_eq!(gw.backend("/details", &[]).await, "details-v1");
+    assert_eq!(gw.get("/details/1", &[]).await.status, 404, "exact /details must not match /details/1");
+    // regex (whole path)
+    assert_eq!(gw.backend("/ratings/42", &[]).await, "ratings-v1");
+    assert_eq!(gw.get("/ratings/abc", &[]).await.status, 404, "regex /ratings/[0-9]+ must not match /ratings/abc");
+    assert_eq!(gw.get("/ratings/42/x", &[]).await.status, 404, "regex must match the whole path");
+    // header: the first rule wins for any path
+    for _ in 0..10 {
+        assert_eq!(gw.backend("/reviews/1", &[("x-user", "alice")]).await, "reviews-v2");
+    }
+    assert_eq!(gw.backend("/details", &[("x-user", "alice")]).await, "reviews-v2");
+    assert_eq!(gw.backend("/reviews/1", &[("x-user", "bob")]).await, "reviews-v1");
+    // No route, unknown host.
+    assert_eq!(gw.get("/nowhere", &[]).await.status, 404);
+    assert_eq!(gw.with_host("other.example.com").get("/reviews/1", &[]).await.status, 404);
+
+    assert_eq!(ratings.requests(), 1, "only /ratings/42 reached ratings");
+    assert_eq!(details.requests(), 1, "only /details reached details (the alice request went to reviews-v2)");
+    assert_no_rejections(&s.envoy).await;
+    drop(s.config);
+}
+
+#[tokio::test]
+async fn gateway_weighted_split_80_20() {
+    let v1 = Backend::new("reviews-v1");
+    let v2 = Backend::new("reviews-v2");
+    let services = documents(&[
+        service_entry("reviews", 80, &[(&v1, "v1"), (&v2, "v2")]),
+        destination_rule("reviews", &["v1", "v2"], None),
+    ]);
+    let vs = gateway_vs(
+        "shop",
+        r#"
+        - name: split
+          route:
+          - destination: {host: reviews, subset: v1}
+            weight: 80
+          - destination: {host: reviews, subset: v2}
+            weight: 20
+        "#,
+    );
+    let s = start_gateway_setup(&[("services.yaml", services), ("routes.yaml", vs)]).await;
+    s.ingress.wait_answer("/", &[], "a backend's 200", |r| backend_of(r).is_some()).await;
+
+    const N: usize = 600;
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for i in 0..N {
+        let b = s.ingress.backend(&format!("/item/{i}"), &[]).await;
+        *counts.entry(b).or_default() += 1;
+    }
+    let n1 = counts.get("reviews-v1").copied().unwrap_or(0);
+    let n2 = counts.get("reviews-v2").copied().unwrap_or(0);
+    assert_eq!(n1 + n2, N, "only reviews-v1 and -v2 may answer: {counts:?}");
+    let share = n1 as f64 * 100.0 / N as f64;
+    assert!((74.0..=86.0).contains(&share), "v1 got {share:.1}% of {N} (expected 80 ± 6): {counts:?}");
+    assert_no_rejections(&s.envoy).await;
+    drop(s.config);
+}
+
+#[tokio::test]
+async fn gateway_rewrites_uri_and_authority() {
+    let reviews = Backend::new("reviews-v1");
+    let services = service_entry("reviews", 80, &[(&reviews, "v1")]);
+    let vs = gateway_vs(
+        "shop",
+        r#"
+        - name: old-api
+          match:
+          - uri: {prefix: /old/}
+          rewrite: {uri: /v2/}
+          route:
+          - destination: {host: reviews}
+        - name: authority
+          match:
+          - uri: {prefix: /auth/}
+          rewrite: {authority: reviews.internal.example}
+          route:
+          - destination: {host: reviews}
+        - name: rest
+          route:
+          - destination: {host: reviews}
+        "#,
+    );
+    let s = start_gateway_setup(&[("services.yaml", services), ("routes.yaml", vs)]).await;
+    let gw = &s.ingress;
+    gw.wait_backend("/", &[], "reviews-v1").await;
+
+    let echo = gw.echo("/old/items/7?q=1", &[]).await;
+    assert_eq!(echo["path"], "/v2/items/7?q=1", "prefix /old/ rewritten to /v2/: {echo}");
+    assert_eq!(echo["host"], HOST, "no authority rewrite on this rule: {echo}");
+
+    let echo = gw.echo("/auth/me", &[]).await;
+    assert_eq!(echo["host"], "reviews.internal.example", "authority rewritten: {echo}");
+    assert_eq!(echo["path"], "/auth/me", "path untouched by an authority rewrite: {echo}");
+
+    let echo = gw.echo("/plain", &[]).await;
+    assert_eq!((echo["path"].as_str(), echo["host"].as_str()), (Some("/plain"), Some(HOST)), "{echo}");
+    assert_no_rejections(&s.envoy).await;
+    drop(s.config);
+}
+
+#[tokio::test]
+async fn gateway_fault_abort() {
+    let reviews = Backend::new("reviews-v1");
+    let services = service_entry("reviews", 80, &[(&reviews, "v1")]);
+    let vs = gateway_vs(
+        "shop",
+        r#"
+        - name: teapot
+          match:
+          - uri: {prefix: /teapot}
+          fault:
+            abort:
+              httpStatus: 418
+              percentage: {value: 100}
+          route:
+          - destination: {host: reviews}
+        - name: rest
+          route:
+          - destination: {host: reviews}
+        "#,
+    );
+    let s = start_gateway_setup(&[("services.yaml", services), ("routes.yaml", vs)]).await;
+    let gw = &s.ingress;
+    gw.wait_answer("/teapot", &[], "418 from the fault filter", |r| r.status == 418).await;
+    let before = reviews.requests();
+    for i in 0..20 {
+        let r = gw.get(&format!("/teapot/{i}"), &[]).await;
+        assert_eq!(r.status, 418, "abort at 100%: {r:?}");
+    }
+    assert_eq!(reviews.requests(), before, "aborted requests must not reach the backend");
+    assert_eq!(gw.backend("/coffee", &[]).await, "reviews-v1", "the fault applies to its rule only");
+    assert_no_rejections(&s.envoy).await;
+    drop(s.config);
+}
+
+#[tokio::test]
+async fn gateway_retries_on_5xx() {
+    let bad = Backend::with_status("inventory-bad", 503);
+    let good = Backend::new("inventory-good");
+    let services = documents(&[
+        service_entry("inventory", 80, &[(&bad, "v1"), (&good, "v1")]),
+        destination_rule("inventory", &[], Some("{loadBalancer: {simple: ROUND_ROBIN}}")),
+    ]);
+    let vs = gateway_vs(
+        "shop",
+        r#"
+        - name: inventory
+          route:
+          - destination: {host: inventory}
+          retries:
+            attempts: 3
+            retryOn: 5xx
+        "#,
+    );
+    let s = start_gateway_setup(&[("services.yaml", services), ("routes.yaml", vs)]).await;
+    let gw = &s.ingress;
+    gw.wait_backend("/", &[], "inventory-good").await;
+    // Both endpoints are in the EDS assignment, so round robin does pick the failing one.
+    let dump = s.envoy.config_dump().await;
+    let mut both = vec![u64::from(bad.port()), u64::from(good.port())];
+    both.sort();
+    assert_eq!(endpoint_ports(&dump, &cluster_name(80, "", "inventory")), Some(both));
+
+    bad.reset_requests();
+    good.reset_requests();
+    for i in 0..100 {
+        let r = gw.get(&format!("/stock/{i}"), &[]).await;
+        assert_eq!(backend_of(&r).as_deref(), Some("inventory-good"), "request {i} not retried to success: {r:?}");
+    }
+    assert!(bad.requests() > 0, "the failing endpoint got no request: retries were never exercised");
+    assert_eq!(good.requests(), 100, "each request succeeds exactly once on the healthy endpoint");
+    assert_no_rejections(&s.envoy).await;
+    drop(s.config);
+}
+
+#[tokio::test]
+async fn gateway_redirect() {
+    let reviews = Backend::new("reviews-v1");
+    let services = service_entry("reviews", 80, &[(&reviews, "v1")]);
+    let vs = gateway_vs(
+        "shop",
+        r#"
+        - name: moved
+          match:
+          - uri: {prefix: /old-page}
+          redirect:
+            uri: /new
+            redirectCode: 302
+        - name: rest
+          route:
+          - destination: {host: reviews}
+        "#,
+    );
+    let s = start_gateway_setup(&[("services.yaml", services), ("routes.yaml", vs)]).await;
+    let gw = &s.ingress;
+    let r = gw.wait_answer("/old-page", &[], "a 302", |r| r.status == 302).await;
+    let location = r.header("location").unwrap_or_else(|| panic!("302 without location: {r:?}"));
+    assert!(location.ends_with("/new"), "location {location:?} should end in /new");
+    assert!(location.contains(HOST), "location {location:?} keeps the host");
+    let before = reviews.requests();
+    let r = gw.get("/old-page/sub", &[]).await;
+    assert_eq!(r.status, 302, "{r:?}");
+    assert_eq!(reviews.requests(), before, "redirects are answered by Envoy");
+    assert_eq!(gw.backend("/other", &[]).await, "reviews-v1");
+    assert_no_rejections(&s.envoy).await;
+    drop(s.config);
+}
+
+/// Config for a `client` sidecar: reviews (v1, v2) and ratings on port `port`, a Sidecar with an
+/// egress listener bound to 127.0.0.1:`port`, and a mesh VirtualService for reviews (x-user alice
+/// → v2, else v1).
+fn sidecar_config(port: u16, v1: &Backend, v2: &Backend, ratings: &Backend) -> Vec<(&'static str, String)> {
+    let services = documents(&[
+        service_entry("reviews", port, &[(v1, "v1"), (v2, "v2")]),
+        service_entry("ratings", port, &[(ratings, "v1")]),
+        destination_rule("reviews", &["v1", "v2"], None),
+    ]);
+    let vs = dedent(
+        r#"
+        apiVersion: networking.istio.io/v1
+        kind: VirtualService
+        metadata:
+          name: reviews
+          namespace: shop
+        spec:
+          hosts: [reviews.shop.svc.cluster.local]
+          http:
+          - name: alice
+            match:
+            - headers:
+                x-user: {exact: alice}
+            route:
+            - destination: {host: reviews, subset: v2}
+          - name: default
+            route:
+            - destination: {host: reviews, subset: v1}
+        "#,
+    );
+    vec![("services.yaml", services), ("reviews-vs.yaml", vs), ("sidecar.yaml", sidecar_resource(port))]
+}
+
+#[tokio::test]
+async fn sidecar_egress_listener_routes() {
+    let v1 = Backend::new("reviews-v1");
+    let v2 = Backend::new("reviews-v2");
+    let ratings = Backend::new("ratings-v1");
+    let port = free_port();
+    let config = temp_dir_with(&[]);
+    for (name, text) in sidecar_config(port, &v1, &v2, &ratings) {
+        write_files(config.path(), &[(name, text.as_str())]);
+    }
+    let cp = start_meshpilot(config.path()).await;
+    let envoy = start_sidecar(&cp).await;
+
+    let dump = envoy.config_dump().await;
+    let name = format!("127.0.0.1_{port}");
+    let listener = dynamic_listener(&dump, &name)
+        .unwrap_or_else(|| panic!("no listener {name}; listeners: {:?}", dynamic_listener_names(&dump)));
+    let addr = &listener["active_state"]["listener"]["address"]["socket_address"];
+    assert_eq!((addr["address"].as_str(), addr["port_value"].as_u64()), (Some("127.0.0.1"), Some(u64::from(port))));
+    assert!(
+        dynamic_route_config(&dump, &port.to_string()).is_some(),
+        "no route config {port}; has {:?}",
+        dynamic_route_config_names(&dump)
+    );
+    let clusters = dynamic_cluster_names(&dump);
+    for c in [cluster_name(port, "", "reviews"), cluster_name(port, "v2", "reviews"), cluster_name(port, "", "ratings")]
+    {
+        assert!(clusters.contains(&c), "cluster {c} missing; Envoy has {clusters:?}");
+    }
+
+    let reviews = Ingress::new(port, &fqdn("reviews"));
+    reviews.wait_backend("/", &[], "reviews-v1").await;
+    for _ in 0..10 {
+        assert_eq!(reviews.backend("/", &[]).await, "reviews-v1");
+        assert_eq!(reviews.backend("/", &[("x-user", "alice")]).await, "reviews-v2");
+    }
+    let echo = reviews.echo("/r/1?x=2", &[]).await;
+    assert_eq!(echo["path"], "/r/1?x=2");
+    // Short names of a service in the proxy's own namespace are domains too.
+    assert_eq!(reviews.with_host("reviews").backend("/", &[]).await, "reviews-v1");
+    assert_eq!(reviews.with_host(&format!("reviews:{port}")).backend("/", &[]).await, "reviews-v1");
+    // A service without VirtualService gets the default route.
+    assert_eq!(reviews.with_host(&fqdn("ratings")).backend("/", &[]).await, "ratings-v1");
+    assert_no_rejections(&envoy).await;
+}
+
+#[tokio::test]
+async fn syncz_shows_gateway_and_sidecar_acked() {
+    let v1 = Backend::new("reviews-v1");
+    let v2 = Backend::new("reviews-v2");
+    let ratings = Backend::new("ratings-v1");
+    let sidecar_port = free_port();
+    let gw_port = free_port();
+    let config = temp_dir_with(&[]);
+    for (name, text) in sidecar_config(sidecar_port, &v1, &v2, &ratings) {
+        write_files(config.path(), &[(name, text.as_str())]);
+    }
+    let gw_vs = dedent(
+        r#"
+        apiVersion: networking.istio.io/v1
+        kind: VirtualService
+        metadata:
+          name: shop
+          namespace: shop
+        spec:
+          hosts: [shop.example.com]
+          gateways: [gw]
+          http:
+          - route:
+            - destination: {host: ratings}
+        "#,
+    );
+    write_files(config.path(), &[("gateway.yaml", gateway(gw_port).as_str()), ("gateway-vs.yaml", gw_vs.as_str())]);
+    let cp = start_meshpilot(config.path()).await;
+    let gateway = start_gateway(&cp).await;
+    let sidecar = start_sidecar(&cp).await;
+
+    // Both proxies route (so each has all four types).
+    Ingress::new(gw_port, HOST).wait_backend("/", &[], "ratings-v1").await;
+    Ingress::new(sidecar_port, &fqdn("reviews")).wait_backend("/", &[], "reviews-v1").await;
+
+    let syncz = wait_synced(&cp, &[GATEWAY_NODE_ID, SIDECAR_NODE_ID]).await;
+    let conns = syncz.as_array().expect("syncz is a list");
+    for id in [GATEWAY_NODE_ID, SIDECAR_NODE_ID] {
+        let listed: Vec<_> = conns.iter().filter(|c| c["proxy"]["id"] == id).collect();
+        assert_eq!(listed.len(), 1, "{id} should have exactly one connection: {syncz:#}");
+        let conn = listed[0];
+        for t in XDS_TYPES {
+            let s = &conn["types"][t];
+            assert_eq!(s["acked_version"], s["sent_version"], "{id} {t}: {s}");
+            assert!(s["last_nack"].is_null(), "{id} {t} NACKed: {s}");
+            assert!(s["sent_resources"].as_u64().unwrap_or(0) > 0, "{id} {t}: nothing sent: {s}");
+        }
+    }
+    let gw_conn = conns.iter().find(|c| c["proxy"]["id"] == GATEWAY_NODE_ID).unwrap();
+    assert_eq!(gw_conn["proxy"]["namespace"], "istio-system");
+    let sc_conn = conns.iter().find(|c| c["proxy"]["id"] == SIDECAR_NODE_ID).unwrap();
+    assert_eq!(sc_conn["proxy"]["namespace"], "shop");
+
+    // Envoy's side agrees: what it holds carries the versions meshpilot saw acknowledged.
+    for (envoy, conn) in [(&gateway, gw_conn), (&sidecar, sc_conn)] {
+        assert_no_rejections(envoy).await;
+        let dump = envoy.config_dump().await;
+        let (cds, lds, _) = xds_versions(&dump, "");
+        assert_eq!(conn["types"]["Cluster"]["acked_version"], cds.as_str(), "{}", envoy.node_id());
+        assert_eq!(conn["types"]["Listener"]["acked_version"], lds.as_str(), "{}", envoy.node_id());
+    }
+}
