@@ -24,9 +24,10 @@ def handler_for(name):
             body = json.dumps({"backend": name, "path": self.path, "host": self.headers.get("Host")}).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
+            body += b"\n"
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body + b"\n")
+            self.wfile.write(body)
 
         do_POST = do_GET
 
