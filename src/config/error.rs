@@ -2,12 +2,12 @@
 
 use std::fmt;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::object::ConfigKey;
 
 /// A problem with one field of a config object.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FieldError {
     /// Field path as Istio names it, e.g. `spec.http[0].route[1].weight`.
     pub field: String,
@@ -29,7 +29,7 @@ impl fmt::Display for FieldError {
 }
 
 /// A rejected document, with everything a user needs to find it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub struct ConfigError {
     /// File the document came from.
     pub file: String,

@@ -4,6 +4,7 @@ pub mod api;
 pub mod error;
 pub mod object;
 pub mod parse;
+pub mod render;
 pub mod source;
 pub mod validation;
 

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::api;
 
@@ -14,7 +14,7 @@ pub const NETWORKING_GROUP: &str = "networking.istio.io";
 pub const NETWORKING_VERSIONS: [&str; 3] = ["v1", "v1beta1", "v1alpha3"];
 
 /// The kinds meshpilot serves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Kind {
     /// VirtualService.
     VirtualService,
@@ -66,7 +66,7 @@ impl fmt::Display for Kind {
 }
 
 /// Identity of a config object: kind, namespace and name.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ConfigKey {
     /// Kind.
     pub kind: Kind,

@@ -2,13 +2,13 @@
 
 use std::collections::BTreeSet;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::config::ConfigKey;
 use crate::registry::Hostname;
 
 /// One changed thing.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum ChangedKey {
     /// A config object was added, changed or removed.
     Config(ConfigKey),
@@ -19,7 +19,7 @@ pub enum ChangedKey {
 }
 
 /// The changes a snapshot carries relative to its predecessor.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChangeSet {
     /// Everything may have changed (first snapshot, mesh config change, resync).
     pub full: bool,

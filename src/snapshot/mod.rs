@@ -3,7 +3,9 @@
 mod changes;
 mod channel;
 mod push_context;
+pub mod subscription;
 mod version;
+pub mod wire;
 
 pub use changes::{ChangeSet, ChangedKey};
 pub use channel::{channel, SnapshotReader, SnapshotWriter, StaleSnapshot};

@@ -11,7 +11,7 @@ use crate::mesh::MeshConfig;
 use crate::registry::{host_matches, Endpoints, Hostname, Registry, Service, ServiceKey, Visibility};
 
 /// A document the sources saw but do not serve.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct IgnoredObject {
     /// File.
     pub file: String,

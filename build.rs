@@ -1,0 +1,22 @@
+//! Compiles meshpilot's own protos (proto/) with tonic-prost-build; needs protoc.
+
+const PROTOS: &[&str] = &["proto/meshpilot/snapshot/v1/snapshot.proto"];
+
+fn main() {
+    println!("cargo:rerun-if-env-changed=PROTOC");
+    for proto in PROTOS {
+        println!("cargo:rerun-if-changed={proto}");
+    }
+    if std::env::var_os("PROTOC").is_none() && !on_path("protoc") {
+        panic!("protoc not found (neither $PROTOC nor protoc on PATH): run `bash scripts/setup.sh` to install it");
+    }
+    tonic_prost_build::configure()
+        // Payloads are sliced into chunks without copying.
+        .bytes(".")
+        .compile_protos(PROTOS, &["proto"])
+        .unwrap_or_else(|e| panic!("compiling {PROTOS:?} failed: {e}"));
+}
+
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
+}
