@@ -58,10 +58,10 @@ impl KeptLease {
             return Err(EtcdError::Protocol(format!("lease {id:x} granted with TTL {granted_secs}")));
         }
         let ttl = Duration::from_secs(granted_secs as u64);
-        let expires = asked + ttl;
-        let (keeper, stream) = within(expires.saturating_duration_since(Instant::now()), leases.keep_alive(id)).await?;
+        let remaining = (asked + ttl).saturating_duration_since(Instant::now());
+        let (keeper, stream) = within(remaining, leases.keep_alive(id)).await?;
         let (tx, lost) = oneshot::channel();
-        let task = tokio::spawn(keep_alive(id, ttl, expires, keeper, stream, tx));
+        let task = tokio::spawn(keep_alive(id, ttl, asked, keeper, stream, tx));
         debug!(lease = format!("{id:x}"), ?ttl, "lease granted");
         Ok(KeptLease { id, ttl, client: client.clone(), lost, lost_reason: None, task })
     }
@@ -116,16 +116,20 @@ pub async fn revoke_lease(client: &Client, id: i64, limit: Duration) -> Result<(
 }
 
 /// Sends a keepalive every TTL/3 and reports the first sign that the lease may be gone.
+/// `asked` is when the grant was requested: the lease lives at least a TTL from then.
 async fn keep_alive(
     id: i64,
     ttl: Duration,
-    mut expires: Instant,
+    asked: Instant,
     mut keeper: LeaseKeeper,
     mut stream: LeaseKeepAliveStream,
     tx: oneshot::Sender<LeaseLost>,
 ) {
     let interval = ttl / 3;
-    let mut next = Instant::now() + interval;
+    let mut expires = asked + ttl;
+    // Counted from the request too: a grant that waited for a connection gets its first
+    // keepalive at once, instead of running out while waiting for a full interval.
+    let mut next = asked + interval;
     let reason = loop {
         tokio::select! {
             _ = sleep_until(expires) => break LeaseLost::Expired,
