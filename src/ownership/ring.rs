@@ -205,8 +205,6 @@ mod tests {
         let share = moved as f64 / keys.len() as f64;
         assert!((0.30..=0.45).contains(&share), "moved {share:.3} of the keys");
         assert!(after.iter().all(|o| o != "fe-c"));
-        let kept = before.iter().zip(&after).filter(|(b, a)| b == a).count();
-        assert!(kept as f64 / keys.len() as f64 >= 0.55, "kept only {kept}");
 
         let back = ring(&["fe-a", "fe-b", "fe-c", "fe-d"]);
         assert_eq!(owners(&back, &keys), before);
