@@ -25,6 +25,10 @@ struct Cli {
 enum Command {
     /// Run ingest and an xDS frontend in one process, from a directory of Istio YAML.
     Standalone(StandaloneArgs),
+    /// Run an ingest node: watch the config, build snapshots, and serve them to frontends while leader.
+    Ingest(IngestArgs),
+    /// Run an xDS frontend that follows the leader's snapshots and serves proxies.
+    Frontend(FrontendArgs),
     /// Validate Istio YAML/JSON files; exit code 1 if any document is invalid.
     Validate {
         /// File or directory to validate.
@@ -75,6 +79,73 @@ struct StandaloneArgs {
     debounce_max: Duration,
 }
 
+#[derive(Parser)]
+struct IngestArgs {
+    /// etcd endpoints (comma separated URLs).
+    #[arg(long, value_delimiter = ',', required = true)]
+    etcd_endpoints: Vec<String>,
+    /// Directory of Istio config (YAML or JSON, watched).
+    #[arg(long)]
+    config_dir: PathBuf,
+    /// MeshConfig file (watched).
+    #[arg(long)]
+    mesh_config: Option<PathBuf>,
+    /// Snapshot server listen address.
+    #[arg(long, default_value = "127.0.0.1:15020")]
+    snapshot_addr: SocketAddr,
+    /// Snapshot address frontends dial (default: the listen address).
+    #[arg(long)]
+    advertise_addr: Option<String>,
+    /// Admin HTTP listen address.
+    #[arg(long, default_value = "127.0.0.1:15014")]
+    admin_addr: SocketAddr,
+    /// Node id (default: ingest-<pid>).
+    #[arg(long)]
+    id: Option<String>,
+    /// Leader lease TTL in seconds.
+    #[arg(long, default_value_t = 5)]
+    lease_ttl: u64,
+    /// Quiet period before a push.
+    #[arg(long, default_value = "100ms", value_parser = parse_duration)]
+    debounce_after: Duration,
+    /// Longest debounce delay.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    debounce_max: Duration,
+}
+
+#[derive(Parser)]
+struct FrontendArgs {
+    /// etcd endpoints (comma separated URLs).
+    #[arg(long, value_delimiter = ',', required = true)]
+    etcd_endpoints: Vec<String>,
+    /// ADS (gRPC) listen address.
+    #[arg(long, default_value = "127.0.0.1:15010")]
+    xds_addr: SocketAddr,
+    /// xDS address registered for this frontend (default: the listen address).
+    #[arg(long)]
+    advertise_addr: Option<String>,
+    /// Admin HTTP listen address.
+    #[arg(long, default_value = "127.0.0.1:15014")]
+    admin_addr: SocketAddr,
+    /// Member id, unique among frontends (default: frontend-<pid>).
+    #[arg(long)]
+    id: Option<String>,
+    /// How proxies are keyed for the consistent hash.
+    #[arg(long, value_enum, default_value = "namespace-service-account")]
+    proxy_key: ProxyKeyArg,
+    /// Membership lease TTL in seconds.
+    #[arg(long, default_value_t = 5)]
+    lease_ttl: u64,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ProxyKeyArg {
+    /// namespace/serviceAccount (namespace/app without one).
+    NamespaceServiceAccount,
+    /// The full node id.
+    NodeId,
+}
+
 fn parse_duration(text: &str) -> Result<Duration, String> {
     meshpilot::config::api::Duration::parse(text).map(|d| d.as_std())
 }
@@ -99,37 +170,91 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Standalone(args) => match run_standalone(args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("meshpilot: {e:#}");
-                ExitCode::FAILURE
-            }
-        },
+        Command::Standalone(args) => exit(run_standalone(args)),
+        Command::Ingest(args) => exit(run_ingest(args)),
+        Command::Frontend(args) => exit(run_frontend(args)),
     }
 }
 
-fn run_standalone(args: StandaloneArgs) -> anyhow::Result<()> {
+fn exit(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("meshpilot: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs `body` on a runtime with a shutdown flag that flips on SIGINT/SIGTERM.
+fn with_runtime<F, Fut>(body: F) -> anyhow::Result<()>
+where
+    F: FnOnce(tokio::sync::watch::Receiver<bool>) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async {
-        let settings = StandaloneSettings {
-            config_dir: args.config_dir,
-            mesh_config: args.mesh_config,
-            debounce: DebounceSettings { after: args.debounce_after, max: args.debounce_max },
-            frontend: FrontendSettings {
-                xds_addr: args.xds_addr,
-                admin_addr: args.admin_addr,
-                identity: "standalone".into(),
-            },
-        };
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         tokio::spawn(async move {
             shutdown_signal().await;
             tracing::info!("shutting down");
             let _ = stop_tx.send(true);
         });
-        standalone::run(settings, stop_rx).await.context("standalone meshpilot")
+        body(stop_rx).await
     })
+}
+
+fn default_id(role: &str) -> String {
+    format!("{role}-{}", std::process::id())
+}
+
+fn run_ingest(args: IngestArgs) -> anyhow::Result<()> {
+    let settings = meshpilot::ingest::node::IngestNodeSettings {
+        etcd_endpoints: args.etcd_endpoints,
+        config_dir: args.config_dir,
+        mesh_config: args.mesh_config,
+        snapshot_addr: args.snapshot_addr,
+        advertise_addr: args.advertise_addr.unwrap_or_else(|| args.snapshot_addr.to_string()),
+        admin_addr: args.admin_addr,
+        id: args.id.unwrap_or_else(|| default_id("ingest")),
+        lease_ttl: Duration::from_secs(args.lease_ttl.max(2)),
+        debounce: DebounceSettings { after: args.debounce_after, max: args.debounce_max },
+    };
+    with_runtime(|stop| async move { meshpilot::ingest::node::run(settings, stop).await.context("ingest node") })
+}
+
+fn run_frontend(args: FrontendArgs) -> anyhow::Result<()> {
+    let id = args.id.unwrap_or_else(|| default_id("frontend"));
+    let settings = meshpilot::frontend::node::FrontendNodeSettings {
+        etcd_endpoints: args.etcd_endpoints,
+        frontend: FrontendSettings {
+            xds_addr: args.xds_addr,
+            admin_addr: args.admin_addr,
+            identity: format!("frontend/{id}"),
+        },
+        advertise_addr: args.advertise_addr.unwrap_or_else(|| args.xds_addr.to_string()),
+        id,
+        proxy_key: match args.proxy_key {
+            ProxyKeyArg::NamespaceServiceAccount => meshpilot::ownership::ProxyKey::ServiceAccount,
+            ProxyKeyArg::NodeId => meshpilot::ownership::ProxyKey::NodeId,
+        },
+        lease_ttl: Duration::from_secs(args.lease_ttl.max(2)),
+    };
+    with_runtime(|stop| async move { meshpilot::frontend::node::run(settings, stop).await.context("frontend") })
+}
+
+fn run_standalone(args: StandaloneArgs) -> anyhow::Result<()> {
+    let settings = StandaloneSettings {
+        config_dir: args.config_dir,
+        mesh_config: args.mesh_config,
+        debounce: DebounceSettings { after: args.debounce_after, max: args.debounce_max },
+        frontend: FrontendSettings {
+            xds_addr: args.xds_addr,
+            admin_addr: args.admin_addr,
+            identity: "standalone".into(),
+        },
+    };
+    with_runtime(|stop| async move { standalone::run(settings, stop).await.context("standalone meshpilot") })
 }
 
 /// Runs a load test; `Ok(false)` when not every proxy converged.

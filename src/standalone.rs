@@ -1,15 +1,12 @@
 //! Standalone mode: an ingest node and a frontend in one process, joined by an in-memory channel.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use tokio::sync::{mpsc, watch};
 use tracing::info;
 
-use crate::config::source::watch_config_dir;
 use crate::frontend::{self, FrontendSettings};
-use crate::ingest::{self, DebounceSettings, IngestEvent};
-use crate::mesh::{watch_mesh_config, MeshConfig, MeshConfigError};
+use crate::ingest::{self, sources, DebounceSettings};
 use crate::snapshot;
 
 /// Settings of a standalone process.
@@ -28,17 +25,9 @@ pub struct StandaloneSettings {
 /// Why standalone mode could not start or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum StandaloneError {
-    /// The config directory could not be read.
-    #[error("config directory {dir}: {source}")]
-    ConfigDir {
-        /// Directory.
-        dir: String,
-        /// Cause.
-        source: std::io::Error,
-    },
-    /// The mesh config is unusable.
+    /// A config source could not start.
     #[error(transparent)]
-    Mesh(#[from] MeshConfigError),
+    Sources(#[from] sources::SourceError),
     /// A listener failed.
     #[error(transparent)]
     Frontend(#[from] frontend::FrontendError),
@@ -50,15 +39,7 @@ pub async fn run(settings: StandaloneSettings, shutdown: watch::Receiver<bool>) 
     let (writer, reader) = snapshot::channel();
     // Term 1: a standalone process is its own, permanent leader.
     let ingest_task = tokio::spawn(ingest::run(events_rx, writer, 1, settings.debounce));
-    match &settings.mesh_config {
-        Some(path) => watch_mesh_config(path.clone(), events_tx.clone()).await?,
-        None => {
-            let _ = events_tx.send(IngestEvent::Mesh(Arc::new(MeshConfig::default()))).await;
-        }
-    }
-    watch_config_dir(settings.config_dir.clone(), events_tx)
-        .await
-        .map_err(|source| StandaloneError::ConfigDir { dir: settings.config_dir.display().to_string(), source })?;
+    sources::start(&settings.config_dir, settings.mesh_config.as_ref(), events_tx).await?;
     info!(config_dir = %settings.config_dir.display(), "standalone meshpilot started");
     let result = frontend::run(settings.frontend, reader, shutdown).await;
     ingest_task.abort();

@@ -26,7 +26,12 @@ pub struct AdminState {
     pub cache: Arc<GenerationCache>,
     /// Role and id of this process, shown in `/debug/push_status`.
     pub identity: String,
+    /// Role-specific status for `/debug/node` (leadership, subscription, membership).
+    pub node_status: Option<NodeStatus>,
 }
+
+/// Produces the role-specific status shown at `/debug/node`.
+pub type NodeStatus = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
 
 /// The admin router.
 pub fn router(state: AdminState) -> Router {
@@ -38,6 +43,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/debug/syncz", get(debug::syncz))
         .route("/debug/push_status", get(debug::push_status))
         .route("/debug/config_dump", get(debug::config_dump))
+        .route("/debug/node", get(node))
         .with_state(state)
 }
 
@@ -58,6 +64,12 @@ async fn ready(State(state): State<AdminState>) -> impl IntoResponse {
         Some(s) => (StatusCode::OK, format!("ready: snapshot {}\n", s.version)),
         None => (StatusCode::SERVICE_UNAVAILABLE, "not ready: no snapshot yet\n".to_string()),
     }
+}
+
+/// Role-specific status (`{}` for standalone).
+async fn node(State(state): State<AdminState>) -> impl IntoResponse {
+    let status = state.node_status.as_ref().map(|f| f()).unwrap_or_else(|| serde_json::json!({"role": state.identity}));
+    axum::Json(status)
 }
 
 async fn metrics() -> impl IntoResponse {

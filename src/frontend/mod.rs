@@ -1,12 +1,15 @@
 //! A frontend: serves ADS to proxies and the admin endpoints from a stream of snapshots.
 
+pub mod node;
+mod ownership;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio::sync::watch;
 use tracing::info;
 
-use crate::admin::{self, AdminState};
+use crate::admin::{self, AdminState, NodeStatus};
 use crate::snapshot::SnapshotReader;
 use crate::xds::server::AdsServer;
 use crate::xds::status::ConnectionRegistry;
@@ -33,6 +36,14 @@ pub enum FrontendError {
         /// Cause.
         source: tonic::transport::Error,
     },
+    /// A listener could not bind.
+    #[error("binding {addr}: {source}")]
+    Bind {
+        /// Address.
+        addr: SocketAddr,
+        /// Cause.
+        source: std::io::Error,
+    },
     /// The admin listener failed.
     #[error("admin server on {addr}: {source}")]
     Admin {
@@ -43,20 +54,30 @@ pub enum FrontendError {
     },
 }
 
-/// Serves until `shutdown` flips to true.
+/// Serves until `shutdown` flips to true, with a fresh connection registry and no node status.
 pub async fn run(
     settings: FrontendSettings,
     snapshots: SnapshotReader,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), FrontendError> {
-    let connections = Arc::new(ConnectionRegistry::default());
+    serve(settings, snapshots, Arc::new(ConnectionRegistry::default()), None, shutdown).await
+}
+
+/// Serves until `shutdown` flips to true; `node_status` feeds `/debug/node`.
+pub async fn serve(
+    settings: FrontendSettings,
+    snapshots: SnapshotReader,
+    connections: Arc<ConnectionRegistry>,
+    node_status: Option<NodeStatus>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), FrontendError> {
     let ads = AdsServer::new(snapshots.clone(), connections.clone());
-    let admin_state = AdminState { snapshots, connections, cache: ads.cache(), identity: settings.identity.clone() };
+    let admin_state =
+        AdminState { snapshots, connections, cache: ads.cache(), identity: settings.identity.clone(), node_status };
     let xds_addr = settings.xds_addr;
     let admin_addr = settings.admin_addr;
-    let xds_listener = tokio::net::TcpListener::bind(xds_addr)
-        .await
-        .map_err(|source| FrontendError::Admin { addr: xds_addr, source })?;
+    let xds_listener =
+        tokio::net::TcpListener::bind(xds_addr).await.map_err(|source| FrontendError::Bind { addr: xds_addr, source })?;
     info!(addr = %xds_addr, "xDS server listening");
     let xds = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))

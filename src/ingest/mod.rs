@@ -2,6 +2,8 @@
 
 mod builder;
 mod debounce;
+pub mod node;
+pub mod sources;
 
 use std::sync::Arc;
 
@@ -35,6 +37,8 @@ pub enum IngestEvent {
     Mesh(Arc<MeshConfig>),
     /// The config source has delivered its initial state; snapshots may be published.
     Synced,
+    /// A new leader term: the next snapshot starts it (version `(term, 1)`, a full snapshot).
+    Term(u64),
 }
 
 impl IngestEvent {
@@ -44,12 +48,14 @@ impl IngestEvent {
             IngestEvent::Config(_) | IngestEvent::Synced => "config",
             IngestEvent::Status { .. } => "status",
             IngestEvent::Mesh(_) => "mesh",
+            IngestEvent::Term(_) => "term",
         }
     }
 }
 
-/// Runs the ingest loop for one term: debounces events, builds snapshots and publishes them.
-/// Nothing is published before the config source reports `Synced` (the readiness gate).
+/// Runs the ingest loop: debounces events, builds snapshots and publishes them, starting in
+/// `term`; an [`IngestEvent::Term`] starts a new term with a full snapshot. Nothing is published
+/// before the config source reports `Synced` (the readiness gate).
 pub async fn run(
     mut events: mpsc::Receiver<IngestEvent>,
     writer: SnapshotWriter,
@@ -59,12 +65,18 @@ pub async fn run(
     let mut builder = SnapshotBuilder::default();
     let mut synced = false;
     let mut version = Version::new(term, 0);
+    // Term changes arrive as events so they are debounced and ordered with everything else.
     while let Some(batch) = next_batch(&mut events, debounce).await {
         for e in &batch {
             metrics::inbound_update(e.update_type());
         }
         synced |= batch.iter().any(|e| matches!(e, IngestEvent::Synced));
-        let changes = builder.apply(batch);
+        let new_term = batch.iter().filter_map(|e| if let IngestEvent::Term(t) = e { Some(*t) } else { None }).max();
+        let mut changes = builder.apply(batch);
+        if let Some(t) = new_term.filter(|t| *t > version.term) {
+            version = Version::new(t, 0);
+            changes.full = true;
+        }
         if !synced {
             continue;
         }

@@ -50,6 +50,24 @@ pub struct Metrics {
     pub snapshot_build_seconds: Histogram,
     /// `meshpilot_config_errors`: rejected documents currently reported.
     pub config_errors: IntGauge,
+    /// `meshpilot_leader_elections_total`: times this node became leader.
+    pub leader_elections: IntCounter,
+    /// `meshpilot_leader_term`: the term this node last led.
+    pub leader_term: IntGauge,
+    /// `meshpilot_is_leader`: 1 while this node leads.
+    pub is_leader: IntGauge,
+    /// `meshpilot_proxies{ownership}`: connected proxies this frontend owns by the hash, or not.
+    pub proxies: IntGaugeVec,
+    /// `meshpilot_frontend_members`: frontends registered in etcd, as this process sees them.
+    pub members: IntGauge,
+    /// `meshpilot_snapshot_lag_versions`: how many snapshots this frontend is behind the leader.
+    pub snapshot_lag_versions: IntGauge,
+    /// `meshpilot_snapshot_lag_seconds`: age of the newest leader snapshot not yet applied (0 when current).
+    pub snapshot_lag_seconds: prometheus::Gauge,
+    /// `meshpilot_snapshot_stream_reconnects_total`: snapshot stream reconnects.
+    pub snapshot_stream_reconnects: IntGauge,
+    /// `meshpilot_snapshot_leader_term`: the leader term this frontend follows.
+    pub followed_term: IntGauge,
 }
 
 const PUSH_BUCKETS: &[f64] = &[0.01, 0.1, 1.0, 3.0, 5.0, 10.0, 20.0, 30.0];
@@ -171,6 +189,15 @@ impl Metrics {
                 "Config documents currently rejected by validation.",
                 r
             )),
+            leader_elections: reg!(register_int_counter_with_registry!("meshpilot_leader_elections_total", "Times this ingest node became leader.", r)),
+            leader_term: reg!(register_int_gauge_with_registry!("meshpilot_leader_term", "Term this ingest node last led.", r)),
+            is_leader: reg!(register_int_gauge_with_registry!("meshpilot_is_leader", "1 while this ingest node is the leader.", r)),
+            proxies: reg!(register_int_gauge_vec_with_registry!("meshpilot_proxies", "Connected proxies by ownership (owned by this frontend's hash range, or foreign).", &["ownership"], r)),
+            members: reg!(register_int_gauge_with_registry!("meshpilot_frontend_members", "Frontends registered in etcd.", r)),
+            snapshot_lag_versions: reg!(register_int_gauge_with_registry!("meshpilot_snapshot_lag_versions", "Snapshots this frontend is behind the leader.", r)),
+            snapshot_lag_seconds: reg!(prometheus::register_gauge_with_registry!("meshpilot_snapshot_lag_seconds", "Seconds since the leader's newest snapshot while this frontend lacks it.", r)),
+            snapshot_stream_reconnects: reg!(register_int_gauge_with_registry!("meshpilot_snapshot_stream_reconnects_total", "Snapshot stream reconnects of this frontend.", r)),
+            followed_term: reg!(register_int_gauge_with_registry!("meshpilot_snapshot_leader_term", "Leader term this frontend follows.", r)),
             registry: r,
         }
     }
