@@ -214,3 +214,51 @@ impl Stream for FencedStream {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::wire::proto::UpdateKind;
+    use crate::snapshot::wire::tests_support::state;
+    use crate::snapshot::{channel, ChangeSet, Snapshot};
+
+    /// A subscriber that does not read holds at most `queue` chunks; when it reads again it gets one
+    /// update to the latest version, not every snapshot published meanwhile.
+    #[tokio::test]
+    async fn a_slow_subscriber_gets_one_coalesced_update() {
+        let (writer, reader) = channel();
+        let (_leader_tx, is_leader) = watch::channel(true);
+        let server = SnapshotServer::new(reader, is_leader, ServerSettings { history: 4, queue: 1 });
+        let publish = |seq: u64, names: &[&str]| {
+            let s = Snapshot::build(Version::new(1, seq), ChangeSet::default(), &state(names));
+            writer.publish(Arc::new(s)).unwrap();
+        };
+        publish(1, &["a"]);
+        let (tx, mut rx) = mpsc::channel(1);
+        let feeder = tokio::spawn(feed(server.shared.clone(), None, tx));
+        let first = rx.recv().await.unwrap().unwrap();
+        assert_eq!(first.kind, UpdateKind::Full as i32);
+        let mut names = vec!["a".to_string()];
+        for seq in 2..=40 {
+            names.push(format!("n{seq}"));
+            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+            publish(seq, &refs);
+            // Let the server record each one, as a real ingest's pace would.
+            let mut history = server.shared.history.clone();
+            let _ = history.wait_for(|h| h.latest_version() == Some(Version::new(1, seq))).await;
+        }
+        let mut received = Vec::new();
+        while let Some(Ok(chunk)) = rx.recv().await {
+            let version = version_from_wire(chunk.version.as_ref()).unwrap();
+            received.push((chunk.kind, version));
+            if version == Version::new(1, 40) {
+                break;
+            }
+        }
+        // At most one update was queued before the server noticed the subscriber was behind.
+        assert!(received.len() <= 3, "{received:?}");
+        // 38 snapshots behind with a history of 4: the catch-up is a full snapshot.
+        assert_eq!(received.last(), Some(&(UpdateKind::Full as i32, Version::new(1, 40))), "{received:?}");
+        feeder.abort();
+    }
+}

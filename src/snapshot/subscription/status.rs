@@ -26,6 +26,8 @@ pub struct SubscriberStatus {
     pub refused_lower_term: u64,
     /// Deltas that did not apply on the held version (the subscriber asked for a full snapshot).
     pub resyncs: u64,
+    /// Why the last subscription stream ended.
+    pub last_error: Option<String>,
 }
 
 impl SubscriberStatus {

@@ -166,11 +166,15 @@ impl SnapshotSubscriber {
                 e = session.run(&info, require_full) => Some(e),
                 _ = leader_changed(&mut leader, &info) => None,
             };
-            self.status.send_modify(|s| s.connected = false);
             let Some(Err(error)) = ended else {
+                self.status.send_modify(|s| s.connected = false);
                 info!(leader = %info.addr, "leader changed; reconnecting");
                 continue;
             };
+            self.status.send_modify(|s| {
+                s.connected = false;
+                s.last_error = Some(error.to_string());
+            });
             require_full = matches!(error, SubscribeError::BaseMismatch { .. } | SubscribeError::Wire(_));
             warn!(leader = %info.addr, %error, retry_in = ?backoff, "snapshot subscription ended");
             let delay = backoff;

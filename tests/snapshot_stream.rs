@@ -1,0 +1,336 @@
+//! Snapshot subscription over real gRPC on 127.0.0.1: a leader's `SnapshotServer` and frontends'
+//! `SnapshotSubscriber`s, checking versions held and that frontends rebuild the leader's snapshots.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use meshpilot::config::parse::object_from_value;
+use meshpilot::snapshot::subscription::{
+    LeaderInfo, ServerSettings, SnapshotServer, SnapshotSubscriber, SubscriberSettings, SubscriberStatus,
+};
+use meshpilot::snapshot::wire::proto::snapshot_service_client::SnapshotServiceClient;
+use meshpilot::snapshot::wire::proto::SubscribeRequest;
+use meshpilot::snapshot::wire::{encode_full, CHUNK_SIZE};
+use meshpilot::snapshot::{
+    channel, ChangeSet, ChangedKey, Snapshot, SnapshotReader, SnapshotWriter, SourceState, Version,
+};
+use serde_json::json;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Generous: the machine is shared and debug builds are slow.
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A ServiceEntry `name` in namespace `ns` with `endpoints` addresses.
+fn service_entry(name: &str, endpoints: usize) -> serde_json::Value {
+    let endpoints: Vec<_> = (0..endpoints)
+        .map(|i| {
+            json!({"address": format!("10.{}.{}.{}", i / 65536 % 256, i / 256 % 256, i % 256),
+                   "labels": {"app": name, "version": format!("v{i}"), "zone": "zone-a-with-a-long-label-value"}})
+        })
+        .collect();
+    json!({
+        "apiVersion": "networking.istio.io/v1",
+        "kind": "ServiceEntry",
+        "metadata": {"name": name, "namespace": "ns", "labels": {"team": "payments"}},
+        "spec": {"hosts": [format!("{name}.example.com")], "location": "MESH_INTERNAL", "resolution": "STATIC",
+                 "ports": [{"number": 80, "name": "http", "protocol": "HTTP"}], "endpoints": endpoints}
+    })
+}
+
+/// A source state with one ServiceEntry per name.
+fn state_of(names: &[String], endpoints: usize) -> SourceState {
+    let mut state = SourceState::default();
+    for name in names {
+        let obj = object_from_value(service_entry(name, endpoints)).unwrap().unwrap();
+        state.configs.insert(obj.key.clone(), Arc::new(obj));
+    }
+    state
+}
+
+fn names(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}{i}")).collect()
+}
+
+/// An ingest's snapshot channel served by a `SnapshotServer` on a free port.
+struct Leader {
+    writer: SnapshotWriter,
+    is_leader: watch::Sender<bool>,
+    server: SnapshotServer,
+    addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl Leader {
+    async fn start(settings: ServerSettings) -> Leader {
+        let (writer, reader) = channel();
+        let (is_leader, flag) = watch::channel(true);
+        let server = SnapshotServer::new(reader, flag, settings);
+        let (addr, task) = serve(server.clone()).await;
+        Leader { writer, is_leader, server, addr, task }
+    }
+
+    fn publish(&self, version: Version, state: &SourceState) -> Arc<Snapshot> {
+        self.publish_with(version, ChangeSet::default(), state)
+    }
+
+    fn publish_with(&self, version: Version, changes: ChangeSet, state: &SourceState) -> Arc<Snapshot> {
+        let snapshot = Arc::new(Snapshot::build(version, changes, state));
+        self.writer.publish(snapshot.clone()).unwrap();
+        snapshot
+    }
+
+    fn info(&self, term: u64) -> LeaderInfo {
+        LeaderInfo { addr: self.addr.to_string(), term }
+    }
+}
+
+impl Drop for Leader {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Serves `server` on a free 127.0.0.1 port.
+async fn serve(server: SnapshotServer) -> (SocketAddr, JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(server.into_service())
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .await
+            .unwrap();
+    });
+    (addr, task)
+}
+
+/// A frontend: a subscriber publishing into its own snapshot channel.
+struct Frontend {
+    leader: watch::Sender<Option<LeaderInfo>>,
+    reader: SnapshotReader,
+    status: watch::Receiver<SubscriberStatus>,
+    _shutdown: watch::Sender<bool>,
+}
+
+impl Frontend {
+    fn start(leader: Option<LeaderInfo>) -> Frontend {
+        let (writer, reader) = channel();
+        let (leader_tx, leader_rx) = watch::channel(leader);
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let settings = SubscriberSettings::new("frontend-test");
+        let subscriber = SnapshotSubscriber::new(settings, leader_rx, writer);
+        let status = subscriber.status();
+        tokio::spawn(subscriber.run(shutdown_rx));
+        Frontend { leader: leader_tx, reader, status, _shutdown: shutdown }
+    }
+
+    /// Waits until the status satisfies `f`, failing the test after [`TIMEOUT`].
+    async fn wait(&mut self, what: &str, f: impl Fn(&SubscriberStatus) -> bool) -> SubscriberStatus {
+        let found = match tokio::time::timeout(TIMEOUT, self.status.wait_for(|s| f(s))).await {
+            Ok(Ok(s)) => Some(s.clone()),
+            _ => None,
+        };
+        found.unwrap_or_else(|| panic!("timed out waiting for {what}; status: {:?}", *self.status.borrow()))
+    }
+
+    async fn wait_held(&mut self, v: Version) -> SubscriberStatus {
+        self.wait(&format!("version {v}"), |s| s.held == Some(v)).await
+    }
+
+    fn current(&self) -> Arc<Snapshot> {
+        self.reader.current().expect("a snapshot")
+    }
+}
+
+/// The frontend's snapshot is the leader's: same config objects, registry, errors and mesh.
+fn assert_same(frontend: &Snapshot, leader: &Snapshot) {
+    assert_eq!(frontend.version, leader.version);
+    assert_eq!(frontend.configs, leader.configs);
+    assert_eq!(frontend.registry, leader.registry);
+    assert_eq!(frontend.errors, leader.errors);
+    assert_eq!(frontend.mesh, leader.mesh);
+}
+
+#[tokio::test]
+async fn full_then_deltas() {
+    let leader = Leader::start(ServerSettings::default()).await;
+    let mut all = names("svc", 20);
+    let s1 = leader.publish(Version::new(1, 1), &state_of(&all, 2));
+    let mut fe = Frontend::start(Some(leader.info(1)));
+    let st = fe.wait_held(Version::new(1, 1)).await;
+    assert_eq!(st.fulls_applied, 1);
+    assert!(fe.current().changes.full);
+    assert_same(&fe.current(), &s1);
+
+    all.push("added".into());
+    let s2 = leader.publish(Version::new(1, 2), &state_of(&all, 2));
+    fe.wait_held(Version::new(1, 2)).await;
+    assert_same(&fe.current(), &s2);
+    all.remove(0);
+    let s3 = leader.publish(Version::new(1, 3), &state_of(&all, 3));
+    let st = fe.wait_held(Version::new(1, 3)).await;
+    assert_same(&fe.current(), &s3);
+    assert_eq!(st.fulls_applied, 1, "{st:?}");
+    assert!(st.deltas_applied >= 1, "{st:?}");
+    assert_eq!(st.lag(), 0);
+    assert!(!fe.current().changes.full, "a delta carries the changed keys: {:?}", fe.current().changes);
+    assert_eq!(leader.server.subscribers(), 1);
+}
+
+#[tokio::test]
+async fn resumes_with_deltas_after_reconnect() {
+    let leader = Leader::start(ServerSettings::default()).await;
+    let all = names("svc", 10);
+    leader.publish(Version::new(1, 1), &state_of(&all, 1));
+    let mut fe = Frontend::start(Some(leader.info(1)));
+    fe.wait_held(Version::new(1, 1)).await;
+
+    // The leader is away for a while (no leader known) and publishes meanwhile.
+    fe.leader.send_replace(None);
+    fe.wait("disconnect", |s| !s.connected).await;
+    leader.publish(Version::new(1, 2), &state_of(&all[1..], 1));
+    let s3 = leader.publish(Version::new(1, 3), &state_of(&all[2..], 1));
+    // Back at another address (same server): the frontend resumes from 1.1 with one delta.
+    let (addr2, _task) = serve(leader.server.clone()).await;
+    fe.leader.send_replace(Some(LeaderInfo { addr: format!("http://{addr2}"), term: 1 }));
+    let st = fe.wait_held(Version::new(1, 3)).await;
+    assert_eq!(st.fulls_applied, 1, "{st:?}");
+    assert_eq!(st.deltas_applied, 1, "{st:?}");
+    assert!(st.reconnects >= 1, "{st:?}");
+    assert_same(&fe.current(), &s3);
+}
+
+#[tokio::test]
+async fn a_version_gone_from_history_gets_a_full_snapshot() {
+    let leader = Leader::start(ServerSettings { history: 2, ..Default::default() }).await;
+    let all = names("svc", 10);
+    leader.publish(Version::new(1, 1), &state_of(&all, 1));
+    let mut fe = Frontend::start(Some(leader.info(1)));
+    fe.wait_held(Version::new(1, 1)).await;
+    fe.leader.send_replace(None);
+    fe.wait("disconnect", |s| !s.connected).await;
+    let mut last = None;
+    for seq in 2..=6 {
+        let state = state_of(&all[..10 - seq as usize], 1);
+        last = Some(leader.publish(Version::new(1, seq), &state));
+        // The server follows a watch channel; let it record every version (as an ingest's pace
+        // would), so that 1.1 leaves the history rather than being skipped.
+        wait_server_latest(&leader.server, Version::new(1, seq)).await;
+    }
+    fe.leader.send_replace(Some(leader.info(1)));
+    let st = fe.wait_held(Version::new(1, 6)).await;
+    assert_eq!(st.fulls_applied, 2, "{st:?}");
+    assert_same(&fe.current(), &last.unwrap());
+}
+
+#[tokio::test]
+async fn a_new_term_with_identical_config_changes_nothing_and_lower_terms_are_refused() {
+    let old = Leader::start(ServerSettings::default()).await;
+    let all = names("svc", 15);
+    let before = old.publish(Version::new(1, 3), &state_of(&all, 2));
+    let mut fe = Frontend::start(Some(old.info(1)));
+    fe.wait_held(Version::new(1, 3)).await;
+
+    // Failover: a new leader of term 2 built the same config from its own sources.
+    let new = Leader::start(ServerSettings::default()).await;
+    let after = new.publish(Version::new(2, 1), &state_of(&all, 2));
+    old.is_leader.send_replace(false);
+    fe.leader.send_replace(Some(new.info(2)));
+    let st = fe.wait_held(Version::new(2, 1)).await;
+    assert_eq!(st.highest_term, 2);
+    let snap = fe.current();
+    assert_eq!(snap.configs, before.configs);
+    assert_same(&snap, &after);
+    assert!(snap.changes.is_empty(), "identical config, nothing to push: {:?}", snap.changes);
+
+    // The old leader still thinks it leads and publishes: the frontend refuses its term.
+    old.is_leader.send_replace(true);
+    old.publish(Version::new(1, 4), &state_of(&all[1..], 2));
+    fe.leader.send_replace(Some(old.info(1)));
+    let st = fe.wait("refusal of term 1", |s| s.refused_lower_term >= 1).await;
+    assert_eq!(st.held, Some(Version::new(2, 1)), "{st:?}");
+    assert!(st.last_error.as_deref().unwrap_or_default().contains("term"), "{st:?}");
+    assert_eq!(fe.current().version, Version::new(2, 1));
+    assert_eq!(fe.current().configs, before.configs);
+}
+
+#[tokio::test]
+async fn large_snapshots_travel_in_chunks() {
+    let leader = Leader::start(ServerSettings::default()).await;
+    let all = names("service-entry-", 5000);
+    let s1 = leader.publish(Version::new(1, 1), &state_of(&all, 4));
+    let encoded = encode_full(&s1).unwrap();
+    assert!(encoded.len() > 4 * 1024 * 1024, "payload only {} bytes", encoded.len());
+    assert!(encoded.len().div_ceil(CHUNK_SIZE) >= 5);
+
+    let mut fe = Frontend::start(Some(leader.info(1)));
+    let st = fe.wait_held(Version::new(1, 1)).await;
+    assert_eq!(st.fulls_applied, 1);
+    assert_same(&fe.current(), &s1);
+
+    // A delta on top of the big state: one object changes.
+    let mut state = state_of(&all, 4);
+    let changed = object_from_value(service_entry("service-entry-7", 5)).unwrap().unwrap();
+    let mut changes = ChangeSet::default();
+    changes.keys.insert(ChangedKey::Config(changed.key.clone()));
+    state.configs.insert(changed.key.clone(), Arc::new(changed));
+    let s2 = leader.publish_with(Version::new(1, 2), changes, &state);
+    let st = fe.wait_held(Version::new(1, 2)).await;
+    assert_eq!(st.deltas_applied, 1);
+    assert_same(&fe.current(), &s2);
+    assert_eq!(fe.current().changes, s2.changes, "the leader's changes travel with the delta");
+}
+
+#[tokio::test]
+async fn a_deposed_leader_ends_streams_and_refuses_subscriptions() {
+    let leader = Leader::start(ServerSettings::default()).await;
+    leader.publish(Version::new(1, 1), &state_of(&names("svc", 3), 1));
+    let mut fe = Frontend::start(Some(leader.info(1)));
+    fe.wait_held(Version::new(1, 1)).await;
+
+    // A raw client too, to see the status itself.
+    let mut client = SnapshotServiceClient::connect(format!("http://{}", leader.addr)).await.unwrap();
+    let request =
+        || SubscribeRequest { frontend_id: "raw".into(), trace_context: HashMap::new(), ..Default::default() };
+    let mut stream = client.subscribe(request()).await.unwrap().into_inner();
+    let first = tokio::time::timeout(TIMEOUT, stream.message()).await.unwrap().unwrap().unwrap();
+    assert_eq!(first.index, 0);
+
+    leader.is_leader.send_replace(false);
+    let ended = tokio::time::timeout(TIMEOUT, async {
+        loop {
+            match stream.message().await {
+                Ok(Some(_)) => continue,
+                other => return other,
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(ended.unwrap_err().code(), tonic::Code::Unavailable);
+    let refused = client.subscribe(request()).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unavailable);
+
+    let st = fe.wait("the stream to end", |s| !s.connected && s.last_error.is_some()).await;
+    assert!(st.last_error.as_deref().unwrap_or_default().contains("not the leader"), "{st:?}");
+    assert_eq!(fe.current().version, Version::new(1, 1), "the frontend keeps its snapshot");
+
+    // Leader again: the frontend reconnects (with backoff) and catches up with a delta.
+    leader.publish(Version::new(1, 2), &state_of(&names("svc", 4), 1));
+    leader.is_leader.send_replace(true);
+    let st = fe.wait_held(Version::new(1, 2)).await;
+    assert_eq!(st.fulls_applied, 1, "{st:?}");
+    assert!(st.reconnects >= 1, "{st:?}");
+}
+
+/// Waits until the server has recorded `v`.
+async fn wait_server_latest(server: &SnapshotServer, v: Version) {
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    while server.latest() != Some(v) {
+        assert!(tokio::time::Instant::now() < deadline, "server never saw {v}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
