@@ -484,3 +484,44 @@ async fn syncz_shows_gateway_and_sidecar_acked() {
         assert_eq!(conn["types"]["Listener"]["acked_version"], lds.as_str(), "{}", envoy.node_id());
     }
 }
+
+/// The README's bookinfo sidecar set-up: the egress listener's port (here a free port) is not a
+/// service port, so only VirtualService hosts get virtual hosts there (meshpilot serves them on
+/// explicit egress listener ports, beyond Istio's port-80-only rule), routed to the service's own
+/// port (`outbound|80|SUBSET|reviews...`).
+#[tokio::test]
+async fn sidecar_egress_listener_on_another_port_routes_virtual_service_hosts() {
+    let v1 = Backend::new("reviews-v1");
+    let v2 = Backend::new("reviews-v2");
+    let ratings = Backend::new("ratings-v1");
+    let port = free_port();
+    let config = temp_dir_with(&[]);
+    for (name, text) in sidecar_config(port, &v1, &v2, &ratings) {
+        // Services on port 80, not on the listener's port.
+        let text = if name == "services.yaml" {
+            documents(&[
+                service_entry("reviews", 80, &[(&v1, "v1"), (&v2, "v2")]),
+                service_entry("ratings", 80, &[(&ratings, "v1")]),
+                destination_rule("reviews", &["v1", "v2"], None),
+            ])
+        } else {
+            text
+        };
+        write_files(config.path(), &[(name, text.as_str())]);
+    }
+    let cp = start_meshpilot(config.path()).await;
+    let envoy = start_sidecar(&cp).await;
+    let dump = envoy.config_dump().await;
+    assert!(dynamic_listener(&dump, &format!("127.0.0.1_{port}")).is_some(), "{:?}", dynamic_listener_names(&dump));
+    let clusters = dynamic_cluster_names(&dump);
+    assert!(clusters.contains(&cluster_name(80, "v2", "reviews")), "{clusters:?}");
+
+    let reviews = Ingress::new(port, &fqdn("reviews"));
+    reviews.wait_backend("/", &[], "reviews-v1").await;
+    for _ in 0..5 {
+        assert_eq!(reviews.backend("/", &[]).await, "reviews-v1");
+        assert_eq!(reviews.backend("/", &[("x-user", "alice")]).await, "reviews-v2");
+    }
+    assert_eq!(ratings.requests(), 0);
+    assert_no_rejections(&envoy).await;
+}

@@ -147,8 +147,8 @@ pub fn write_atomic(dir: &Path, name: &str, contents: &str) {
     std::fs::rename(&tmp, &target).unwrap_or_else(|e| panic!("rename {} -> {}: {e}", tmp.display(), target.display()));
 }
 
-/// Writes `dir/name` in place (truncate, then write), as editors and `cat >` do: the watcher may
-/// see an empty or partial file for a moment.
+/// Writes `dir/name` in place as editors and `cat >` do: truncate, then write the text in two
+/// parts (split at a line in the middle), so the watcher may see an empty or half-written file.
 pub fn write_in_place(dir: &Path, name: &str, contents: &str) {
     use std::io::Write as _;
     let path = dir.join(name);
@@ -158,7 +158,11 @@ pub fn write_in_place(dir: &Path, name: &str, contents: &str) {
         .truncate(true)
         .open(&path)
         .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-    f.write_all(contents.as_bytes()).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    let middle = contents[..contents.len() / 2].rfind('\n').map_or(0, |i| i + 1);
+    for part in [&contents[..middle], &contents[middle..]] {
+        f.write_all(part.as_bytes()).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+        f.flush().unwrap();
+    }
 }
 
 // ---------------------------------------------------------------------------
