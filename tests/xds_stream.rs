@@ -10,6 +10,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+mod support;
+
 use meshpilot::frontend::FrontendSettings;
 use meshpilot::ingest::DebounceSettings;
 use meshpilot::sim::{SimProxy, SimProxySpec, SimState};
@@ -28,9 +30,27 @@ fn service(ns: &str, port: u32, endpoints: &[&str]) -> String {
     )
 }
 
-fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
+use support::{free_addr, Envoy};
+
+/// A Sidecar giving `ns`'s workloads an egress listener on 127.0.0.1:`port` (no iptables here).
+fn sidecar(ns: &str, port: u16) -> String {
+    format!(
+        "apiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata: {{name: default, namespace: {ns}}}\nspec:\n  egress:\n  - port: {{number: {port}, name: http, protocol: HTTP}}\n    bind: 127.0.0.1\n    captureMode: NONE\n    hosts: [\"./*\"]\n"
+    )
+}
+
+async fn start_envoy(server: &Server, ns: &str) -> Envoy {
+    let node = format!("sidecar~127.0.0.1~envoy.{ns}~{ns}.svc.cluster.local");
+    let envoy = Envoy::builder(&node, server.xds)
+        .metadata(serde_json::json!({"NAMESPACE": ns, "LABELS": {"app": "envoy"}}))
+        .start();
+    envoy.wait_ready(TIMEOUT).await;
+    envoy
+}
+
+/// Envoy's xDS update counters (CDS, LDS, RDS and per-cluster EDS attempts).
+async fn update_attempts(envoy: &Envoy) -> std::collections::BTreeMap<String, u64> {
+    envoy.stats().await.into_iter().filter(|(k, _)| k.ends_with("update_attempt")).collect()
 }
 
 async fn admin_json(admin: SocketAddr, path: &str) -> Value {
@@ -136,9 +156,14 @@ async fn one_change_pushes_once_to_affected_proxies_only() {
     let dir = tempfile::tempdir().unwrap();
     write(dir.path(), "a.yaml", &service("team-a", 80, &["10.0.0.1"]));
     write(dir.path(), "b.yaml", &service("team-b", 80, &["10.0.1.1"]));
+    write(dir.path(), "sidecar-a.yaml", &sidecar("team-a", support::free_port()));
+    write(dir.path(), "sidecar-b.yaml", &sidecar("team-b", support::free_port()));
     let server = Server::start(dir.path());
     let admin = server.admin;
     let url = server.url();
+    // Real Envoys in each namespace beside the simulated proxies.
+    let envoy_a = start_envoy(&server, "team-a").await;
+    let envoy_b = start_envoy(&server, "team-b").await;
     let mut team_a = Vec::new();
     let mut team_b = Vec::new();
     for i in 0..PER_NAMESPACE {
@@ -163,11 +188,13 @@ async fn one_change_pushes_once_to_affected_proxies_only() {
     // 1. Endpoint-only change in team-b.
     let before_a = counts(&team_a);
     let before_b = counts(&team_b);
+    let envoy_a_before = update_attempts(&envoy_a).await;
+    let envoy_b_before = update_attempts(&envoy_b).await;
     write(dir.path(), "b.yaml", &service("team-b", 80, &["10.0.1.1", "10.0.1.2"]));
     let v2 = wait_new_version(admin, &v1).await;
     let push = admin_json(admin, "/debug/push_status").await;
     assert_eq!(push["endpoints_only"], true, "{push}");
-    wait_all_on(admin, &v2, 2 * PER_NAMESPACE).await;
+    wait_all_on(admin, &v2, 2 * PER_NAMESPACE + 2).await;
     for (p, before) in team_b.iter().zip(&before_b) {
         assert!(p.wait_for(TIMEOUT, |s| s.types[&TypeUrl::Endpoint].acked_version == v2).await);
         let now = p.state();
@@ -179,10 +206,23 @@ async fn one_change_pushes_once_to_affected_proxies_only() {
     for (p, before) in team_a.iter().zip(&before_a) {
         assert_eq!(p.state().responses(), before.responses(), "team-a proxies must get no push");
     }
+    // The team-b Envoy gets exactly one EDS update for its service and nothing else; team-a's Envoy nothing.
+    let eds_stat = "cluster.outbound|80||svc.team-b.svc.cluster.local.update_attempt";
+    assert!(
+        envoy_b.wait_for(TIMEOUT, async |e| e.stat(eds_stat).await > envoy_b_before.get(eds_stat).copied()).await,
+        "team-b Envoy got no EDS update"
+    );
+    let mut expected_b = envoy_b_before.clone();
+    *expected_b.entry(eds_stat.to_string()).or_default() += 1;
+    assert_eq!(update_attempts(&envoy_b).await, expected_b, "team-b Envoy: exactly one EDS update");
+    assert_eq!(update_attempts(&envoy_a).await, envoy_a_before, "team-a Envoy must get no update");
     let syncz = admin_json(admin, "/debug/syncz").await;
     for conn in syncz.as_array().unwrap() {
         let ns = conn["proxy"]["namespace"].as_str().unwrap();
         let pushes = conn["pushes"].as_u64().unwrap();
+        if conn["proxy"]["labels"]["app"] == "envoy" {
+            continue; // Envoys are checked through their own counters above.
+        }
         // Initial config answers requests and is not a push; team-b got exactly one push since.
         let expected = if ns == "team-b" { 1 } else { 0 };
         assert_eq!(pushes, expected, "push count of {}", conn["proxy"]["id"]);
@@ -193,7 +233,7 @@ async fn one_change_pushes_once_to_affected_proxies_only() {
     let before_b = counts(&team_b);
     write(dir.path(), "a.yaml", &service("team-a", 8080, &["10.0.0.1"]));
     let v3 = wait_new_version(admin, &v2).await;
-    wait_all_on(admin, &v3, 2 * PER_NAMESPACE).await;
+    wait_all_on(admin, &v3, 2 * PER_NAMESPACE + 2).await;
     for (p, before) in team_a.iter().zip(&before_a) {
         assert!(p.wait_for(TIMEOUT, |s| s.types[&TypeUrl::Cluster].acked_version == v3).await);
         let now = p.state();
