@@ -7,14 +7,20 @@ fn main() {
     for proto in PROTOS {
         println!("cargo:rerun-if-changed={proto}");
     }
-    if std::env::var_os("PROTOC").is_none() && !on_path("protoc") {
-        panic!("protoc not found (neither $PROTOC nor protoc on PATH): run `bash scripts/setup.sh` to install it");
+    let found = match std::env::var_os("PROTOC") {
+        Some(path) => std::path::Path::new(&path).is_file(),
+        None => on_path("protoc"),
+    };
+    if !found {
+        panic!(
+            "protoc not found ($PROTOC is not a file, or no protoc on PATH): run `bash scripts/setup.sh` to install it"
+        );
     }
     tonic_prost_build::configure()
         // Payloads are sliced into chunks without copying.
         .bytes(".")
         .compile_protos(PROTOS, &["proto"])
-        .unwrap_or_else(|e| panic!("compiling {PROTOS:?} failed: {e}"));
+        .unwrap_or_else(|e| panic!("compiling {PROTOS:?} failed: {e} (`bash scripts/setup.sh` installs protoc)"));
 }
 
 fn on_path(program: &str) -> bool {

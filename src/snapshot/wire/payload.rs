@@ -32,7 +32,7 @@ struct MeshOut<'a> {
 }
 
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 struct MeshIn {
     config: MeshConfig,
     source_hash: u64,
@@ -57,8 +57,8 @@ struct FullOut<'a> {
     changes: &'a ChangeSet,
 }
 
+// Unknown fields are ignored so that a newer leader can add some during a rolling upgrade.
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct FullIn {
     configs: Vec<Value>,
     errors: Vec<ConfigError>,
@@ -81,7 +81,6 @@ struct DeltaOut<'a> {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct DeltaIn {
     upserted: Vec<Value>,
     deleted: BTreeSet<ConfigKey>,
