@@ -102,7 +102,10 @@ async fn export_subscriber_metrics(mut status: watch::Receiver<SubscriberStatus>
         let s = status.borrow_and_update().clone();
         let lag = s.lag();
         METRICS.snapshot_lag_versions.set(i64::try_from(lag).unwrap_or(i64::MAX));
-        METRICS.snapshot_stream_reconnects.set(i64::try_from(s.reconnects).unwrap_or(i64::MAX));
+        // The status counts reconnects; the counter catches up with it.
+        METRICS
+            .snapshot_stream_reconnects
+            .inc_by(s.reconnects.saturating_sub(METRICS.snapshot_stream_reconnects.get()));
         METRICS.followed_term.set(i64::try_from(s.highest_term).unwrap_or(i64::MAX));
         behind_since = if lag > 0 { behind_since.or(Some(Instant::now())) } else { None };
         METRICS.snapshot_lag_seconds.set(behind_since.map_or(0.0, |t| t.elapsed().as_secs_f64()));

@@ -42,13 +42,12 @@ pub enum IngestEvent {
 }
 
 impl IngestEvent {
-    /// Istio's `pilot_inbound_updates` type label for this event.
-    fn update_type(&self) -> &'static str {
+    /// How many of Istio's `pilot_inbound_updates{type="config"}` this event stands for (one per object).
+    fn config_updates(&self) -> usize {
         match self {
-            IngestEvent::Config(_) | IngestEvent::Synced => "config",
-            IngestEvent::Status { .. } => "status",
-            IngestEvent::Mesh(_) => "mesh",
-            IngestEvent::Term(_) => "term",
+            IngestEvent::Config(objects) => objects.len(),
+            IngestEvent::Mesh(_) => 1,
+            IngestEvent::Status { .. } | IngestEvent::Synced | IngestEvent::Term(_) => 0,
         }
     }
 }
@@ -67,9 +66,7 @@ pub async fn run(
     let mut version = Version::new(term, 0);
     // Term changes arrive as events so they are debounced and ordered with everything else.
     while let Some(batch) = next_batch(&mut events, debounce).await {
-        for e in &batch {
-            metrics::inbound_update(e.update_type());
-        }
+        metrics::inbound_config_updates(batch.iter().map(IngestEvent::config_updates).sum());
         synced |= batch.iter().any(|e| matches!(e, IngestEvent::Synced));
         let new_term = batch.iter().filter_map(|e| if let IngestEvent::Term(t) = e { Some(*t) } else { None }).max();
         let mut changes = builder.apply(batch);

@@ -15,7 +15,7 @@ use super::proxy::{Proxy, ProxyView};
 use super::status::{ConnectionRegistry, Nack, Registration};
 use super::TypeUrl;
 use crate::snapshot::{Snapshot, SnapshotReader};
-use crate::telemetry::metrics::METRICS;
+use crate::telemetry::metrics::{self, METRICS};
 
 /// How long a single response may wait for the stream before the proxy counts as stuck.
 const SEND_TIMEOUT: Duration = Duration::from_secs(30);
@@ -243,19 +243,19 @@ impl Connection {
         let send_started = Instant::now();
         match tokio::time::timeout(SEND_TIMEOUT, self.tx.send(Ok(response))).await {
             Ok(Ok(())) => {}
-            Ok(Err(_)) => return Err(StreamEnd::Dropped),
+            Ok(Err(_)) => {
+                metrics::response_send_failed(type_url);
+                return Err(StreamEnd::Dropped);
+            }
             Err(_) => {
                 METRICS.xds_write_timeout.inc();
+                metrics::response_send_failed(type_url);
                 return Err(StreamEnd::Invalid(format!(
                     "{type_url} response not accepted by the stream within {SEND_TIMEOUT:?}"
                 )));
             }
         }
-        let short = type_url.short();
-        METRICS.xds_send_time.observe(send_started.elapsed().as_secs_f64());
-        METRICS.xds_pushes.with_label_values(&[short]).inc();
-        METRICS.xds_push_time.with_label_values(&[short]).observe(started.elapsed().as_secs_f64());
-        METRICS.xds_config_size_bytes.with_label_values(&[short]).observe(size as f64);
+        metrics::response_sent(type_url, size, started.elapsed(), send_started.elapsed());
         debug!(proxy = %self.proxy.id, %type_url, %version, %nonce, resources = count, bytes = size, "pushed");
         self.registration.update(|s| {
             let t = s.types.entry(type_url).or_default();

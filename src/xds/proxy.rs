@@ -46,6 +46,8 @@ pub struct Proxy {
     pub service_account: String,
     /// Interception mode (metadata INTERCEPTION_MODE).
     pub interception: Interception,
+    /// Istio version of the proxy (metadata ISTIO_VERSION; empty if absent), the `pilot_xds` label.
+    pub istio_version: String,
 }
 
 /// Why a node cannot be served.
@@ -100,6 +102,7 @@ impl Proxy {
             cluster_id: meta_str(meta, "CLUSTER_ID").unwrap_or_else(|| "Kubernetes".into()),
             service_account: meta_str(meta, "SERVICE_ACCOUNT").unwrap_or_default(),
             interception,
+            istio_version: meta_str(meta, "ISTIO_VERSION").unwrap_or_default(),
         })
     }
 

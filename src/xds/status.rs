@@ -87,8 +87,8 @@ impl ConnectionRegistry {
             pushes: 0,
             types: BTreeMap::new(),
         }));
+        crate::telemetry::metrics::proxy_connected(&status.load().proxy.istio_version);
         self.lock().insert(id, status.clone());
-        crate::telemetry::metrics::METRICS.xds_clients.inc();
         Registration { id, status, registry: self.clone() }
     }
 
@@ -119,6 +119,6 @@ impl Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         self.registry.lock().remove(&self.id);
-        crate::telemetry::metrics::METRICS.xds_clients.dec();
+        crate::telemetry::metrics::proxy_disconnected(&self.status.load().proxy.istio_version);
     }
 }

@@ -120,11 +120,13 @@ impl Plan {
 
 fn full_update(snapshot: &Snapshot) -> Result<Arc<EncodedUpdate>, Status> {
     let payload = encode_full(snapshot).map_err(internal)?;
+    crate::telemetry::metrics::snapshot_encoded(crate::telemetry::metrics::SNAPSHOT_FULL, payload.len());
     Ok(Arc::new(EncodedUpdate { kind: UpdateKind::Full, version: snapshot.version, base: None, payload }))
 }
 
 fn delta_update(delta: &Delta) -> Result<Arc<EncodedUpdate>, Status> {
     let payload = encode_delta(delta).map_err(internal)?;
+    crate::telemetry::metrics::snapshot_encoded(crate::telemetry::metrics::SNAPSHOT_DELTA, payload.len());
     Ok(Arc::new(EncodedUpdate { kind: UpdateKind::Delta, version: delta.version, base: Some(delta.base), payload }))
 }
 
