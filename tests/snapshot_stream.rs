@@ -326,6 +326,29 @@ async fn a_deposed_leader_ends_streams_and_refuses_subscriptions() {
     assert!(st.reconnects >= 1, "{st:?}");
 }
 
+#[tokio::test]
+async fn a_delta_on_another_base_makes_the_frontend_ask_for_a_full_snapshot() {
+    // Two servers claiming the same term cannot happen with a working election; here it makes the
+    // leader send deltas whose base the frontend does not hold.
+    let a = Leader::start(ServerSettings::default()).await;
+    let b = Leader::start(ServerSettings::default()).await;
+    let all = names("svc", 8);
+    a.publish(Version::new(1, 7), &state_of(&all, 1));
+    b.publish(Version::new(1, 5), &state_of(&all[1..], 1));
+    let mut fe = Frontend::start(Some(a.info(1)));
+    fe.wait_held(Version::new(1, 7)).await;
+    fe.leader.send_replace(Some(b.info(1)));
+    fe.wait("connected to b", |s| s.connected && s.leader.as_ref().is_some_and(|l| l.addr == b.addr.to_string())).await;
+    // Older than what the frontend holds: skipped.
+    b.publish(Version::new(1, 6), &state_of(&all[2..], 1));
+    // Newer, but a delta on 1.6: the frontend asks for a full snapshot and applies that.
+    let last = b.publish(Version::new(1, 8), &state_of(&all[3..], 1));
+    let st = fe.wait_held(Version::new(1, 8)).await;
+    assert_eq!(st.fulls_applied, 2, "{st:?}");
+    assert!(st.resyncs >= 1, "{st:?}");
+    assert_same(&fe.current(), &last);
+}
+
 /// Waits until the server has recorded `v`.
 async fn wait_server_latest(server: &SnapshotServer, v: Version) {
     let deadline = tokio::time::Instant::now() + TIMEOUT;
