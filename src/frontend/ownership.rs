@@ -7,7 +7,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::membership::Members;
-use crate::ownership::{ProxyKey, Ring, RingSettings};
+use crate::ownership::{Ownership, ProxyHashing, ProxyKey};
 use crate::telemetry::metrics::METRICS;
 use crate::xds::status::ConnectionRegistry;
 
@@ -35,7 +35,7 @@ pub async fn track(
     loop {
         let current = members.borrow_and_update().clone();
         METRICS.members.set(i64::try_from(current.len()).unwrap_or(i64::MAX));
-        let ring = Ring::new(current.ids().map(str::to_string), RingSettings::default()).ok();
+        let ring = Ownership::new(current.ids().map(str::to_string), ProxyHashing::default()).ok();
         let mut s = OwnershipSummary { members: current.len(), ..Default::default() };
         for conn in connections.snapshot() {
             let key = proxy_key.of(&conn.proxy);
