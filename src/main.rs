@@ -12,6 +12,7 @@ use meshpilot::config::source::files::parse_tree;
 use meshpilot::frontend::FrontendSettings;
 use meshpilot::ingest::DebounceSettings;
 use meshpilot::standalone::{self, StandaloneSettings};
+use meshpilot::telemetry::{init_logging, Role};
 
 /// meshpilot: an Istio-compatible, horizontally scalable xDS control plane.
 #[derive(Parser)]
@@ -151,8 +152,10 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 fn main() -> ExitCode {
-    meshpilot::telemetry::init_logging();
     let cli = Cli::parse();
+    // The serving commands set up telemetry themselves, once they know their id.
+    let serving = matches!(cli.command, Command::Standalone(_) | Command::Ingest(_) | Command::Frontend(_));
+    let _telemetry = (!serving).then(|| init_logging(Role::Tool, "meshpilot"));
     match cli.command {
         Command::Version => {
             println!("meshpilot {}", env!("CARGO_PKG_VERSION"));
@@ -209,6 +212,8 @@ fn default_id(role: &str) -> String {
 }
 
 fn run_ingest(args: IngestArgs) -> anyhow::Result<()> {
+    let id = args.id.unwrap_or_else(|| default_id("ingest"));
+    let _telemetry = init_logging(Role::Ingest, &id);
     let settings = meshpilot::ingest::node::IngestNodeSettings {
         etcd_endpoints: args.etcd_endpoints,
         config_dir: args.config_dir,
@@ -216,7 +221,7 @@ fn run_ingest(args: IngestArgs) -> anyhow::Result<()> {
         snapshot_addr: args.snapshot_addr,
         advertise_addr: args.advertise_addr.unwrap_or_else(|| args.snapshot_addr.to_string()),
         admin_addr: args.admin_addr,
-        id: args.id.unwrap_or_else(|| default_id("ingest")),
+        id,
         lease_ttl: Duration::from_secs(args.lease_ttl.max(2)),
         debounce: DebounceSettings { after: args.debounce_after, max: args.debounce_max },
     };
@@ -225,6 +230,7 @@ fn run_ingest(args: IngestArgs) -> anyhow::Result<()> {
 
 fn run_frontend(args: FrontendArgs) -> anyhow::Result<()> {
     let id = args.id.unwrap_or_else(|| default_id("frontend"));
+    let _telemetry = init_logging(Role::Frontend, &id);
     let settings = meshpilot::frontend::node::FrontendNodeSettings {
         etcd_endpoints: args.etcd_endpoints,
         frontend: FrontendSettings {
@@ -244,6 +250,7 @@ fn run_frontend(args: FrontendArgs) -> anyhow::Result<()> {
 }
 
 fn run_standalone(args: StandaloneArgs) -> anyhow::Result<()> {
+    let _telemetry = init_logging(Role::Standalone, &default_id("standalone"));
     let settings = StandaloneSettings {
         config_dir: args.config_dir,
         mesh_config: args.mesh_config,

@@ -1,0 +1,382 @@
+//! OTLP/gRPC export of traces and metrics, configured only by the standard OpenTelemetry
+//! environment variables, and off when no endpoint is set.
+//!
+//! | variable | effect |
+//! | --- | --- |
+//! | `OTEL_EXPORTER_OTLP_ENDPOINT` | collector for both signals, e.g. `http://127.0.0.1:4317` (plaintext gRPC) |
+//! | `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, `..._METRICS_ENDPOINT` | per signal, override the above |
+//! | `OTEL_EXPORTER_OTLP_HEADERS` (`..._TRACES_`/`..._METRICS_`) | `key=value,...` sent with every export |
+//! | `OTEL_EXPORTER_OTLP_TIMEOUT` (`..._TRACES_`/`..._METRICS_`) | export timeout in ms (default 10000) |
+//! | `OTEL_TRACES_EXPORTER`, `OTEL_METRICS_EXPORTER` | `none` turns that signal off; `otlp` is the only exporter |
+//! | `OTEL_SDK_DISABLED` | `true` turns both off |
+//! | `OTEL_SERVICE_NAME` | `service.name` (default `meshpilot`) |
+//! | `OTEL_RESOURCE_ATTRIBUTES` | extra resource attributes; they win over meshpilot's own |
+//! | `OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG` | sampler (default `parentbased_always_on`) |
+//! | `OTEL_BSP_SCHEDULE_DELAY`, `OTEL_BSP_*` | span batching (default: every 5 s) |
+//! | `OTEL_METRIC_EXPORT_INTERVAL` | metrics export interval in ms (default 60000) |
+//!
+//! **Resource.** `service.name`, `service.version`, `service.instance.id` (the node id),
+//! `meshpilot.role` (`standalone`, `ingest` or `frontend`) and, where known, `meshpilot.term`.
+//! An OpenTelemetry SDK resource never changes after start-up, and a term does (elections), so:
+//! the traces' resource carries the term only when it is fixed at start (standalone: 1); every push
+//! span carries the snapshot version (`meshpilot.version`, whose first part is the term); and the
+//! metrics' resource is rebuilt at every export with the current term (the leader's term on an
+//! ingest node while it leads, the followed term on a frontend).
+//!
+//! **Metrics.** The Prometheus registry behind `/metrics` is the only source: every export gathers
+//! it and converts each family to its OTLP form (counter → monotonic cumulative sum, gauge → gauge,
+//! histogram → cumulative explicit-bucket histogram with the same bounds), keeping names, labels and
+//! buckets exactly as `/metrics` shows them; units are left empty so no exporter appends suffixes.
+//! A collector that re-exposes them to Prometheus must not add suffixes either (see
+//! `deploy/observability/`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::KeyValue;
+use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_sdk::resource::{EnvResourceDetector, TelemetryResourceDetector};
+use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
+use opentelemetry_sdk::Resource;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use super::metrics::METRICS;
+use super::otlp_metrics::MetricsExporter;
+use super::Role;
+
+/// The `meshpilot.role` resource attribute.
+pub const ROLE_ATTRIBUTE: &str = "meshpilot.role";
+/// The `meshpilot.term` resource attribute.
+pub const TERM_ATTRIBUTE: &str = "meshpilot.term";
+/// The tracer (instrumentation scope) name of meshpilot's spans and metrics.
+pub const SCOPE: &str = "meshpilot";
+
+/// Timeout of the final flush at exit.
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why an exporter could not be set up (the process then runs without it).
+#[derive(Debug, thiserror::Error)]
+pub enum OtlpError {
+    /// The exporter runtime could not start.
+    #[error("starting the telemetry runtime: {0}")]
+    Runtime(#[from] std::io::Error),
+    /// The trace exporter could not be built.
+    #[error("trace exporter: {0}")]
+    Traces(#[from] opentelemetry_otlp::ExporterBuildError),
+    /// The metrics endpoint is not a valid URI.
+    #[error("metrics endpoint {endpoint:?}: {source}")]
+    MetricsEndpoint {
+        /// The endpoint.
+        endpoint: String,
+        /// Cause.
+        source: tonic::transport::Error,
+    },
+}
+
+/// Export settings read from the environment.
+#[derive(Debug, Clone, Default)]
+pub struct OtlpSettings {
+    /// Where traces go (`None`: not exported).
+    pub traces_endpoint: Option<String>,
+    /// Where metrics go (`None`: not exported).
+    pub metrics_endpoint: Option<String>,
+    /// Headers sent with metrics exports.
+    pub metrics_headers: Vec<(String, String)>,
+    /// Metrics export interval.
+    pub metrics_interval: Duration,
+    /// Metrics export timeout.
+    pub metrics_timeout: Duration,
+    /// Problems found in the variables (logged once logging is up).
+    pub warnings: Vec<String>,
+}
+
+impl OtlpSettings {
+    /// Reads the standard OpenTelemetry variables.
+    pub fn from_env() -> OtlpSettings {
+        let mut warnings = Vec::new();
+        let disabled = var("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let mut signal = |name: &str, selector: &str| {
+            let exporter = var(selector).unwrap_or_else(|| "otlp".into());
+            if disabled || exporter == "none" {
+                return None;
+            }
+            if exporter != "otlp" {
+                warnings.push(format!("{selector}={exporter} is not supported; using otlp"));
+            }
+            let upper = name.to_ascii_uppercase();
+            let protocol =
+                var(&format!("OTEL_EXPORTER_OTLP_{upper}_PROTOCOL")).or_else(|| var("OTEL_EXPORTER_OTLP_PROTOCOL"));
+            if let Some(p) = protocol.filter(|p| p != "grpc") {
+                warnings.push(format!("OTLP protocol {p:?} for {name} is not supported; using grpc"));
+            }
+            var(&format!("OTEL_EXPORTER_OTLP_{upper}_ENDPOINT"))
+                .or_else(|| var("OTEL_EXPORTER_OTLP_ENDPOINT"))
+                .map(|e| with_scheme(&e))
+        };
+        let traces_endpoint = signal("traces", "OTEL_TRACES_EXPORTER");
+        let metrics_endpoint = signal("metrics", "OTEL_METRICS_EXPORTER");
+        let millis = |names: &[&str], default: u64, warnings: &mut Vec<String>| {
+            let Some((name, text)) = names.iter().find_map(|n| var(n).map(|v| (*n, v))) else {
+                return Duration::from_millis(default);
+            };
+            match text.parse::<u64>() {
+                Ok(ms) if ms > 0 => Duration::from_millis(ms),
+                _ => {
+                    warnings.push(format!("{name}={text:?} is not a positive number of milliseconds; using {default}"));
+                    Duration::from_millis(default)
+                }
+            }
+        };
+        let metrics_interval = millis(&["OTEL_METRIC_EXPORT_INTERVAL"], 60_000, &mut warnings);
+        let metrics_timeout =
+            millis(&["OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"], 10_000, &mut warnings);
+        let metrics_headers = var("OTEL_EXPORTER_OTLP_METRICS_HEADERS")
+            .or_else(|| var("OTEL_EXPORTER_OTLP_HEADERS"))
+            .map(|h| parse_headers(&h))
+            .unwrap_or_default();
+        OtlpSettings { traces_endpoint, metrics_endpoint, metrics_headers, metrics_interval, metrics_timeout, warnings }
+    }
+}
+
+/// A non-empty environment variable.
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
+}
+
+/// An endpoint as tonic wants it: `host:port` gets `http://` (plaintext gRPC).
+fn with_scheme(endpoint: &str) -> String {
+    if endpoint.contains("://") {
+        endpoint.to_string()
+    } else {
+        format!("http://{endpoint}")
+    }
+}
+
+/// `key=value,key2=value2` (W3C baggage-like, as the OTLP exporter spec has it).
+fn parse_headers(text: &str) -> Vec<(String, String)> {
+    text.split(',')
+        .filter_map(|pair| pair.split_once('='))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .filter(|(k, _)| !k.is_empty())
+        .collect()
+}
+
+/// Who this process is, for the resource attributes.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    /// Role.
+    pub role: Role,
+    /// Node id (`service.instance.id`).
+    pub id: String,
+}
+
+impl Identity {
+    /// The resource of this process: meshpilot's attributes, then the SDK's and the environment's on
+    /// top (so `OTEL_RESOURCE_ATTRIBUTES` and `OTEL_SERVICE_NAME` win), with `term` if given.
+    pub fn resource(&self, term: Option<u64>) -> Resource {
+        let mut own = vec![
+            KeyValue::new("service.name", "meshpilot"),
+            KeyValue::new("service.version", env!("CARGO_PKG_VERSION")),
+            KeyValue::new("service.instance.id", self.id.clone()),
+            KeyValue::new(ROLE_ATTRIBUTE, self.role.as_str()),
+        ];
+        if let Some(term) = term {
+            own.push(KeyValue::new(TERM_ATTRIBUTE, i64::try_from(term).unwrap_or(i64::MAX)));
+        }
+        let builder = Resource::builder_empty()
+            .with_attributes(own)
+            .with_detector(Box::new(TelemetryResourceDetector))
+            .with_detector(Box::new(EnvResourceDetector::new()));
+        match var("OTEL_SERVICE_NAME") {
+            Some(name) => builder.with_service_name(name).build(),
+            None => builder.build(),
+        }
+    }
+
+    /// The term this process is in now, as its metrics know it: fixed 1 standalone, the term it
+    /// leads on an ingest node (none while standby), the term it follows on a frontend.
+    pub fn current_term(&self) -> Option<u64> {
+        let positive = |v: i64| u64::try_from(v).ok().filter(|t| *t > 0);
+        match self.role {
+            Role::Standalone => Some(1),
+            Role::Ingest if METRICS.is_leader.get() == 1 => positive(METRICS.leader_term.get()),
+            Role::Frontend => positive(METRICS.followed_term.get()),
+            Role::Ingest | Role::Tool => None,
+        }
+    }
+}
+
+/// Running telemetry export; flushes and stops on drop.
+pub struct Telemetry {
+    tracer_provider: SdkTracerProvider,
+    traces_exported: bool,
+    metrics: Option<(watch::Sender<bool>, tokio::task::JoinHandle<()>)>,
+    runtime: Option<tokio::runtime::Runtime>,
+    settings: OtlpSettings,
+    errors: Vec<String>,
+}
+
+/// Nanoseconds since the epoch at which this process started (start of cumulative metrics).
+pub(super) fn process_start_nanos() -> u64 {
+    static START: AtomicU64 = AtomicU64::new(0);
+    let now = unix_nanos(SystemTime::now());
+    match START.compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed) {
+        Ok(_) => now,
+        Err(earlier) => earlier,
+    }
+}
+
+/// Nanoseconds since the epoch.
+pub(super) fn unix_nanos(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH).map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)).unwrap_or(0)
+}
+
+impl Telemetry {
+    /// No export; spans still get ids.
+    pub fn disabled() -> Telemetry {
+        Telemetry {
+            tracer_provider: SdkTracerProvider::builder().build(),
+            traces_exported: false,
+            metrics: None,
+            runtime: None,
+            settings: OtlpSettings::default(),
+            errors: Vec::new(),
+        }
+    }
+
+    /// Starts the exporters the environment asks for, on a small runtime of their own (so they work
+    /// before and after the process's main runtime, and flush at exit).
+    pub fn start(role: Role, id: &str) -> Telemetry {
+        process_start_nanos();
+        let settings = OtlpSettings::from_env();
+        let identity = Identity { role, id: id.to_string() };
+        let static_term = (role == Role::Standalone).then_some(1);
+        let mut telemetry = Telemetry::disabled();
+        telemetry.settings = settings.clone();
+        let runtime = if settings.traces_endpoint.is_some() || settings.metrics_endpoint.is_some() {
+            match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("meshpilot-otlp")
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => Some(rt),
+                Err(e) => {
+                    telemetry.errors.push(OtlpError::Runtime(e).to_string());
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let mut provider = SdkTracerProvider::builder().with_resource(identity.resource(static_term));
+        if let (Some(rt), Some(endpoint)) = (&runtime, &settings.traces_endpoint) {
+            // The tonic channel spawns its connection task on the runtime entered here.
+            let _entered = rt.enter();
+            match opentelemetry_otlp::SpanExporter::builder().with_tonic().with_endpoint(endpoint.clone()).build() {
+                Ok(exporter) => {
+                    provider = provider.with_batch_exporter(exporter);
+                    telemetry.traces_exported = true;
+                }
+                Err(e) => telemetry.errors.push(format!("{endpoint}: {}", OtlpError::Traces(e))),
+            }
+        }
+        telemetry.tracer_provider = provider.build();
+        opentelemetry::global::set_tracer_provider(telemetry.tracer_provider.clone());
+        if let (Some(rt), Some(endpoint)) = (&runtime, &settings.metrics_endpoint) {
+            let _entered = rt.enter();
+            match MetricsExporter::new(endpoint, &settings, identity) {
+                Ok(exporter) => {
+                    let (stop_tx, stop_rx) = watch::channel(false);
+                    let task = rt.spawn(exporter.run(settings.metrics_interval, stop_rx));
+                    telemetry.metrics = Some((stop_tx, task));
+                }
+                Err(e) => telemetry.errors.push(e.to_string()),
+            }
+        }
+        telemetry.runtime = runtime;
+        telemetry
+    }
+
+    /// The tracer for the `tracing` bridge.
+    pub fn tracer(&self) -> SdkTracer {
+        self.tracer_provider.tracer(SCOPE)
+    }
+
+    /// Logs what is exported where, and any configuration problem (call once logging is up).
+    pub fn log_configuration(&self) {
+        for w in &self.settings.warnings {
+            warn!("OpenTelemetry: {w}");
+        }
+        for e in &self.errors {
+            warn!("OpenTelemetry export disabled: {e}");
+        }
+        info!(
+            traces = self.traces_exported.then_some(self.settings.traces_endpoint.as_deref()).flatten().unwrap_or("off"),
+            metrics = self
+                .metrics
+                .as_ref()
+                .and(self.settings.metrics_endpoint.as_deref())
+                .unwrap_or("off"),
+            metrics_interval = ?self.settings.metrics_interval,
+            "OpenTelemetry export"
+        );
+    }
+
+    /// Flushes pending spans and sends a last metrics export, then stops the exporters.
+    pub fn shutdown(&mut self) {
+        if self.traces_exported {
+            if let Err(e) = self.tracer_provider.shutdown_with_timeout(SHUTDOWN_TIMEOUT) {
+                eprintln!("meshpilot: flushing spans: {e}");
+            }
+            self.traces_exported = false;
+        }
+        if let (Some((stop, task)), Some(rt)) = (self.metrics.take(), &self.runtime) {
+            let _ = stop.send(true);
+            let _ = rt.block_on(async { tokio::time::timeout(SHUTDOWN_TIMEOUT, task).await });
+        }
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_timeout(Duration::from_secs(1));
+        }
+    }
+}
+
+impl Drop for Telemetry {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+impl std::fmt::Debug for Telemetry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Telemetry")
+            .field("traces", &self.traces_exported)
+            .field("metrics", &self.metrics.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_parse() {
+        assert_eq!(
+            parse_headers("Authorization=Bearer x, x-tenant = a ,bogus,=v"),
+            vec![("authorization".to_string(), "Bearer x".to_string()), ("x-tenant".to_string(), "a".to_string())]
+        );
+    }
+
+    #[test]
+    fn resource_names_the_process() {
+        let r = Identity { role: Role::Frontend, id: "frontend-7".into() }.resource(Some(3));
+        let get = |k: &'static str| r.get(&opentelemetry::Key::from_static_str(k)).map(|v| v.to_string());
+        assert_eq!(get("service.instance.id").as_deref(), Some("frontend-7"));
+        assert_eq!(get(ROLE_ATTRIBUTE).as_deref(), Some("frontend"));
+        assert_eq!(get(TERM_ATTRIBUTE).as_deref(), Some("3"));
+        assert!(get("service.name").is_some());
+    }
+}

@@ -1,0 +1,1 @@
+//! A push as one trace (see the next commit).
