@@ -88,6 +88,7 @@ pub async fn push_status(State(state): State<AdminState>) -> Response {
     Json(json!({
         "server": state.identity,
         "version": current,
+        "trace_id": crate::telemetry::trace::snapshot_trace_id(snap.version),
         "built_at": rfc3339ish(snap.built_at),
         "full": snap.changes.full,
         "endpoints_only": snap.changes.endpoints_only(),

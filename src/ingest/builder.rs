@@ -44,7 +44,7 @@ impl SnapshotBuilder {
                         changes.keys.insert(ChangedKey::Mesh);
                     }
                 }
-                IngestEvent::Synced | IngestEvent::Term(_) => {}
+                IngestEvent::Synced | IngestEvent::Term(_) | IngestEvent::Cause(_) => {}
             }
         }
         changes

@@ -8,7 +8,7 @@ pub mod sources;
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
-use tracing::{info, info_span, warn, Instrument};
+use tracing::{info, warn, Instrument};
 
 pub use builder::SnapshotBuilder;
 pub use debounce::{next_batch, DebounceSettings};
@@ -16,7 +16,7 @@ pub use debounce::{next_batch, DebounceSettings};
 use crate::config::{ConfigError, ConfigKey, ValidConfig};
 use crate::mesh::MeshConfig;
 use crate::snapshot::{IgnoredObject, SnapshotWriter, Version};
-use crate::telemetry::metrics;
+use crate::telemetry::{metrics, trace};
 
 /// Capacity of the source → ingest channel; sources wait (back-pressure) when ingest is behind.
 pub const EVENT_QUEUE: usize = 1024;
@@ -39,6 +39,8 @@ pub enum IngestEvent {
     Synced,
     /// A new leader term: the next snapshot starts it (version `(term, 1)`, a full snapshot).
     Term(u64),
+    /// The trace of the source event sent right after it: the snapshot it leads to joins its trace.
+    Cause(trace::EventTrace),
 }
 
 impl IngestEvent {
@@ -47,7 +49,7 @@ impl IngestEvent {
         match self {
             IngestEvent::Config(objects) => objects.len(),
             IngestEvent::Mesh(_) => 1,
-            IngestEvent::Status { .. } | IngestEvent::Synced | IngestEvent::Term(_) => 0,
+            IngestEvent::Status { .. } | IngestEvent::Synced | IngestEvent::Term(_) | IngestEvent::Cause(_) => 0,
         }
     }
 }
@@ -64,8 +66,11 @@ pub async fn run(
     let mut builder = SnapshotBuilder::default();
     let mut synced = false;
     let mut version = Version::new(term, 0);
+    let mut causes = Vec::new();
     // Term changes arrive as events so they are debounced and ordered with everything else.
     while let Some(batch) = next_batch(&mut events, debounce).await {
+        let batch_closed = std::time::SystemTime::now();
+        causes.extend(batch.iter().filter_map(|e| if let IngestEvent::Cause(c) = e { Some(c.clone()) } else { None }));
         metrics::inbound_config_updates(batch.iter().map(IngestEvent::config_updates).sum());
         synced |= batch.iter().any(|e| matches!(e, IngestEvent::Synced));
         let new_term = batch.iter().filter_map(|e| if let IngestEvent::Term(t) = e { Some(*t) } else { None }).max();
@@ -78,10 +83,11 @@ pub async fn run(
             continue;
         }
         version = version.next();
-        let span = info_span!("snapshot_build", version = %version);
+        let span = trace::snapshot_build(version, &std::mem::take(&mut causes), batch_closed);
         let started = std::time::Instant::now();
         let snapshot = span.in_scope(|| builder.build(version, changes));
         metrics::snapshot_built(&snapshot, started.elapsed());
+        trace::register_snapshot(version, &span);
         async {
             info!(
                 version = %snapshot.version,

@@ -36,7 +36,9 @@ pub async fn watch_mesh_config(path: PathBuf, events: mpsc::Sender<IngestEvent>)
             match MeshConfig::load(&path) {
                 Ok(mesh) if mesh.source_hash != current_hash => {
                     current_hash = mesh.source_hash;
-                    info!(path = %path.display(), "mesh config changed");
+                    let (span, cause) = crate::telemetry::trace::config_event("mesh", 1);
+                    span.in_scope(|| info!(path = %path.display(), "mesh config changed"));
+                    let _ = events.send(IngestEvent::Cause(cause)).await;
                     if events.send(IngestEvent::Mesh(Arc::new(mesh))).await.is_err() {
                         return;
                     }

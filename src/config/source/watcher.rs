@@ -222,7 +222,11 @@ async fn send(events: &mpsc::Sender<IngestEvent>, rescan: Rescan, state: &DirSta
         }
     }
     if !rescan.changes.is_empty() {
-        info!(changed = rescan.changes.len(), "config changed");
+        let (span, cause) = crate::telemetry::trace::config_event("file", rescan.changes.len());
+        span.in_scope(|| info!(changed = rescan.changes.len(), "config changed"));
+        if events.send(IngestEvent::Cause(cause)).await.is_err() {
+            return false;
+        }
         return events.send(IngestEvent::Config(rescan.changes)).await.is_ok();
     }
     true

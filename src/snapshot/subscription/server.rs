@@ -1,6 +1,5 @@
 //! The leader side: a gRPC `SnapshotService` that streams the ingest's snapshots to frontends.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,6 +16,7 @@ use crate::snapshot::wire::proto::snapshot_service_server::{SnapshotService, Sna
 use crate::snapshot::wire::proto::{SnapshotChunk, SubscribeRequest};
 use crate::snapshot::wire::version_from_wire;
 use crate::snapshot::{SnapshotReader, Version};
+use crate::telemetry::trace;
 
 /// Message of the UNAVAILABLE status a deposed (or never elected) leader answers with.
 pub const NOT_LEADER: &str = "not the leader";
@@ -138,8 +138,8 @@ async fn feed(shared: Arc<Shared>, mut sent: Option<Version>, tx: mpsc::Sender<R
             };
             let latest = current.latest_version().unwrap_or(update.version);
             debug!(version = %update.version, kind = ?update.kind, bytes = update.payload.len(), "sending update");
-            // Tracing work will fill in the build span's context here.
-            for chunk in update.chunks(latest, HashMap::new()) {
+            // The build's W3C trace context, so the frontend's apply continues the push's trace.
+            for chunk in update.chunks(latest, trace::inject(update.version)) {
                 tokio::select! {
                     biased;
                     _ = deposed(&mut is_leader) => return,

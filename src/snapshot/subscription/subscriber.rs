@@ -14,6 +14,7 @@ use crate::snapshot::wire::proto::snapshot_service_client::SnapshotServiceClient
 use crate::snapshot::wire::proto::{SubscribeRequest, UpdateKind};
 use crate::snapshot::wire::{version_to_wire, Assembler, EncodedUpdate, WireError};
 use crate::snapshot::{SnapshotWriter, Version};
+use crate::telemetry::trace;
 
 /// Where the leader is, as the election reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -220,11 +221,15 @@ impl Session<'_> {
             if let Some(latest) = done.leader_latest {
                 self.sub.status.send_modify(|s| s.leader_latest = Some(latest));
             }
-            self.handle(done.update).await?;
+            self.handle(done.update, &done.trace_context).await?;
         }
     }
 
-    async fn handle(&mut self, update: EncodedUpdate) -> Result<(), SubscribeError> {
+    async fn handle(
+        &mut self,
+        update: EncodedUpdate,
+        trace_context: &HashMap<String, String>,
+    ) -> Result<(), SubscribeError> {
         let version = update.version;
         match self.held.check(&update) {
             Verdict::Apply => {}
@@ -245,14 +250,19 @@ impl Session<'_> {
         let state = self.held.state.clone();
         let had_state = self.held.version.is_some();
         let kind = update.kind;
+        let span = trace::snapshot_apply(version, kind.as_str_name(), trace_context);
         let (state, snapshot) = tokio::task::spawn_blocking(move || prepare(state, had_state, &update))
+            .instrument(span.clone())
             .await
             .map_err(|_| SubscribeError::Apply(version))??;
         let snapshot = std::sync::Arc::new(snapshot);
-        info!(%version, ?kind, full = snapshot.changes.full, changed = snapshot.changes.keys.len(), "snapshot applied");
-        if let Err(e) = self.sub.writer.publish(snapshot) {
-            warn!(error = %e, "snapshot not published");
-        }
+        span.in_scope(|| {
+            info!(%version, ?kind, full = snapshot.changes.full, changed = snapshot.changes.keys.len(), "snapshot applied");
+            trace::register_snapshot(version, &span);
+            if let Err(e) = self.sub.writer.publish(snapshot) {
+                warn!(error = %e, "snapshot not published");
+            }
+        });
         self.held.commit(version, state);
         *self.backoff = self.sub.settings.backoff_min;
         let highest = self.held.highest_term;
