@@ -5,8 +5,8 @@
 //!   their keys, service accounts, RBAC, the HPA target;
 //! - meshpilot containers (and `deploy/local/run-local.sh`) use only the CLI's flags;
 //! - the Envoy bootstraps pass `envoy --mode validate`;
-//! - the load balancers hash proxies as the frontends' ownership ring does: statically, and for
-//!   Kubernetes end to end, with a real Envoy resolving a stub DNS name to several frontends.
+//! - the load balancers hash proxies as the frontends' ownership (Maglev) does: statically, and
+//!   for Kubernetes end to end, with a real Envoy resolving a stub DNS name to several frontends.
 
 mod support;
 
@@ -28,7 +28,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Ro
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use meshpilot::config::parse::Document;
-use meshpilot::ownership::{Ring, RingSettings, PROXY_KEY_HEADER};
+use meshpilot::ownership::{Maglev, MaglevSettings, Ownership, ProxyHashing, PROXY_KEY_HEADER};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -51,8 +51,6 @@ const FRONTEND_FLAGS: &[&str] =
 const PROXY_KEYS: &[&str] = &["namespace-service-account", "node-id"];
 /// The image name meshpilot containers use in the manifests (kustomize `images` rewrites it).
 const MESHPILOT_IMAGE: &str = "meshpilot";
-/// Up to this many frontends, Envoy's ring gives every host the same number of entries.
-const ORDER_FREE_MEMBERS: usize = 64;
 
 // ---------------------------------------------------------------------------------------------
 // Loading
@@ -1151,7 +1149,7 @@ fn warn_if_image_differs(envoy: &Path) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The load balancers and the frontends' ring
+// The load balancers and the frontends' ownership
 
 /// The element of `array` (a JSON array at `what`) whose `name` is `name`.
 fn named<'a>(array: &'a Value, name: &str, what: &str) -> &'a Value {
@@ -1168,7 +1166,8 @@ fn http_connection_manager<'a>(bootstrap: &'a Value, name: &str, what: &str) -> 
 }
 
 /// Problems of a load balancer bootstrap's hashing: the route hashes the proxy-key header into
-/// cluster `frontends`, a RING_HASH cluster with meshpilot's ring sizes.
+/// cluster `frontends`, a MAGLEV cluster with meshpilot's table size: the algorithm and size
+/// the frontends compute ownership with (`Ownership::new(ids, ProxyHashing::default())`).
 fn hashing_problems(bootstrap: &Value, what: &str) -> Vec<String> {
     let mut problems = Vec::new();
     let hcm = http_connection_manager(bootstrap, "xds", what);
@@ -1183,16 +1182,22 @@ fn hashing_problems(bootstrap: &Value, what: &str) -> Vec<String> {
         problems.push("ADS streams need route timeout 0s and stream_idle_timeout 0s".into());
     }
     let cluster = named(&bootstrap["static_resources"]["clusters"], "frontends", what);
-    if cluster["lb_policy"] != "RING_HASH" {
-        problems.push(format!("lb_policy {} is not RING_HASH", cluster["lb_policy"]));
+    // The frontends compute ownership with the default hashing: the LB must use that algorithm.
+    if ProxyHashing::default() != ProxyHashing::Maglev {
+        problems.push(format!("the frontends hash by {:?}, this checks for Maglev", ProxyHashing::default()));
     }
-    let ring = RingSettings::default();
-    let sizes = json!({"minimum_ring_size": ring.minimum_ring_size, "maximum_ring_size": ring.maximum_ring_size});
-    if cluster["ring_hash_lb_config"] != sizes {
-        problems.push(format!("ring_hash_lb_config {} is not meshpilot's {sizes}", cluster["ring_hash_lb_config"]));
+    if cluster["lb_policy"] != "MAGLEV" {
+        problems.push(format!("lb_policy {} is not MAGLEV", cluster["lb_policy"]));
+    }
+    if !cluster["load_balancing_policy"].is_null() {
+        problems.push("load_balancing_policy would override lb_policy MAGLEV".into());
+    }
+    let size = json!({"table_size": MaglevSettings::default().table_size});
+    if cluster["maglev_lb_config"] != size {
+        problems.push(format!("maglev_lb_config {} is not meshpilot's {size}", cluster["maglev_lb_config"]));
     }
     if !cluster["common_lb_config"].is_null() {
-        problems.push("common_lb_config (hostname hashing, locality weights...) changes the ring".into());
+        problems.push("common_lb_config (hostname hashing, locality weights...) changes the table".into());
     }
     problems.into_iter().map(|p| format!("{what}: {p}")).collect()
 }
@@ -1330,17 +1335,11 @@ fn local_load_balancer_hashes_the_frontend_ids_run_local_starts() {
     }
     let cluster = named(&lb["static_resources"]["clusters"], "frontends", &what);
     let mut endpoints = BTreeMap::new();
-    let mut order = Vec::new();
     for e in cluster["load_assignment"]["endpoints"][0]["lb_endpoints"].as_array().into_iter().flatten() {
         let id = e["metadata"]["filter_metadata"]["envoy.lb"]["hash_key"].as_str().unwrap_or_default().to_string();
         let port =
             e["endpoint"]["address"]["socket_address"]["port_value"].as_u64().and_then(|p| u16::try_from(p).ok());
-        order.push(id.clone());
         endpoints.insert(id, port);
-    }
-    if !order.is_sorted() {
-        problems
-            .push(format!("{what}: endpoints must be in member-id order, as the frontends order members: {order:?}"));
     }
     if endpoints != frontends {
         problems
@@ -1370,47 +1369,29 @@ fn run_local_script_is_valid_bash_and_starts_every_component() {
     assert_eq!(count, BTreeMap::from([("frontend".to_string(), 2), ("ingest".to_string(), 3)]), "meshpilot processes");
 }
 
-/// Ring entries each host position gets, by Envoy's arithmetic (equal weights, one priority):
-/// hosts are walked in order and add entries while the running count is below a running target.
-fn entries_per_position(hosts: usize, settings: RingSettings) -> Vec<u64> {
-    let weight = 1.0 / hosts as f64;
-    let scale = ((weight * settings.minimum_ring_size as f64).ceil() / weight).min(settings.maximum_ring_size as f64);
-    let (mut current, mut target) = (0.0_f64, 0.0_f64);
-    let mut counts = Vec::new();
-    for _ in 0..hosts {
-        target += scale * weight;
-        let mut n = 0;
-        while current < target {
-            n += 1;
-            current += 1.0;
-        }
-        counts.push(n);
-    }
-    counts
-}
-
 #[test]
-fn the_ring_does_not_depend_on_dns_answer_order_within_the_autoscaler_range() {
-    // Envoy orders strict-DNS hosts as DNS answers; meshpilot orders members by id. The rings
-    // agree anyway if every position gets the same number of entries (each host's entries hash
-    // only its own key).
-    let settings = RingSettings::default();
-    for hosts in 1..=ORDER_FREE_MEMBERS {
-        let counts = entries_per_position(hosts, settings);
-        assert!(counts.iter().all(|&c| c == counts[0]), "{hosts} hosts: entries per position {counts:?}");
-        let ids = (0..hosts).map(|i| format!("10.0.{}.{}:15010", i / 200, i % 200));
-        let ring = Ring::new(ids, settings).expect("ring");
-        assert_eq!(ring.len() as u64, counts.iter().sum::<u64>(), "{hosts} hosts: this arithmetic is not Ring's");
-    }
+fn ownership_does_not_depend_on_dns_answer_order_within_the_autoscaler_range() {
+    // Envoy lists strict-DNS hosts as DNS answers, meshpilot lists members by id. Maglev sorts
+    // hosts by hash key before filling its table, so any order gives the same table.
     let base = load_base();
-    for m in &base.manifests {
-        if let Object::Hpa(hpa) = &m.object {
-            let max = hpa.spec.as_ref().map_or(0, |s| s.max_replicas);
-            assert!(
-                usize::try_from(max).is_ok_and(|m| m <= ORDER_FREE_MEMBERS),
-                "{}: maxReplicas {max} > {ORDER_FREE_MEMBERS}: check the ring's order independence further",
-                m.at()
-            );
+    let max: Vec<usize> = base
+        .manifests
+        .iter()
+        .filter_map(|m| if let Object::Hpa(hpa) = &m.object { hpa.spec.as_ref() } else { None })
+        .map(|spec| usize::try_from(spec.max_replicas).expect("maxReplicas"))
+        .collect();
+    assert!(!max.is_empty(), "no HorizontalPodAutoscaler for the frontends");
+    for hosts in 1..=max.into_iter().max().unwrap_or(0) {
+        // Sorted ids, as membership lists them ("10.0.0.10:15010" sorts before "10.0.0.2:15010").
+        let mut ids: Vec<String> = (0..hosts).map(|i| format!("10.0.{}.{}:15010", i / 200, 2 + i % 200)).collect();
+        ids.sort();
+        let by_id = Ownership::new(ids.clone(), ProxyHashing::default()).expect("ownership");
+        let reversed: Vec<String> = ids.iter().rev().cloned().collect();
+        let mut rotated = ids.clone();
+        rotated.rotate_left(hosts / 2);
+        for order in [reversed, rotated] {
+            let by_dns = Ownership::new(order.clone(), ProxyHashing::default()).expect("ownership");
+            assert_eq!(by_dns, by_id, "{hosts} hosts: the table differs for ids in DNS order {order:?}");
         }
     }
 }
@@ -1542,14 +1523,24 @@ async fn kubernetes_load_balancer_routes_each_key_to_the_frontend_owning_it() {
         .static_listener(listener)
         .start();
     envoy.wait_ready(STARTUP_TIMEOUT).await;
-    let ring = Ring::new(ids.clone(), RingSettings::default()).expect("ring");
+    // What the frontends compute, and its table for Envoy's gauges of slots per host.
+    let ownership = Ownership::new(ids.clone(), ProxyHashing::default()).expect("ownership");
+    let maglev = Maglev::new(ids.clone(), MaglevSettings::default()).expect("maglev");
+    assert_eq!(ownership, Ownership::from(maglev.clone()), "the frontends' default hashing is Maglev");
+    let min = maglev.counts().iter().min().copied();
+    let max = maglev.counts().iter().max().copied();
     let resolved = envoy
         .wait_for(STARTUP_TIMEOUT, async |e| {
             e.stat("cluster.frontends.membership_total").await == Some(3)
-                && e.stat("cluster.frontends.ring_hash_lb.size").await == Some(ring.len() as u64)
+                && e.stat("cluster.frontends.maglev_lb.min_entries_per_host").await == min
+                && e.stat("cluster.frontends.maglev_lb.max_entries_per_host").await == max
         })
         .await;
-    assert!(resolved, "Envoy did not resolve {NAME} to 3 hosts with a ring of {}; log:\n{}", ring.len(), envoy.logs());
+    assert!(
+        resolved,
+        "Envoy did not resolve {NAME} to 3 hosts with a Maglev table of {min:?}..{max:?} slots per host; log:\n{}",
+        envoy.logs()
+    );
 
     let client = http_client();
     let url = format!("http://127.0.0.1:{listen_port}/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources");
@@ -1562,8 +1553,8 @@ async fn kubernetes_load_balancer_routes_each_key_to_the_frontend_owning_it() {
             .unwrap_or_else(|e| panic!("request with key {key}: {e}"));
         let backend = resp.header("x-backend").unwrap_or_else(|| panic!("key {key}: no x-backend ({})", resp.status));
         used.insert(backend.to_string());
-        if ring.owner(&key) != Some(backend) {
-            disagreements.push(format!("{key}: Envoy chose {backend}, the frontends' ring {:?}", ring.owner(&key)));
+        if ownership.owner(&key) != Some(backend) {
+            disagreements.push(format!("{key}: Envoy chose {backend}, the frontends {:?}", ownership.owner(&key)));
         }
     }
     assert!(disagreements.is_empty(), "{} of 300 keys disagree:\n{}", disagreements.len(), disagreements.join("\n"));
