@@ -43,6 +43,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+pub mod cluster;
 /// Istio YAML, proxies and readers for the Envoy routing tests.
 pub mod mesh;
 
