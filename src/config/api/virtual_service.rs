@@ -303,6 +303,33 @@ pub struct FaultDelay {
     pub percent: Option<i32>,
 }
 
+/// gRPC status names in code order: what `fault.abort.grpcStatus` may name.
+pub const GRPC_STATUS_NAMES: [&str; 17] = [
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+];
+
+/// The code of a gRPC status given by name (any case) or number.
+pub fn grpc_status_code(name: &str) -> Option<u32> {
+    let upper = name.to_ascii_uppercase();
+    GRPC_STATUS_NAMES.iter().position(|c| *c == upper).and_then(|i| u32::try_from(i).ok()).or_else(|| name.parse().ok())
+}
+
 /// Fault abort.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

@@ -1,6 +1,7 @@
 //! VirtualService HTTP route rules: what a route does, its matches, and its request/response policies.
 
 use crate::config::api::common::Percent;
+use crate::config::api::virtual_service::GRPC_STATUS_NAMES;
 use crate::config::api::virtual_service::{
     CorsPolicy, FaultAbort, FaultDelay, HttpDirectResponse, HttpFaultInjection, HttpMatchRequest, HttpRedirect,
     HttpRetry, HttpRewrite, HttpRoute, HttpRouteDestination,
@@ -51,27 +52,6 @@ const KNOWN_STATUS_CODES: [u16; 62] = [
     100, 101, 102, 103, 200, 201, 202, 203, 204, 205, 206, 207, 208, 226, 300, 301, 302, 303, 304, 305, 307, 308, 400,
     401, 402, 403, 404, 405, 406, 407, 408, 409, 410, 411, 412, 413, 414, 415, 416, 417, 418, 421, 422, 423, 424, 425,
     426, 428, 429, 431, 451, 500, 501, 502, 503, 504, 505, 506, 507, 508, 510, 511,
-];
-
-/// gRPC status names a fault may abort with.
-const GRPC_STATUSES: [&str; 17] = [
-    "OK",
-    "CANCELLED",
-    "UNKNOWN",
-    "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED",
-    "NOT_FOUND",
-    "ALREADY_EXISTS",
-    "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED",
-    "FAILED_PRECONDITION",
-    "ABORTED",
-    "OUT_OF_RANGE",
-    "UNIMPLEMENTED",
-    "INTERNAL",
-    "UNAVAILABLE",
-    "DATA_LOSS",
-    "UNAUTHENTICATED",
 ];
 
 /// Largest direct response body (larger ones slow every push).
@@ -292,8 +272,8 @@ fn check_abort(errors: &mut Errors, path: &str, abort: &FaultAbort) {
     if let Some(status) = abort.http_status {
         errors.check(format!("{path}.httpStatus"), check_http_status(status));
     }
-    if let Some(status) = abort.grpc_status.as_deref().filter(|s| !GRPC_STATUSES.contains(s)) {
-        errors.add(format!("{path}.grpcStatus"), unsupported(status, &GRPC_STATUSES));
+    if let Some(status) = abort.grpc_status.as_deref().filter(|s| !GRPC_STATUS_NAMES.contains(s)) {
+        errors.add(format!("{path}.grpcStatus"), unsupported(status, &GRPC_STATUS_NAMES));
     }
     if abort.http2_error.is_some() {
         errors.add(format!("{path}.http2Error"), forbidden("HTTP/2 abort fault injection not supported yet"));

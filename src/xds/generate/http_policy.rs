@@ -89,7 +89,9 @@ pub(super) fn fault(f: &HttpFaultInjection) -> Option<HttpFault> {
         let error_type = if let Some(status) = a.http_status {
             fault_abort::ErrorType::HttpStatus(clamp_u32(status))
         } else {
-            fault_abort::ErrorType::GrpcStatus(grpc_code(a.grpc_status.as_deref()?)?)
+            fault_abort::ErrorType::GrpcStatus(crate::config::api::virtual_service::grpc_status_code(
+                a.grpc_status.as_deref()?,
+            )?)
         };
         Some(FaultAbort {
             percentage: a.percentage.as_ref().map(percent_of_million),
@@ -101,30 +103,6 @@ pub(super) fn fault(f: &HttpFaultInjection) -> Option<HttpFault> {
         return None;
     }
     Some(HttpFault { delay, abort, ..Default::default() })
-}
-
-fn grpc_code(name: &str) -> Option<u32> {
-    const CODES: [&str; 17] = [
-        "OK",
-        "CANCELLED",
-        "UNKNOWN",
-        "INVALID_ARGUMENT",
-        "DEADLINE_EXCEEDED",
-        "NOT_FOUND",
-        "ALREADY_EXISTS",
-        "PERMISSION_DENIED",
-        "RESOURCE_EXHAUSTED",
-        "FAILED_PRECONDITION",
-        "ABORTED",
-        "OUT_OF_RANGE",
-        "UNIMPLEMENTED",
-        "INTERNAL",
-        "UNAVAILABLE",
-        "DATA_LOSS",
-        "UNAUTHENTICATED",
-    ];
-    let upper = name.to_ascii_uppercase();
-    CODES.iter().position(|c| *c == upper).map(|i| i as u32).or_else(|| name.parse().ok())
 }
 
 /// Istio's CORS policy → Envoy's per-route CORS policy (enabled for 100% of requests).
