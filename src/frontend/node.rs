@@ -107,6 +107,9 @@ async fn export_subscriber_metrics(mut status: watch::Receiver<SubscriberStatus>
             .snapshot_stream_reconnects
             .inc_by(s.reconnects.saturating_sub(METRICS.snapshot_stream_reconnects.get()));
         METRICS.followed_term.set(i64::try_from(s.highest_term).unwrap_or(i64::MAX));
+        if let Some(held) = s.held {
+            crate::telemetry::metrics::set_snapshot_version(held);
+        }
         behind_since = if lag > 0 { behind_since.or(Some(Instant::now())) } else { None };
         METRICS.snapshot_lag_seconds.set(behind_since.map_or(0.0, |t| t.elapsed().as_secs_f64()));
         tokio::select! {

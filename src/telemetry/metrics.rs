@@ -9,7 +9,7 @@ use prometheus::{
     Encoder, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry, TextEncoder,
 };
 
-use crate::snapshot::Snapshot;
+use crate::snapshot::{Snapshot, Version};
 use crate::xds::TypeUrl;
 
 /// All metrics of this process.
@@ -352,6 +352,13 @@ pub fn set_build_info(role: &str, id: &str) {
     METRICS.build_info.with_label_values(&[role, id, env!("CARGO_PKG_VERSION")]).set(1);
 }
 
+/// Sets `meshpilot_snapshot_version{part}` to the version this process holds.
+pub fn set_snapshot_version(version: Version) {
+    let v = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    METRICS.snapshot_version.with_label_values(&["term"]).set(v(version.term));
+    METRICS.snapshot_version.with_label_values(&["seq"]).set(v(version.seq));
+}
+
 /// Records a built snapshot.
 pub fn snapshot_built(snapshot: &Snapshot, took: Duration) {
     let m = &*METRICS;
@@ -359,8 +366,7 @@ pub fn snapshot_built(snapshot: &Snapshot, took: Duration) {
     m.snapshot_build_seconds.observe(took.as_secs_f64());
     m.services.set(i64::try_from(snapshot.registry.services.len()).unwrap_or(i64::MAX));
     m.config_errors.set(i64::try_from(snapshot.errors.len()).unwrap_or(i64::MAX));
-    m.snapshot_version.with_label_values(&["term"]).set(i64::try_from(snapshot.version.term).unwrap_or(i64::MAX));
-    m.snapshot_version.with_label_values(&["seq"]).set(i64::try_from(snapshot.version.seq).unwrap_or(i64::MAX));
+    set_snapshot_version(snapshot.version);
     let trigger = if snapshot.changes.full {
         TRIGGER_GLOBAL
     } else if snapshot.changes.endpoints_only() {
