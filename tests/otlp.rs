@@ -236,3 +236,44 @@ async fn an_ingest_to_frontend_push_is_one_trace() {
     ingest.stop();
     eprintln!("ingest → frontend OTLP test took {:?}", started.elapsed());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_fanouts_trace_a_sample_and_count_the_rest() {
+    let started = std::time::Instant::now();
+    let receiver = OtlpReceiver::start().await;
+    let config = config_dir(&[("reviews.yaml", &service_entry("default", "reviews", &["10.0.0.1"]))]);
+    let mut env = otel_env(&receiver);
+    env.push(("MESHPILOT_TRACE_PUSH_SPANS", "2".into()));
+    let mut cp = Meshpilot::standalone(config.path(), &env);
+    cp.wait_ready().await;
+    let mut proxies = Vec::new();
+    for i in 0..5 {
+        let spec = SimProxySpec::sidecar(&cp.xds_url(), "default", &format!("app{i}"), &format!("10.1.0.{i}"));
+        let proxy = SimProxy::connect(spec).await.expect("sim proxy");
+        assert!(proxy.wait_for(TIMEOUT, |s| s.types.len() == 4).await);
+        proxies.push(proxy);
+    }
+    std::fs::write(config.path().join("ratings.yaml"), service_entry("default", "ratings", &["10.0.0.2"])).unwrap();
+
+    // The summary comes once the version's push window (5 s) has passed.
+    let fanout = poll(Duration::from_secs(30), async || {
+        receiver
+            .received
+            .spans()
+            .into_iter()
+            .find(|s| s.span.name == "xds_fanout" && s.attr("version").as_deref() == Some("1.2"))
+    })
+    .await
+    .expect("xds_fanout span for 1.2");
+    assert_eq!(fanout.attr("proxies").as_deref(), Some("5"));
+    assert_eq!(fanout.attr("proxies.traced").as_deref(), Some("2"));
+    assert_eq!(fanout.attr("proxies.untraced").as_deref(), Some("3"));
+    let spans = by_name(&receiver.received.spans(), &fanout.trace_id());
+    let build = &spans["snapshot_build"][0];
+    assert_eq!(fanout.parent_id(), build.span_id(), "xds_fanout under snapshot_build");
+    let pushes = spans.get("xds_push").map(Vec::len).unwrap_or(0);
+    assert_eq!(pushes, 2, "only the sample has xds_push spans");
+    drop(proxies);
+    cp.stop();
+    eprintln!("fan-out sampling test took {:?}", started.elapsed());
+}

@@ -176,6 +176,50 @@ fn max_push_spans() -> usize {
     *MAX
 }
 
+/// The push tracing of one connection: decides once per snapshot whether its push is traced.
+#[derive(Debug, Default)]
+pub struct PushTrace {
+    version: Option<Version>,
+    span: Option<PushSpan>,
+}
+
+impl PushTrace {
+    /// A new snapshot reached the connection: the previous push's span ends, answered or not.
+    pub fn new_snapshot(&mut self) {
+        self.version = None;
+        self.span = None;
+    }
+
+    /// A response was sent; `snapshot_push` when a snapshot caused it (not a proxy's request). The
+    /// first response of a snapshot push decides whether it gets a span. Call in a Tokio runtime.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sent(
+        &mut self,
+        version: Version,
+        proxy: &str,
+        snapshot_push: bool,
+        type_url: TypeUrl,
+        nonce: &str,
+        resources: usize,
+        bytes: usize,
+    ) {
+        if snapshot_push && self.version != Some(version) {
+            self.version = Some(version);
+            self.span = PushSpan::start(version, proxy);
+        }
+        if let Some(span) = self.span.as_mut() {
+            span.sent(type_url, nonce, resources, bytes);
+        }
+    }
+
+    /// The proxy answered `nonce` (`error`: a NACK); the span ends once everything is answered.
+    pub fn answered(&mut self, nonce: &str, error: Option<&str>) {
+        if self.span.as_mut().is_some_and(|s| s.answered(nonce, error)) {
+            self.span = None;
+        }
+    }
+}
+
 /// The `xds_push` span of one proxy for one snapshot: open from the first response until every
 /// response sent under it was answered (ACK or NACK), a newer snapshot is pushed, or the stream ends.
 #[derive(Debug)]

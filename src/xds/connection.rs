@@ -16,7 +16,7 @@ use super::status::{ConnectionRegistry, Nack, Registration};
 use super::TypeUrl;
 use crate::snapshot::{Snapshot, SnapshotReader};
 use crate::telemetry::metrics::{self, METRICS};
-use crate::telemetry::trace::{self, PushSpan};
+use crate::telemetry::trace::{self, PushTrace};
 
 /// How long a single response may wait for the stream before the proxy counts as stuck.
 const SEND_TIMEOUT: Duration = Duration::from_secs(30);
@@ -72,7 +72,7 @@ struct Connection {
     nonce_seq: u64,
     tx: mpsc::Sender<Result<DiscoveryResponse, Status>>,
     /// The traced push of the latest snapshot, until the proxy answered all of it.
-    push_trace: Option<PushSpan>,
+    push_trace: PushTrace,
 }
 
 /// Serves one ADS stream until it ends.
@@ -106,7 +106,7 @@ where
         snapshot: None,
         nonce_seq: 0,
         tx,
-        push_trace: None,
+        push_trace: PushTrace::default(),
         ctx: ctx.clone(),
     };
     let mut snapshots = ctx.snapshots.clone();
@@ -159,7 +159,7 @@ impl Connection {
             }
             if let Some(err) = &req.error_detail {
                 METRICS.xds_rejects.with_label_values(&[type_url.short()]).inc();
-                answered(&mut self.push_trace, &req.response_nonce, Some(&err.message));
+                self.push_trace.answered(&req.response_nonce, Some(&err.message));
                 warn!(proxy = %self.proxy.id, %type_url, version = %req.version_info, nonce = %req.response_nonce, error = %err.message, "proxy rejected config (NACK)");
                 let nack = Nack {
                     version: sent.nonce_version(),
@@ -174,7 +174,7 @@ impl Connection {
                 return Ok(());
             }
             let names_changed = type_url.is_named() && sent.names != requested_names;
-            answered(&mut self.push_trace, &req.response_nonce, None);
+            self.push_trace.answered(&req.response_nonce, None);
             watch.names = requested_names;
             let (version, nonce) = (req.version_info.clone(), req.response_nonce.clone());
             self.registration.update(|s| {
@@ -196,8 +196,7 @@ impl Connection {
     async fn on_snapshot(&mut self, snapshot: Arc<Snapshot>) -> Result<(), StreamEnd> {
         let queued_at = Instant::now();
         self.snapshot = Some(snapshot.clone());
-        // A newer snapshot ends the previous push's span, answered or not.
-        self.push_trace = None;
+        self.push_trace.new_snapshot();
         let mut pushed = false;
         for type_url in TypeUrl::PUSH_ORDER {
             if self.watches.contains_key(&type_url) {
@@ -264,13 +263,7 @@ impl Connection {
             }
         }
         metrics::response_sent(type_url, size, started.elapsed(), send_started.elapsed());
-        if !force && self.push_trace.is_none() {
-            // The first response of a snapshot push starts its span (if this push is sampled).
-            self.push_trace = PushSpan::start(snapshot.version, &self.proxy.id);
-        }
-        if let Some(push) = self.push_trace.as_mut() {
-            push.sent(type_url, &nonce, count, size);
-        }
+        self.push_trace.sent(snapshot.version, &self.proxy.id, !force, type_url, &nonce, count, size);
         debug!(proxy = %self.proxy.id, %type_url, %version, %nonce, resources = count, bytes = size, trace_id = trace::snapshot_trace_id(snapshot.version), "pushed");
         self.registration.update(|s| {
             let t = s.types.entry(type_url).or_default();
@@ -280,13 +273,6 @@ impl Connection {
             t.responses += 1;
         });
         Ok(true)
-    }
-}
-
-/// The proxy answered a response (ACK, or NACK with `error`): ends the push span once all are.
-fn answered(push: &mut Option<PushSpan>, nonce: &str, error: Option<&str>) {
-    if push.as_mut().is_some_and(|p| p.answered(nonce, error)) {
-        *push = None;
     }
 }
 
