@@ -13,10 +13,7 @@ use tokio::net::TcpStream;
 
 /// Reads one HTTP/1.1 response (Content-Length framed) from `stream`,
 /// keeping extra bytes in `buf`. Returns (status, lower-cased headers, body).
-async fn read_response(
-    stream: &mut TcpStream,
-    buf: &mut Vec<u8>,
-) -> (u16, Vec<(String, String)>, Vec<u8>) {
+async fn read_response(stream: &mut TcpStream, buf: &mut Vec<u8>) -> (u16, Vec<(String, String)>, Vec<u8>) {
     let head_end = loop {
         if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
             break i + 4;
@@ -28,23 +25,13 @@ async fn read_response(
     };
     let head = String::from_utf8(buf.drain(..head_end).collect()).unwrap();
     let mut lines = head.split("\r\n");
-    let status: u16 = lines
-        .next()
-        .unwrap()
-        .split_whitespace()
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
+    let status: u16 = lines.next().unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
     let headers: Vec<(String, String)> = lines
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
         .collect();
-    let len: usize = headers
-        .iter()
-        .find(|(k, _)| k == "content-length")
-        .map(|(_, v)| v.parse().unwrap())
-        .expect("content-length");
+    let len: usize =
+        headers.iter().find(|(k, _)| k == "content-length").map(|(_, v)| v.parse().unwrap()).expect("content-length");
     while buf.len() < len {
         let mut tmp = [0u8; 4096];
         let n = stream.read(&mut tmp).await.unwrap();
@@ -78,10 +65,7 @@ async fn backend_echoes_over_keep_alive_and_closes_on_request() {
     assert_eq!(v["headers"]["x-test"], "A, b");
     assert_eq!(v["headers"]["host"], "reviews.default:9080");
 
-    stream
-        .write_all(b"POST /submit HTTP/1.1\r\nHost: h\r\nContent-Length: 11\r\n\r\nhello world")
-        .await
-        .unwrap();
+    stream.write_all(b"POST /submit HTTP/1.1\r\nHost: h\r\nContent-Length: 11\r\n\r\nhello world").await.unwrap();
     let (status, _, body) = read_response(&mut stream, &mut buf).await;
     assert_eq!(status, 200);
     let v: Value = serde_json::from_slice(&body).unwrap();
@@ -129,49 +113,30 @@ async fn backend_status_flaky_and_stop_on_drop() {
     assert_eq!(flaky.requests(), 4);
 
     // A loopback address other than 127.0.0.1, and Host override via reqwest.
-    let other = Backend::builder("productpage-v1")
-        .ip([127, 0, 0, 2].into())
-        .start();
-    let r = http_request(
-        &http_client(),
-        "GET",
-        &format!("{}/p", other.url()),
-        "productpage:9080",
-        &[],
-        None,
-    )
-    .await
-    .unwrap();
+    let other = Backend::builder("productpage-v1").ip([127, 0, 0, 2].into()).start();
+    let r = http_request(&http_client(), "GET", &format!("{}/p", other.url()), "productpage:9080", &[], None)
+        .await
+        .unwrap();
     assert_eq!(r.status, 200);
     assert_eq!(r.header("x-backend"), Some("productpage-v1"));
     assert_eq!(r.json()["host"], "productpage:9080");
 
     let addr = flaky.addr();
     drop(flaky);
-    assert!(
-        TcpStream::connect(addr).await.is_err(),
-        "backend still listening after drop"
-    );
+    assert!(TcpStream::connect(addr).await.is_err(), "backend still listening after drop");
 }
 
 #[tokio::test]
 async fn envoy_without_xds_starts_admin_but_is_not_ready() {
     // The xDS cluster points at a port nobody listens on.
     let node_id = "sidecar~127.0.0.1~app.default~default.svc.cluster.local";
-    let envoy = Envoy::start(
-        node_id,
-        free_addr(),
-        json!({"NAMESPACE": "default", "LABELS": {"app": "app"}}),
-    );
+    let envoy = Envoy::start(node_id, free_addr(), json!({"NAMESPACE": "default", "LABELS": {"app": "app"}}));
     assert!(envoy.is_running());
 
     let (status, body) = envoy.admin_get("/server_info").await;
     assert_eq!(status, 200, "{body}");
     let info: Value = serde_json::from_str(&body).unwrap();
-    assert!(
-        info["version"].as_str().is_some_and(|v| !v.is_empty()),
-        "{info}"
-    );
+    assert!(info["version"].as_str().is_some_and(|v| !v.is_empty()), "{info}");
     assert_eq!(info["command_line_options"]["disable_hot_restart"], true);
 
     let (status, body) = envoy.admin_get("/ready").await;
@@ -179,15 +144,11 @@ async fn envoy_without_xds_starts_admin_but_is_not_ready() {
 
     // Bootstrap as Envoy holds it.
     let dump = envoy.config_dump().await;
-    let bootstrap =
-        &dump_section(&dump, "BootstrapConfigDump").expect("bootstrap dump")["bootstrap"];
+    let bootstrap = &dump_section(&dump, "BootstrapConfigDump").expect("bootstrap dump")["bootstrap"];
     assert_eq!(bootstrap["node"]["id"], node_id);
     assert_eq!(bootstrap["node"]["cluster"], "app.default");
     assert_eq!(bootstrap["node"]["metadata"]["LABELS"]["app"], "app");
-    assert_eq!(
-        bootstrap["dynamic_resources"]["ads_config"]["set_node_on_first_message_only"],
-        true
-    );
+    assert_eq!(bootstrap["dynamic_resources"]["ads_config"]["set_node_on_first_message_only"], true);
     assert!(envoy.cluster_names().await.contains(&"xds".to_string()));
 
     // Stats parse; the ADS stream is not connected.
@@ -199,10 +160,7 @@ async fn envoy_without_xds_starts_admin_but_is_not_ready() {
     assert!(
         envoy
             .wait_for(CONVERGE_TIMEOUT, async |e| {
-                e.stat("cluster.xds.upstream_cx_connect_fail")
-                    .await
-                    .unwrap_or(0)
-                    >= 2
+                e.stat("cluster.xds.upstream_cx_connect_fail").await.unwrap_or(0) >= 2
             })
             .await,
         "no ADS reconnect attempts; log:\n{}",
@@ -212,14 +170,8 @@ async fn envoy_without_xds_starts_admin_but_is_not_ready() {
     let pid = envoy.pid();
     let admin = envoy.admin_addr();
     drop(envoy);
-    assert!(
-        !Path::new(&format!("/proc/{pid}")).exists(),
-        "Envoy pid {pid} still exists after drop"
-    );
-    assert!(
-        TcpStream::connect(admin).await.is_err(),
-        "Envoy admin still listening after drop"
-    );
+    assert!(!Path::new(&format!("/proc/{pid}")).exists(), "Envoy pid {pid} still exists after drop");
+    assert!(TcpStream::connect(admin).await.is_err(), "Envoy admin still listening after drop");
 }
 
 #[tokio::test]
@@ -262,46 +214,29 @@ async fn envoy_with_static_config_proxies_to_backend() {
         .start();
     envoy.wait_ready(STARTUP_TIMEOUT).await;
     assert!(envoy.listener_names().await.contains(&"http".to_string()));
-    assert!(envoy
-        .route_config_names()
-        .await
-        .contains(&"local".to_string()));
+    assert!(envoy.route_config_names().await.contains(&"local".to_string()));
 
     let url = format!("http://127.0.0.1:{listener_port}");
     for i in 0..3 {
-        let (status, body) = http_get(
-            &format!("{url}/reviews/{i}?q=1"),
-            "reviews.default.svc.cluster.local",
-            &[("x-test", "yes")],
-        )
-        .await;
+        let (status, body) =
+            http_get(&format!("{url}/reviews/{i}?q=1"), "reviews.default.svc.cluster.local", &[("x-test", "yes")])
+                .await;
         assert_eq!(status, 200, "{body}");
         let v: Value = serde_json::from_str(&body).unwrap();
         assert_eq!(v["backend"], "reviews-v1");
         assert_eq!(v["path"], format!("/reviews/{i}?q=1"));
         assert_eq!(v["host"], "reviews.default.svc.cluster.local");
         assert_eq!(v["headers"]["x-test"], "yes");
-        assert!(
-            v["headers"]["x-request-id"].is_string(),
-            "Envoy adds x-request-id: {v}"
-        );
+        assert!(v["headers"]["x-request-id"].is_string(), "Envoy adds x-request-id: {v}");
     }
     assert_eq!(backend.requests(), 3);
     assert!(
-        envoy
-            .wait_for(CONVERGE_TIMEOUT, async |e| e
-                .stat("cluster.backend.upstream_rq_200")
-                .await
-                == Some(3))
-            .await,
+        envoy.wait_for(CONVERGE_TIMEOUT, async |e| e.stat("cluster.backend.upstream_rq_200").await == Some(3)).await,
         "stats: {:?}",
         envoy.stat("cluster.backend.upstream_rq_200").await
     );
     // Envoy reused its upstream connection (keep-alive on the backend).
-    assert_eq!(
-        envoy.stat("cluster.backend.upstream_cx_total").await,
-        Some(1)
-    );
+    assert_eq!(envoy.stat("cluster.backend.upstream_cx_total").await, Some(1));
 
     let r = http_get_no_redirect(&format!("{url}/redirect"), "gw", &[]).await;
     assert_eq!(r.status, 301);
@@ -311,10 +246,6 @@ async fn envoy_with_static_config_proxies_to_backend() {
 
 #[test]
 fn meshpilot_binary_is_built() {
-    assert!(
-        Meshpilot::binary().is_file(),
-        "{}",
-        Meshpilot::binary().display()
-    );
+    assert!(Meshpilot::binary().is_file(), "{}", Meshpilot::binary().display());
     assert!(envoy_path().is_file());
 }

@@ -76,8 +76,9 @@ pub async fn serve(
         AdminState { snapshots, connections, cache: ads.cache(), identity: settings.identity.clone(), node_status };
     let xds_addr = settings.xds_addr;
     let admin_addr = settings.admin_addr;
-    let xds_listener =
-        tokio::net::TcpListener::bind(xds_addr).await.map_err(|source| FrontendError::Bind { addr: xds_addr, source })?;
+    let xds_listener = tokio::net::TcpListener::bind(xds_addr)
+        .await
+        .map_err(|source| FrontendError::Bind { addr: xds_addr, source })?;
     info!(addr = %xds_addr, "xDS server listening");
     let xds = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))

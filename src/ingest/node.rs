@@ -108,7 +108,11 @@ pub async fn run(settings: IngestNodeSettings, shutdown: watch::Receiver<bool>) 
         addr: settings.snapshot_addr,
         reason: e.to_string(),
     })?;
-    admin.map_err(|e| IngestNodeError::Listener { what: "admin server", addr: settings.admin_addr, reason: e.to_string() })
+    admin.map_err(|e| IngestNodeError::Listener {
+        what: "admin server",
+        addr: settings.admin_addr,
+        reason: e.to_string(),
+    })
 }
 
 /// Turns leadership changes into a new term for the ingest loop and the "is leader" flag that

@@ -55,7 +55,8 @@ pub fn converged(state: &SimState, v: Option<Version>) -> bool {
 pub async fn run(settings: &LoadSettings) -> LoadReport {
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..settings.proxies {
-        let ns = settings.namespaces.get(i % settings.namespaces.len().max(1)).cloned().unwrap_or_else(|| "default".into());
+        let ns =
+            settings.namespaces.get(i % settings.namespaces.len().max(1)).cloned().unwrap_or_else(|| "default".into());
         let ip = format!("10.{}.{}.{}", 128 + (i >> 16) % 64, (i >> 8) % 256, i % 256);
         let spec = SimProxySpec::sidecar(&settings.xds_url, &ns, &format!("load-{i}"), &ip);
         let (timeout, wait_version) = (settings.timeout, settings.wait_version);
@@ -92,7 +93,9 @@ pub async fn run(settings: &LoadSettings) -> LoadReport {
     };
     let version = proxies
         .iter()
-        .flat_map(|p| p.state().types.values().filter_map(|t| t.acked_version.parse::<Version>().ok()).collect::<Vec<_>>())
+        .flat_map(|p| {
+            p.state().types.values().filter_map(|t| t.acked_version.parse::<Version>().ok()).collect::<Vec<_>>()
+        })
         .max()
         .map(|v| v.to_string())
         .unwrap_or_default();
