@@ -832,8 +832,9 @@ fn lb_listener(name: &str, port: u16, kind: LbListener) -> Value {
 
 /// A real Envoy load-balancing xDS streams over the frontends by consistent hashing of the
 /// `x-meshpilot-proxy-key` header (MAGLEV or RING_HASH, endpoints' `hash_key` = member ids, in
-/// member-id order), as deployed in
-/// front of meshpilot's frontends. Killed on drop.
+/// member-id order), as deployed in front of meshpilot's frontends: an HTTP/2 listener for
+/// proxies that send the header as gRPC metadata, optional keyed listeners that set it, and a
+/// probe listener ([`XdsLoadBalancer::route_of`]). Killed on drop.
 pub struct XdsLoadBalancer {
     envoy: Envoy,
     port: u16,
