@@ -1198,6 +1198,47 @@ async fn etcd_outage() {
     eprintln!("etcd_outage: {:?}", t0.elapsed());
 }
 
+/// Each frontend in turn is stopped (SIGTERM) and started again on the same ports, the next only
+/// once it is ready: no request through the Envoys fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_restart_of_frontends() {
+    let _serial = SERIAL.lock().await;
+    let t0 = Instant::now();
+    let mut c = Cluster::start(Options { frontends: 2, apps_per_frontend: 1, sims_per_key: 0 }).await;
+    let v0 = c.wait_leader_has(&MeshState::initial()).await;
+    c.wait_envoys_synced(v0).await;
+    let gw = Traffic::start("gateway", c.gateway_ingress());
+    let sc = Traffic::start("sidecar", c.sidecar_ingress());
+    gw.wait_progress(20).await;
+    sc.wait_progress(20).await;
+
+    let mut slow_exits = Vec::new();
+    for i in 0..c.frontends.len() {
+        let stopped_at = Instant::now();
+        let graceful = c.frontends[i].terminate(TERMINATE_GRACE).await;
+        if !graceful {
+            slow_exits.push(format!("{} did not exit within {TERMINATE_GRACE:?} of SIGTERM", c.frontends[i].id()));
+        }
+        eprintln!("{} stopped in {:?} (graceful: {graceful})", c.frontends[i].id(), stopped_at.elapsed());
+        c.frontends[i].start_again();
+        c.frontends[i].wait_ready(STARTUP_TIMEOUT).await;
+        wait_members(&c.frontends, 2).await;
+        c.lb.wait_healthy(2, TIMEOUT).await;
+        c.wait_envoys_synced(v0).await;
+        gw.wait_progress(20).await;
+        sc.wait_progress(20).await;
+    }
+    // Still programmable after the restarts.
+    let changed = MeshState { route: "after-restarts".into(), weights: (0, 100), endpoints: (true, false, true) };
+    let v1 = c.apply(&changed).await;
+    c.wait_envoys_synced(v1).await;
+    c.gateway_ingress().wait_all_from("/", &[], "reviews-v2", 10).await;
+    gw.finish(100).await;
+    sc.finish(100).await;
+    assert!(slow_exits.is_empty(), "{slow_exits:?}");
+    eprintln!("rolling_restart_of_frontends: {:?}", t0.elapsed());
+}
+
 /// `(owned, foreign)` per running frontend, once each frontend's ownership summary counts every
 /// proxy connected to it (the summary is recomputed every second).
 async fn ownership_counts(frontends: &[FrontendNode]) -> BTreeMap<String, (u64, u64)> {

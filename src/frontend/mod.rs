@@ -71,7 +71,7 @@ pub async fn serve(
     node_status: Option<NodeStatus>,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), FrontendError> {
-    let ads = AdsServer::new(snapshots.clone(), connections.clone());
+    let ads = AdsServer::new(snapshots.clone(), connections.clone(), shutdown.clone());
     let admin_state =
         AdminState { snapshots, connections, cache: ads.cache(), identity: settings.identity.clone(), node_status };
     let xds_addr = settings.xds_addr;

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use futures::{Stream, StreamExt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tonic::Status;
 use tracing::{debug, info, warn};
 
@@ -30,6 +30,8 @@ pub struct ConnectionContext {
     pub cache: Arc<GenerationCache>,
     /// Live connections.
     pub registry: Arc<ConnectionRegistry>,
+    /// Flips to true when the frontend drains: every stream ends so proxies reconnect elsewhere.
+    pub shutdown: watch::Receiver<bool>,
 }
 
 /// Per-type subscription state.
@@ -60,6 +62,9 @@ pub enum StreamEnd {
     /// The response channel is gone.
     #[error("response stream dropped")]
     Dropped,
+    /// The frontend is shutting down.
+    #[error("frontend shutting down")]
+    Draining,
 }
 
 struct Connection {
@@ -110,6 +115,7 @@ where
         ctx: ctx.clone(),
     };
     let mut snapshots = ctx.snapshots.clone();
+    let shutdown = ctx.shutdown.clone();
     // Readiness gate: nothing is served before the first full snapshot.
     conn.snapshot = ctx.snapshots.current();
     let end = async {
@@ -126,6 +132,7 @@ where
                     // The snapshot writer is gone (shutdown): keep serving what we have until the proxy leaves.
                     None => std::future::pending::<()>().await,
                 },
+                _ = crate::frontend::wait_for(shutdown.clone()) => return Err(StreamEnd::Draining),
             }
         }
     }
@@ -134,6 +141,10 @@ where
         Ok(()) => StreamEnd::Closed,
         Err(e) => e,
     };
+    if matches!(end, StreamEnd::Draining) {
+        // UNAVAILABLE makes Envoy reconnect at once (through the load balancer, to another frontend).
+        let _ = conn.tx.try_send(Err(Status::unavailable("frontend shutting down")));
+    }
     info!(proxy = %conn.proxy.id, reason = %end, "proxy disconnected");
     end
 }

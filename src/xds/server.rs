@@ -33,8 +33,14 @@ pub struct AdsServer {
 
 impl AdsServer {
     /// A server serving snapshots from `snapshots`.
-    pub fn new(snapshots: SnapshotReader, registry: Arc<ConnectionRegistry>) -> Self {
-        AdsServer { ctx: ConnectionContext { snapshots, cache: Arc::new(GenerationCache::default()), registry } }
+    pub fn new(
+        snapshots: SnapshotReader,
+        registry: Arc<ConnectionRegistry>,
+        shutdown: tokio::sync::watch::Receiver<bool>,
+    ) -> Self {
+        AdsServer {
+            ctx: ConnectionContext { snapshots, cache: Arc::new(GenerationCache::default()), registry, shutdown },
+        }
     }
 
     /// The tonic service.

@@ -66,10 +66,7 @@ pub fn free_port() -> u16 {
     static HANDED_OUT: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
     let handed_out = HANDED_OUT.get_or_init(|| Mutex::new(HashSet::new()));
     loop {
-        let port = StdTcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("bind 127.0.0.1:0")
-            .port();
+        let port = StdTcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("bind 127.0.0.1:0").port();
         if handed_out.lock().unwrap().insert(port) {
             return port;
         }
@@ -87,11 +84,7 @@ pub fn envoy_path() -> PathBuf {
     PATH.get_or_init(|| {
         if let Some(p) = std::env::var_os("MESHPILOT_ENVOY").filter(|p| !p.is_empty()) {
             let p = PathBuf::from(p);
-            assert!(
-                p.is_file(),
-                "MESHPILOT_ENVOY={} does not exist; run `bash scripts/setup.sh`",
-                p.display()
-            );
+            assert!(p.is_file(), "MESHPILOT_ENVOY={} does not exist; run `bash scripts/setup.sh`", p.display());
             return p;
         }
         let out = Command::new("python3")
@@ -144,10 +137,7 @@ pub fn write_files(dir: &Path, files: &[(&str, &str)]) {
 
 /// A fresh temp dir holding `files` (e.g. a `--config-dir` for meshpilot).
 pub fn temp_dir_with(files: &[(&str, &str)]) -> tempfile::TempDir {
-    let dir = tempfile::Builder::new()
-        .prefix("meshpilot-test-")
-        .tempdir()
-        .unwrap();
+    let dir = tempfile::Builder::new().prefix("meshpilot-test-").tempdir().unwrap();
     write_files(dir.path(), files);
     dir
 }
@@ -178,9 +168,7 @@ fn keep_temp() -> bool {
 }
 
 fn read_lossy(path: &Path) -> String {
-    std::fs::read(path)
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default()
+    std::fs::read(path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
 }
 
 fn tail(s: &str, lines: usize) -> String {
@@ -204,11 +192,7 @@ fn kill_and_wait(child: &Mutex<Child>) {
 
 /// A reqwest client that ignores proxy env vars and follows redirects.
 pub fn http_client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .no_proxy()
-        .timeout(REQUEST_TIMEOUT)
-        .build()
-        .expect("build reqwest client")
+    reqwest::Client::builder().no_proxy().timeout(REQUEST_TIMEOUT).build().expect("build reqwest client")
 }
 
 /// A reqwest client that ignores proxy env vars and does NOT follow redirects.
@@ -232,16 +216,13 @@ pub struct HttpResponse {
 
 impl HttpResponse {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .get(&name.to_ascii_lowercase())
-            .map(|s| s.as_str())
+        self.headers.get(&name.to_ascii_lowercase()).map(|s| s.as_str())
     }
 
     /// The body parsed as JSON (panics with the body if it is not JSON).
     pub fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap_or_else(|e| {
-            panic!("response ({}) is not JSON: {e}: {}", self.status, self.body)
-        })
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("response ({}) is not JSON: {e}: {}", self.status, self.body))
     }
 }
 
@@ -279,21 +260,13 @@ pub async fn http_request(
             .or_insert(v);
     }
     let body = resp.text().await?;
-    Ok(HttpResponse {
-        status,
-        headers: hdrs,
-        body,
-    })
+    Ok(HttpResponse { status, headers: hdrs, body })
 }
 
 /// GET `url` (following redirects) with Host `host` (unless empty) and extra
 /// headers. Transport errors are returned, e.g. for polling a listener that
 /// may not be up yet.
-pub async fn try_http_get(
-    url: &str,
-    host: &str,
-    headers: &[(&str, &str)],
-) -> Result<(u16, String), reqwest::Error> {
+pub async fn try_http_get(url: &str, host: &str, headers: &[(&str, &str)]) -> Result<(u16, String), reqwest::Error> {
     let r = http_request(&http_client(), "GET", url, host, headers, None).await?;
     Ok((r.status, r.body))
 }
@@ -301,9 +274,7 @@ pub async fn try_http_get(
 /// GET `url` (following redirects) with Host `host` (unless empty) and extra
 /// headers; panics on a transport error.
 pub async fn http_get(url: &str, host: &str, headers: &[(&str, &str)]) -> (u16, String) {
-    try_http_get(url, host, headers)
-        .await
-        .unwrap_or_else(|e| panic!("GET {url} (Host: {host}) failed: {e:?}"))
+    try_http_get(url, host, headers).await.unwrap_or_else(|e| panic!("GET {url} (Host: {host}) failed: {e:?}"))
 }
 
 /// GET `url` without following redirects (to check 3xx and Location);
@@ -377,25 +348,18 @@ impl BackendBuilder {
         self
     }
     pub fn start(self) -> Backend {
-        let listener = StdTcpListener::bind((self.ip, self.port)).unwrap_or_else(|e| {
-            panic!("backend {}: bind {}:{}: {e}", self.name, self.ip, self.port)
-        });
+        let listener = StdTcpListener::bind((self.ip, self.port))
+            .unwrap_or_else(|e| panic!("backend {}: bind {}:{}: {e}", self.name, self.ip, self.port));
         listener.set_nonblocking(true).unwrap();
         let addr = listener.local_addr().unwrap();
         let requests = Arc::new(AtomicU64::new(0));
         let (tx, mut rx) = tokio::sync::oneshot::channel::<()>();
-        let state = Arc::new(BackendState {
-            name: self.name.clone(),
-            behavior: self.behavior,
-            requests: requests.clone(),
-        });
+        let state =
+            Arc::new(BackendState { name: self.name.clone(), behavior: self.behavior, requests: requests.clone() });
         let thread = std::thread::Builder::new()
             .name(format!("backend-{}", self.name))
             .spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
                 rt.block_on(async move {
                     let listener = tokio::net::TcpListener::from_std(listener).unwrap();
                     loop {
@@ -414,24 +378,13 @@ impl BackendBuilder {
                 drop(rt);
             })
             .unwrap();
-        Backend {
-            name: self.name,
-            addr,
-            requests,
-            shutdown: Some(tx),
-            thread: Some(thread),
-        }
+        Backend { name: self.name, addr, requests, shutdown: Some(tx), thread: Some(thread) }
     }
 }
 
 impl Backend {
     pub fn builder(name: &str) -> BackendBuilder {
-        BackendBuilder {
-            name: name.to_string(),
-            ip: Ipv4Addr::LOCALHOST,
-            port: 0,
-            behavior: Behavior::Ok,
-        }
+        BackendBuilder { name: name.to_string(), ip: Ipv4Addr::LOCALHOST, port: 0, behavior: Behavior::Ok }
     }
     /// Answers 200 to everything.
     pub fn new(name: &str) -> Backend {
@@ -527,11 +480,7 @@ impl Conn {
                 return Err(io::Error::new(io::ErrorKind::InvalidData, "line too long"));
             }
             if !self.fill().await? {
-                return if self.buf.is_empty() {
-                    Ok(None)
-                } else {
-                    Err(io::ErrorKind::UnexpectedEof.into())
-                };
+                return if self.buf.is_empty() { Ok(None) } else { Err(io::ErrorKind::UnexpectedEof.into()) };
             }
         }
     }
@@ -551,10 +500,7 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 }
 
 async fn serve_conn(stream: tokio::net::TcpStream, state: Arc<BackendState>) {
-    let mut conn = Conn {
-        stream,
-        buf: Vec::new(),
-    };
+    let mut conn = Conn { stream, buf: Vec::new() };
     while let Ok(true) = serve_one(&mut conn, &state).await {}
     let _ = conn.stream.shutdown().await;
 }
@@ -579,30 +525,20 @@ async fn serve_one(conn: &mut Conn, state: &BackendState) -> io::Result<bool> {
         }
     }
     let get = |name: &str| -> Option<String> {
-        let vals: Vec<&str> = headers
-            .iter()
-            .filter(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-            .collect();
+        let vals: Vec<&str> = headers.iter().filter(|(k, _)| k == name).map(|(_, v)| v.as_str()).collect();
         (!vals.is_empty()).then(|| vals.join(", "))
     };
 
     if get("expect").is_some_and(|v| v.eq_ignore_ascii_case("100-continue")) {
-        conn.stream
-            .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
-            .await?;
+        conn.stream.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await?;
     }
 
     // Request body.
     let mut body = Vec::new();
-    let chunked =
-        get("transfer-encoding").is_some_and(|v| v.to_ascii_lowercase().contains("chunked"));
+    let chunked = get("transfer-encoding").is_some_and(|v| v.to_ascii_lowercase().contains("chunked"));
     if chunked {
         loop {
-            let line = conn
-                .read_until(b"\r\n")
-                .await?
-                .ok_or(io::ErrorKind::UnexpectedEof)?;
+            let line = conn.read_until(b"\r\n").await?.ok_or(io::ErrorKind::UnexpectedEof)?;
             let line = String::from_utf8_lossy(&line);
             let size_str = line.trim().split(';').next().unwrap_or("").trim();
             let size = usize::from_str_radix(size_str, 16)
@@ -610,10 +546,7 @@ async fn serve_one(conn: &mut Conn, state: &BackendState) -> io::Result<bool> {
             if size == 0 {
                 // Trailers, up to the empty line.
                 loop {
-                    let l = conn
-                        .read_until(b"\r\n")
-                        .await?
-                        .ok_or(io::ErrorKind::UnexpectedEof)?;
+                    let l = conn.read_until(b"\r\n").await?.ok_or(io::ErrorKind::UnexpectedEof)?;
                     if l == b"\r\n" {
                         break;
                     }
@@ -652,17 +585,11 @@ async fn serve_one(conn: &mut Conn, state: &BackendState) -> io::Result<bool> {
     };
 
     let connection = get("connection").unwrap_or_default().to_ascii_lowercase();
-    let keep_alive = if version == "HTTP/1.1" {
-        !connection.contains("close")
-    } else {
-        connection.contains("keep-alive")
-    };
+    let keep_alive =
+        if version == "HTTP/1.1" { !connection.contains("close") } else { connection.contains("keep-alive") };
 
     // Absolute-form targets (`http://host/path`) are reduced to the path.
-    let (path, target_host) = match target
-        .strip_prefix("http://")
-        .or_else(|| target.strip_prefix("https://"))
-    {
+    let (path, target_host) = match target.strip_prefix("http://").or_else(|| target.strip_prefix("https://")) {
         Some(rest) => match rest.find('/') {
             Some(i) => (rest[i..].to_string(), Some(rest[..i].to_string())),
             None => ("/".to_string(), Some(rest.to_string())),
@@ -754,10 +681,7 @@ impl EnvoyBuilder {
     }
     /// `node.metadata`: a JSON object, e.g. `{"NAMESPACE": "default", "LABELS": {"app": "x"}}`.
     pub fn metadata(mut self, metadata: Value) -> Self {
-        assert!(
-            metadata.is_object() || metadata.is_null(),
-            "node metadata must be an object"
-        );
+        assert!(metadata.is_object() || metadata.is_null(), "node metadata must be an object");
         self.metadata = metadata;
         self
     }
@@ -804,18 +728,9 @@ impl EnvoyBuilder {
     /// The bootstrap this builder would start Envoy with.
     pub fn bootstrap(&self) -> Value {
         let cluster = self.cluster.clone().unwrap_or_else(|| {
-            self.node_id
-                .split('~')
-                .nth(2)
-                .filter(|s| !s.is_empty())
-                .unwrap_or("meshpilot-test")
-                .to_string()
+            self.node_id.split('~').nth(2).filter(|s| !s.is_empty()).unwrap_or("meshpilot-test").to_string()
         });
-        let metadata = if self.metadata.is_null() {
-            json!({})
-        } else {
-            self.metadata.clone()
-        };
+        let metadata = if self.metadata.is_null() { json!({}) } else { self.metadata.clone() };
         let mut node = json!({"id": self.node_id, "cluster": cluster, "metadata": metadata});
         if let Some(loc) = &self.locality {
             node["locality"] = loc.clone();
@@ -842,8 +757,7 @@ impl EnvoyBuilder {
         clusters.extend(self.static_clusters.iter().cloned());
         // initial_fetch_timeout 0s (as Istio's bootstrap has): Envoy waits for
         // CDS/LDS forever, so /ready is 200 only once xDS was delivered.
-        let ads_source =
-            json!({"ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3"});
+        let ads_source = json!({"ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3"});
         let mut b = json!({
             "node": node,
             "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
@@ -876,17 +790,10 @@ impl EnvoyBuilder {
     /// Panics with Envoy's log if it exits or the admin does not come up.
     pub fn start(self) -> Envoy {
         let bootstrap = self.bootstrap();
-        let dir = tempfile::Builder::new()
-            .prefix("meshpilot-envoy-")
-            .tempdir()
-            .unwrap();
+        let dir = tempfile::Builder::new().prefix("meshpilot-envoy-").tempdir().unwrap();
         let bootstrap_path = dir.path().join("bootstrap.yaml");
         // JSON is valid YAML; Envoy picks the parser by the file extension.
-        std::fs::write(
-            &bootstrap_path,
-            serde_json::to_string_pretty(&bootstrap).unwrap(),
-        )
-        .unwrap();
+        std::fs::write(&bootstrap_path, serde_json::to_string_pretty(&bootstrap).unwrap()).unwrap();
         let log_path = dir.path().join("envoy.log");
         let out_path = dir.path().join("envoy.out");
         let admin_path = dir.path().join("admin_address");
@@ -906,9 +813,7 @@ impl EnvoyBuilder {
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())
             .stderr(out);
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {}: {e}", envoy_path().display()));
+        let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {}: {e}", envoy_path().display()));
         let mut envoy = Envoy {
             node_id: self.node_id,
             child: Mutex::new(child),
@@ -921,9 +826,8 @@ impl EnvoyBuilder {
         };
         let deadline = Instant::now() + STARTUP_TIMEOUT;
         loop {
-            if let Some(addr) = std::fs::read_to_string(&admin_path)
-                .ok()
-                .and_then(|s| s.trim().parse::<SocketAddr>().ok())
+            if let Some(addr) =
+                std::fs::read_to_string(&admin_path).ok().and_then(|s| s.trim().parse::<SocketAddr>().ok())
             {
                 envoy.admin = addr;
                 return envoy;
@@ -1024,21 +928,13 @@ impl Envoy {
 
     fn assert_running(&self) {
         if let Some(status) = is_exited(&self.child) {
-            panic!(
-                "Envoy ({}) has exited with {status}; log:\n{}",
-                self.node_id,
-                tail(&self.logs(), 200)
-            );
+            panic!("Envoy ({}) has exited with {status}; log:\n{}", self.node_id, tail(&self.logs(), 200));
         }
     }
 
     /// GET an admin path (e.g. `/ready`, `/clusters?format=json`).
     pub async fn try_admin_get(&self, path: &str) -> Result<(u16, String), reqwest::Error> {
-        let resp = self
-            .client
-            .get(format!("{}{}", self.admin_url(), path))
-            .send()
-            .await?;
+        let resp = self.client.get(format!("{}{}", self.admin_url(), path)).send().await?;
         let status = resp.status().as_u16();
         Ok((status, resp.text().await?))
     }
@@ -1056,11 +952,7 @@ impl Envoy {
 
     /// POST an admin path (e.g. `/healthcheck/fail`, `/drain_listeners`).
     pub async fn admin_post(&self, path: &str) -> (u16, String) {
-        let r = self
-            .client
-            .post(format!("{}{}", self.admin_url(), path))
-            .send()
-            .await;
+        let r = self.client.post(format!("{}{}", self.admin_url(), path)).send().await;
         match r {
             Ok(resp) => {
                 let status = resp.status().as_u16();
@@ -1144,11 +1036,7 @@ impl Envoy {
             return vec![];
         };
         let mut names = collect_names(s, "static_clusters", &["cluster", "name"]);
-        names.extend(collect_names(
-            s,
-            "dynamic_active_clusters",
-            &["cluster", "name"],
-        ));
+        names.extend(collect_names(s, "dynamic_active_clusters", &["cluster", "name"]));
         names
     }
 
@@ -1170,11 +1058,7 @@ impl Envoy {
             return vec![];
         };
         let mut names = collect_names(s, "static_route_configs", &["route_config", "name"]);
-        names.extend(collect_names(
-            s,
-            "dynamic_route_configs",
-            &["route_config", "name"],
-        ));
+        names.extend(collect_names(s, "dynamic_route_configs", &["route_config", "name"]));
         names
     }
 }
@@ -1217,11 +1101,10 @@ pub fn parse_stats(body: &str) -> HashMap<String, u64> {
 /// The `configs[]` entry of a `/config_dump` whose `@type` ends with
 /// `type_suffix` (e.g. `"ClustersConfigDump"`).
 pub fn dump_section<'a>(dump: &'a Value, type_suffix: &str) -> Option<&'a Value> {
-    dump["configs"].as_array()?.iter().find(|c| {
-        c["@type"]
-            .as_str()
-            .is_some_and(|t| t.ends_with(&format!(".{type_suffix}")))
-    })
+    dump["configs"]
+        .as_array()?
+        .iter()
+        .find(|c| c["@type"].as_str().is_some_and(|t| t.ends_with(&format!(".{type_suffix}"))))
 }
 
 fn collect_names(section: &Value, list: &str, path: &[&str]) -> Vec<String> {
@@ -1273,10 +1156,7 @@ impl MeshpilotBuilder {
     /// Spawns `meshpilot standalone ...` and returns at once; see
     /// [`Meshpilot::wait_ready`].
     pub fn start(self) -> Meshpilot {
-        let dir = tempfile::Builder::new()
-            .prefix("meshpilot-cp-")
-            .tempdir()
-            .unwrap();
+        let dir = tempfile::Builder::new().prefix("meshpilot-cp-").tempdir().unwrap();
         let mut mp = Meshpilot {
             config_dir: self.config_dir,
             mesh_config: self.mesh_config,
@@ -1337,9 +1217,7 @@ impl Meshpilot {
 
     fn spawn(&mut self) {
         let mut cmd = Command::new(Self::binary());
-        cmd.arg("standalone")
-            .arg("--config-dir")
-            .arg(&self.config_dir);
+        cmd.arg("standalone").arg("--config-dir").arg(&self.config_dir);
         if let Some(m) = &self.mesh_config {
             cmd.arg("--mesh-config").arg(m);
         }
@@ -1354,22 +1232,13 @@ impl Meshpilot {
             cmd.env(k, v);
         }
         self.starts += 1;
-        let mut log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log_path)
-            .unwrap();
+        let mut log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log_path).unwrap();
         if self.starts > 1 {
             use std::io::Write as _;
             let _ = writeln!(log, "---- restart #{} ----", self.starts - 1);
         }
-        cmd.current_dir(env!("CARGO_MANIFEST_DIR"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log);
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {}: {e}", Self::binary().display()));
+        cmd.current_dir(env!("CARGO_MANIFEST_DIR")).stdin(Stdio::null()).stdout(log.try_clone().unwrap()).stderr(log);
+        let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {}: {e}", Self::binary().display()));
         self.child = Some(Mutex::new(child));
     }
 
@@ -1418,11 +1287,7 @@ impl Meshpilot {
     }
 
     pub async fn try_admin_get(&self, path: &str) -> Result<(u16, String), reqwest::Error> {
-        let resp = self
-            .client
-            .get(format!("{}{}", self.admin_url(), path))
-            .send()
-            .await?;
+        let resp = self.client.get(format!("{}{}", self.admin_url(), path)).send().await?;
         let status = resp.status().as_u16();
         Ok((status, resp.text().await?))
     }
@@ -1433,10 +1298,7 @@ impl Meshpilot {
             Ok(r) => r,
             Err(e) => {
                 self.assert_running();
-                panic!(
-                    "meshpilot admin GET {path}: {e:?}; log:\n{}",
-                    tail(&self.logs(), 100)
-                )
+                panic!("meshpilot admin GET {path}: {e:?}; log:\n{}", tail(&self.logs(), 100))
             }
         }
     }
@@ -1483,11 +1345,7 @@ impl Meshpilot {
 
 impl fmt::Debug for Meshpilot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "Meshpilot(xds {} admin {})",
-            self.xds_addr, self.admin_addr
-        )
+        write!(f, "Meshpilot(xds {} admin {})", self.xds_addr, self.admin_addr)
     }
 }
 
@@ -1495,10 +1353,7 @@ impl Drop for Meshpilot {
     fn drop(&mut self) {
         self.kill();
         if std::thread::panicking() {
-            eprintln!(
-                "---- meshpilot log tail ----\n{}\n----",
-                tail(&self.logs(), 100)
-            );
+            eprintln!("---- meshpilot log tail ----\n{}\n----", tail(&self.logs(), 100));
         }
         if keep_temp() {
             if let Some(dir) = self.dir.take() {
