@@ -196,16 +196,33 @@ where
     Fut: std::future::Future<Output = anyhow::Result<()>>,
 {
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-    runtime.block_on(async {
+    let result = runtime.block_on(async {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(async move {
             shutdown_signal().await;
-            tracing::info!("shutting down");
+            tracing::info!(deadline = ?DRAIN_DEADLINE, "shutting down");
             let _ = stop_tx.send(true);
+            // Peers that keep connections open (load balancers, idle HTTP/2 clients) must not hold a
+            // terminating process past its deadline: Kubernetes would SIGKILL it anyway.
+            tokio::time::sleep(DRAIN_DEADLINE).await;
+            let _ = drained_tx.send(());
         });
-        body(stop_rx).await
-    })
+        tokio::select! {
+            result = body(stop_rx) => result,
+            _ = drained_rx => {
+                tracing::warn!("drain deadline passed; exiting with connections still open");
+                Ok(())
+            }
+        }
+    });
+    // Tasks still holding connections are dropped here instead of waited for.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    result
 }
+
+/// How long a terminating process drains before it exits regardless.
+const DRAIN_DEADLINE: Duration = Duration::from_secs(5);
 
 fn default_id(role: &str) -> String {
     format!("{role}-{}", std::process::id())
