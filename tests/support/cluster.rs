@@ -4,7 +4,7 @@
 //! Every process listens on 127.0.0.1 ports chosen at run time, writes its log to a file in its
 //! own temp dir, can be killed (`kill -9`), stopped gracefully (SIGTERM) and started again on the
 //! same ports, and is killed on drop; if the test is panicking then, the tail of its log is
-//! printed (as [`super::Meshpilot`] does).
+//! printed (see [`super::process`]).
 //!
 //! ```ignore
 //! let etcd = Etcd::start().await;
@@ -15,8 +15,6 @@
 //! let envoy = Envoy::builder(node_id, lb.addr()).bootstrap_patch(proxy_key_patch("shop/client")).start();
 //! ```
 
-use std::ops::{Deref, DerefMut};
-
 use meshpilot::ownership::PROXY_KEY_HEADER;
 
 use super::*;
@@ -24,259 +22,32 @@ use super::*;
 /// Timeout of one admin request to a cluster process (short: processes are killed on purpose).
 const ADMIN_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How long a SIGTERM'd process gets to exit before [`ClusterProcess::terminate`] gives up.
-pub const TERMINATE_GRACE: Duration = Duration::from_secs(10);
-
-// ---------------------------------------------------------------------------
-// A meshpilot process of the cluster
-// ---------------------------------------------------------------------------
-
-/// One `meshpilot ingest|frontend` process; [`IngestNode`] and [`FrontendNode`] deref to it.
-pub struct ClusterProcess {
-    /// `ingest ingest-0`, `frontend fe-a`: for messages.
-    label: String,
-    args: Vec<String>,
-    env: Vec<(String, String)>,
+/// Spawns `meshpilot KIND ARGS... EXTRA_ARGS...` (JSON logs, then `extra_env`) as a cluster node
+/// labelled `KIND ID`; returns at once (see [`MeshpilotProcess::wait_ready`]).
+fn spawn_node(
+    kind: &str,
+    id: &str,
+    mut args: Vec<String>,
+    extra_args: Vec<String>,
+    extra_env: Vec<(String, String)>,
     admin_addr: SocketAddr,
-    log_path: PathBuf,
-    dir: Option<tempfile::TempDir>,
-    child: Option<Mutex<Child>>,
-    starts: u32,
-    client: reqwest::Client,
+) -> MeshpilotProcess {
+    args.extend(extra_args);
+    let mut env = vec![("MESHPILOT_LOG_FORMAT".to_string(), "json".to_string())];
+    env.extend(extra_env);
+    MeshpilotProcess::start(ProcessSpec {
+        label: format!("{kind} {id}"),
+        dir_prefix: "meshpilot-node-",
+        args: args.into_iter().map(Into::into).collect(),
+        env,
+        admin_addr,
+        request_timeout: ADMIN_REQUEST_TIMEOUT,
+        log_tail: LogTailLines { failure: 150, on_drop: 60 },
+    })
 }
 
-impl ClusterProcess {
-    fn new(label: String, args: Vec<String>, env: Vec<(String, String)>, admin_addr: SocketAddr) -> ClusterProcess {
-        let dir = tempfile::Builder::new().prefix("meshpilot-node-").tempdir().unwrap();
-        let client = reqwest::Client::builder().no_proxy().timeout(ADMIN_REQUEST_TIMEOUT).build().unwrap();
-        let mut p = ClusterProcess {
-            label,
-            args,
-            env,
-            admin_addr,
-            log_path: dir.path().join("meshpilot.log"),
-            dir: Some(dir),
-            child: None,
-            starts: 0,
-            client,
-        };
-        p.spawn();
-        p
-    }
-
-    fn spawn(&mut self) {
-        assert!(self.child.is_none(), "{} is running", self.label);
-        self.starts += 1;
-        let mut log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log_path).unwrap();
-        if self.starts > 1 {
-            use std::io::Write as _;
-            let _ = writeln!(log, "---- start #{} ----", self.starts);
-        }
-        let mut cmd = Command::new(Meshpilot::binary());
-        cmd.args(&self.args).env("RUST_LOG", "info").env("NO_COLOR", "1");
-        for (k, v) in &self.env {
-            cmd.env(k, v);
-        }
-        cmd.current_dir(env!("CARGO_MANIFEST_DIR")).stdin(Stdio::null()).stdout(log.try_clone().unwrap()).stderr(log);
-        let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {}: {e}", Meshpilot::binary().display()));
-        self.child = Some(Mutex::new(child));
-    }
-
-    /// `ingest ingest-0`, `frontend fe-a`.
-    pub fn label(&self) -> &str {
-        &self.label
-    }
-    pub fn admin_addr(&self) -> SocketAddr {
-        self.admin_addr
-    }
-    /// `http://127.0.0.1:PORT` of the admin server.
-    pub fn admin_url(&self) -> String {
-        format!("http://{}", self.admin_addr)
-    }
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(|c| c.lock().unwrap().id())
-    }
-    pub fn is_running(&self) -> bool {
-        self.child.as_ref().is_some_and(|c| is_exited(c).is_none())
-    }
-    /// How many times the process was started.
-    pub fn starts(&self) -> u32 {
-        self.starts
-    }
-
-    /// `kill -9` now and wait for the exit (also done on drop). No-op if not running.
-    pub fn kill(&mut self) {
-        if let Some(c) = self.child.take() {
-            kill_and_wait(&c);
-        }
-    }
-
-    /// SIGTERM, then waits up to `grace` for the exit. Returns whether it exited in time; if not,
-    /// it is killed (`-9`). No-op (true) if not running.
-    pub async fn terminate(&mut self, grace: Duration) -> bool {
-        let Some(c) = self.child.take() else { return true };
-        let pid = c.lock().unwrap().id();
-        let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
-        let deadline = Instant::now() + grace;
-        loop {
-            if is_exited(&c).is_some() {
-                return true;
-            }
-            if Instant::now() >= deadline {
-                kill_and_wait(&c);
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// Starts the process again with the same arguments and addresses (after a kill).
-    pub fn start_again(&mut self) {
-        self.kill();
-        self.spawn();
-    }
-
-    /// `kill -9`, then start again on the same addresses.
-    pub fn restart(&mut self) {
-        self.kill();
-        self.spawn();
-    }
-
-    /// stdout + stderr of every run.
-    pub fn logs(&self) -> String {
-        read_lossy(&self.log_path)
-    }
-
-    /// The last `n` log lines.
-    pub fn log_tail(&self, n: usize) -> String {
-        tail(&self.logs(), n)
-    }
-
-    fn assert_running(&self) {
-        let status = match &self.child {
-            None => "been killed".to_string(),
-            Some(c) => match is_exited(c) {
-                None => return,
-                Some(s) => format!("exited with {s}"),
-            },
-        };
-        panic!("{} has {status}; log:\n{}", self.label, self.log_tail(150));
-    }
-
-    pub async fn try_admin_get(&self, path: &str) -> Result<(u16, String), reqwest::Error> {
-        let resp = self.client.get(format!("{}{}", self.admin_url(), path)).send().await?;
-        let status = resp.status().as_u16();
-        Ok((status, resp.text().await?))
-    }
-
-    /// GET an admin path; panics (with the log) if the process cannot be reached.
-    pub async fn admin_get(&self, path: &str) -> (u16, String) {
-        match self.try_admin_get(path).await {
-            Ok(r) => r,
-            Err(e) => {
-                self.assert_running();
-                panic!("{} admin GET {path}: {e:?}; log:\n{}", self.label, self.log_tail(100))
-            }
-        }
-    }
-
-    /// GET an admin path answering JSON; None unless reachable, 200 and JSON.
-    pub async fn try_admin_json(&self, path: &str) -> Option<Value> {
-        match self.try_admin_get(path).await {
-            Ok((200, body)) => serde_json::from_str(&body).ok(),
-            _ => None,
-        }
-    }
-
-    /// GET an admin path answering JSON; panics unless 200.
-    pub async fn admin_json(&self, path: &str) -> Value {
-        let (status, body) = self.admin_get(path).await;
-        assert_eq!(status, 200, "{} {path}: {body}", self.label);
-        serde_json::from_str(&body).unwrap_or_else(|e| panic!("{} {path} is not JSON: {e}: {body}", self.label))
-    }
-
-    /// `/debug/node`; panics if unreachable.
-    pub async fn node(&self) -> Value {
-        self.admin_json("/debug/node").await
-    }
-
-    /// `/debug/node`, None if unreachable.
-    pub async fn try_node(&self) -> Option<Value> {
-        self.try_admin_json("/debug/node").await
-    }
-
-    /// `/metrics` text, None if unreachable.
-    pub async fn try_metrics(&self) -> Option<String> {
-        match self.try_admin_get("/metrics").await {
-            Ok((200, body)) => Some(body),
-            _ => None,
-        }
-    }
-
-    /// One unlabelled sample of `/metrics` (`name value`), None if absent or unreachable.
-    pub async fn metric(&self, name: &str) -> Option<f64> {
-        metric_value(&self.try_metrics().await?, name)
-    }
-
-    /// Polls `/ready` until 200; panics (with the log) on timeout or exit.
-    pub async fn wait_ready(&self, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            self.assert_running();
-            let last = match self.try_admin_get("/ready").await {
-                Ok((200, _)) => return,
-                Ok((s, body)) => format!("{s} {}", body.trim()),
-                Err(e) => e.to_string(),
-            };
-            if Instant::now() >= deadline {
-                panic!(
-                    "{} not ready after {timeout:?} (last /ready: {last}); log:\n{}",
-                    self.label,
-                    self.log_tail(150)
-                );
-            }
-            tokio::time::sleep(POLL_INTERVAL).await;
-        }
-    }
-
-    /// Polls `f` until true (→ true) or timeout (→ false); panics if the process exits.
-    pub async fn wait_for<F>(&self, timeout: Duration, mut f: F) -> bool
-    where
-        F: AsyncFnMut(&ClusterProcess) -> bool,
-    {
-        let deadline = Instant::now() + timeout;
-        loop {
-            self.assert_running();
-            if f(self).await {
-                return true;
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            tokio::time::sleep(POLL_INTERVAL).await;
-        }
-    }
-}
-
-impl fmt::Debug for ClusterProcess {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}(admin {})", self.label, self.admin_addr)
-    }
-}
-
-impl Drop for ClusterProcess {
-    fn drop(&mut self) {
-        self.kill();
-        if std::thread::panicking() {
-            eprintln!("---- {} (admin {}) log tail ----\n{}\n----", self.label, self.admin_addr, self.log_tail(60));
-        }
-        if keep_temp() {
-            if let Some(dir) = self.dir.take() {
-                eprintln!("keeping {} dir {}", self.label, dir.keep().display());
-            }
-        }
-    }
-}
+/// How long a SIGTERM'd process gets to exit before [`MeshpilotProcess::terminate`] gives up.
+pub const TERMINATE_GRACE: Duration = Duration::from_secs(10);
 
 /// The value of the unlabelled sample `name` in Prometheus text.
 pub fn metric_value(text: &str, name: &str) -> Option<f64> {
@@ -354,7 +125,7 @@ impl IngestNodeBuilder {
         self
     }
 
-    /// Spawns `meshpilot ingest ...` and returns at once (see [`ClusterProcess::wait_ready`]).
+    /// Spawns `meshpilot ingest ...` and returns at once (see [`MeshpilotProcess::wait_ready`]).
     pub fn start(self) -> IngestNode {
         let snapshot_addr = free_addr();
         let admin_addr = free_addr();
@@ -381,17 +152,14 @@ impl IngestNodeBuilder {
         if let Some(d) = self.debounce_after {
             args.extend(["--debounce-after".into(), d]);
         }
-        args.extend(self.args);
-        let mut env = vec![("MESHPILOT_LOG_FORMAT".to_string(), "json".to_string())];
-        env.extend(self.env);
-        let process = ClusterProcess::new(format!("ingest {id}"), args, env, admin_addr);
+        let process = spawn_node("ingest", &id, args, self.args, self.env, admin_addr);
         IngestNode { process, id, snapshot_addr }
     }
 }
 
 /// A `meshpilot ingest` process (leader-elected through etcd; the leader serves snapshots).
 pub struct IngestNode {
-    process: ClusterProcess,
+    process: MeshpilotProcess,
     id: String,
     snapshot_addr: SocketAddr,
 }
@@ -430,14 +198,14 @@ impl IngestNode {
 }
 
 impl Deref for IngestNode {
-    type Target = ClusterProcess;
-    fn deref(&self) -> &ClusterProcess {
+    type Target = MeshpilotProcess;
+    fn deref(&self) -> &MeshpilotProcess {
         &self.process
     }
 }
 
 impl DerefMut for IngestNode {
-    fn deref_mut(&mut self) -> &mut ClusterProcess {
+    fn deref_mut(&mut self) -> &mut MeshpilotProcess {
         &mut self.process
     }
 }
@@ -522,7 +290,7 @@ impl FrontendNodeBuilder {
         self
     }
 
-    /// Spawns `meshpilot frontend ...` and returns at once (see [`ClusterProcess::wait_ready`]).
+    /// Spawns `meshpilot frontend ...` and returns at once (see [`MeshpilotProcess::wait_ready`]).
     pub fn start(self) -> FrontendNode {
         let xds_addr = free_addr();
         let admin_addr = free_addr();
@@ -544,17 +312,14 @@ impl FrontendNodeBuilder {
         if let Some(k) = self.proxy_key {
             args.extend(["--proxy-key".into(), k]);
         }
-        args.extend(self.args);
-        let mut env = vec![("MESHPILOT_LOG_FORMAT".to_string(), "json".to_string())];
-        env.extend(self.env);
-        let process = ClusterProcess::new(format!("frontend {id}"), args, env, admin_addr);
+        let process = spawn_node("frontend", &id, args, self.args, self.env, admin_addr);
         FrontendNode { process, id, xds_addr }
     }
 }
 
 /// A `meshpilot frontend` process (follows the leader's snapshots, registers as a member, serves ADS).
 pub struct FrontendNode {
-    process: ClusterProcess,
+    process: MeshpilotProcess,
     id: String,
     xds_addr: SocketAddr,
 }
@@ -601,14 +366,14 @@ impl FrontendNode {
 }
 
 impl Deref for FrontendNode {
-    type Target = ClusterProcess;
-    fn deref(&self) -> &ClusterProcess {
+    type Target = MeshpilotProcess;
+    fn deref(&self) -> &MeshpilotProcess {
         &self.process
     }
 }
 
 impl DerefMut for FrontendNode {
-    fn deref_mut(&mut self) -> &mut ClusterProcess {
+    fn deref_mut(&mut self) -> &mut MeshpilotProcess {
         &mut self.process
     }
 }

@@ -31,9 +31,11 @@
 #![allow(dead_code)]
 
 use std::collections::{HashMap, HashSet};
+use std::ffi::OsString;
 use std::fmt;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener as StdTcpListener};
+use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,6 +48,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 pub mod cluster;
 /// Istio YAML, proxies and readers for the Envoy routing tests.
 pub mod mesh;
+/// One meshpilot process (standalone or a cluster node).
+pub mod process;
+
+pub use process::{LogTailLines, MeshpilotProcess, ProcessSpec};
 
 /// Default timeout for process start-up and readiness.
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -1167,39 +1173,38 @@ impl MeshpilotBuilder {
     /// Spawns `meshpilot standalone ...` and returns at once; see
     /// [`Meshpilot::wait_ready`].
     pub fn start(self) -> Meshpilot {
-        let dir = tempfile::Builder::new().prefix("meshpilot-cp-").tempdir().unwrap();
-        let mut mp = Meshpilot {
-            config_dir: self.config_dir,
-            mesh_config: self.mesh_config,
-            args: self.args,
+        let xds_addr = free_addr();
+        let admin_addr = free_addr();
+        let mut args: Vec<OsString> = vec!["standalone".into(), "--config-dir".into(), self.config_dir.into()];
+        if let Some(m) = self.mesh_config {
+            args.extend(["--mesh-config".into(), m.into()]);
+        }
+        args.extend([
+            "--xds-addr".into(),
+            xds_addr.to_string().into(),
+            "--admin-addr".into(),
+            admin_addr.to_string().into(),
+        ]);
+        args.extend(self.args.into_iter().map(OsString::from));
+        let process = MeshpilotProcess::start(ProcessSpec {
+            label: "meshpilot".to_string(),
+            dir_prefix: "meshpilot-cp-",
+            args,
             env: self.env,
-            xds_addr: free_addr(),
-            admin_addr: free_addr(),
-            log_path: dir.path().join("meshpilot.log"),
-            dir: Some(dir),
-            child: None,
-            starts: 0,
-            client: http_client(),
-        };
-        mp.spawn();
-        mp
+            admin_addr,
+            request_timeout: REQUEST_TIMEOUT,
+            log_tail: LogTailLines { failure: 200, on_drop: 100 },
+        });
+        Meshpilot { process, xds_addr }
     }
 }
 
 /// The meshpilot binary running `standalone` on 127.0.0.1 ports chosen at run
-/// time. Killed and waited for on drop.
+/// time. Killed and waited for on drop. Derefs to its [`MeshpilotProcess`] (admin
+/// requests, `wait_ready`, `kill`, `restart`, `logs`, ...).
 pub struct Meshpilot {
-    config_dir: PathBuf,
-    mesh_config: Option<PathBuf>,
-    args: Vec<String>,
-    env: Vec<(String, String)>,
+    process: MeshpilotProcess,
     xds_addr: SocketAddr,
-    admin_addr: SocketAddr,
-    log_path: PathBuf,
-    dir: Option<tempfile::TempDir>,
-    child: Option<Mutex<Child>>,
-    starts: u32,
-    client: reqwest::Client,
 }
 
 impl Meshpilot {
@@ -1226,113 +1231,8 @@ impl Meshpilot {
         b.start()
     }
 
-    fn spawn(&mut self) {
-        let mut cmd = Command::new(Self::binary());
-        cmd.arg("standalone").arg("--config-dir").arg(&self.config_dir);
-        if let Some(m) = &self.mesh_config {
-            cmd.arg("--mesh-config").arg(m);
-        }
-        cmd.arg("--xds-addr")
-            .arg(self.xds_addr.to_string())
-            .arg("--admin-addr")
-            .arg(self.admin_addr.to_string())
-            .args(&self.args)
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1");
-        for (k, v) in &self.env {
-            cmd.env(k, v);
-        }
-        self.starts += 1;
-        let mut log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log_path).unwrap();
-        if self.starts > 1 {
-            use std::io::Write as _;
-            let _ = writeln!(log, "---- restart #{} ----", self.starts - 1);
-        }
-        cmd.current_dir(env!("CARGO_MANIFEST_DIR")).stdin(Stdio::null()).stdout(log.try_clone().unwrap()).stderr(log);
-        let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {}: {e}", Self::binary().display()));
-        self.child = Some(Mutex::new(child));
-    }
-
-    /// Kills the process and starts it again on the same addresses.
-    pub fn restart(&mut self) {
-        self.kill();
-        self.spawn();
-    }
-
     pub fn xds_addr(&self) -> SocketAddr {
         self.xds_addr
-    }
-    pub fn admin_addr(&self) -> SocketAddr {
-        self.admin_addr
-    }
-    /// `http://127.0.0.1:PORT` of the admin/metrics server.
-    pub fn admin_url(&self) -> String {
-        format!("http://{}", self.admin_addr)
-    }
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(|c| c.lock().unwrap().id())
-    }
-    pub fn is_running(&self) -> bool {
-        self.child.as_ref().is_some_and(|c| is_exited(c).is_none())
-    }
-    /// Kills the process now (also done on drop).
-    pub fn kill(&mut self) {
-        if let Some(c) = self.child.take() {
-            kill_and_wait(&c);
-        }
-    }
-    /// stdout + stderr of the process (all runs, if restarted).
-    pub fn logs(&self) -> String {
-        read_lossy(&self.log_path)
-    }
-
-    fn assert_running(&self) {
-        let status = match &self.child {
-            None => "been killed".to_string(),
-            Some(c) => match is_exited(c) {
-                None => return,
-                Some(s) => format!("exited with {s}"),
-            },
-        };
-        panic!("meshpilot has {status}; log:\n{}", tail(&self.logs(), 200));
-    }
-
-    pub async fn try_admin_get(&self, path: &str) -> Result<(u16, String), reqwest::Error> {
-        let resp = self.client.get(format!("{}{}", self.admin_url(), path)).send().await?;
-        let status = resp.status().as_u16();
-        Ok((status, resp.text().await?))
-    }
-
-    /// GET an admin path; panics (with the log) if meshpilot cannot be reached.
-    pub async fn admin_get(&self, path: &str) -> (u16, String) {
-        match self.try_admin_get(path).await {
-            Ok(r) => r,
-            Err(e) => {
-                self.assert_running();
-                panic!("meshpilot admin GET {path}: {e:?}; log:\n{}", tail(&self.logs(), 100))
-            }
-        }
-    }
-
-    /// Polls `/ready` on the admin address until 200; panics (with the log)
-    /// on timeout or exit.
-    pub async fn wait_ready(&self, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            self.assert_running();
-            let last = match self.try_admin_get("/ready").await {
-                Ok((200, _)) => return,
-                Ok((s, body)) => format!("{s} {}", body.trim()),
-                Err(e) => e.to_string(),
-            };
-            if Instant::now() >= deadline {
-                panic!(
-                    "meshpilot not ready after {timeout:?} (last /ready: {last}); log:\n{}",
-                    tail(&self.logs(), 200)
-                );
-            }
-            tokio::time::sleep(POLL_INTERVAL).await;
-        }
     }
 
     /// Polls `f` until true (→ true) or timeout (→ false); panics if meshpilot exits.
@@ -1340,36 +1240,25 @@ impl Meshpilot {
     where
         F: AsyncFnMut(&Meshpilot) -> bool,
     {
-        let deadline = Instant::now() + timeout;
-        loop {
-            self.assert_running();
-            if f(self).await {
-                return true;
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            tokio::time::sleep(POLL_INTERVAL).await;
-        }
+        self.process.poll(timeout, async || f(self).await).await
+    }
+}
+
+impl Deref for Meshpilot {
+    type Target = MeshpilotProcess;
+    fn deref(&self) -> &MeshpilotProcess {
+        &self.process
+    }
+}
+
+impl DerefMut for Meshpilot {
+    fn deref_mut(&mut self) -> &mut MeshpilotProcess {
+        &mut self.process
     }
 }
 
 impl fmt::Debug for Meshpilot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Meshpilot(xds {} admin {})", self.xds_addr, self.admin_addr)
-    }
-}
-
-impl Drop for Meshpilot {
-    fn drop(&mut self) {
-        self.kill();
-        if std::thread::panicking() {
-            eprintln!("---- meshpilot log tail ----\n{}\n----", tail(&self.logs(), 100));
-        }
-        if keep_temp() {
-            if let Some(dir) = self.dir.take() {
-                eprintln!("keeping meshpilot dir {}", dir.keep().display());
-            }
-        }
+        write!(f, "Meshpilot(xds {} admin {})", self.xds_addr, self.admin_addr())
     }
 }
