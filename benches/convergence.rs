@@ -43,9 +43,10 @@ fn write(dir: &Path, name: &str, text: &str) {
     std::fs::rename(&tmp, dir.join(name)).expect("rename");
 }
 
-fn free_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port")
-}
+#[path = "../tests/common/ports.rs"]
+#[allow(dead_code)]
+mod ports;
+use ports::free_addr;
 
 async fn all_acked(
     proxies: &[SimProxy],

@@ -14,6 +14,18 @@ if [[ "$(id -u)" -ne 0 ]]; then
         log "not root and no sudo: cannot install packages"; fi
 fi
 
+# True when protoc resolves an import of a well-known type (what etcd-client's protos need).
+protoc_has_includes() {
+    command -v protoc >/dev/null 2>&1 || return 1
+    local dir
+    dir="$(mktemp -d)"
+    printf 'syntax = "proto3";\nimport "google/protobuf/descriptor.proto";\n' >"$dir/probe.proto"
+    protoc -I"$dir" --descriptor_set_out=/dev/null "$dir/probe.proto" >/dev/null 2>&1
+    local rc=$?
+    rm -rf "$dir"
+    return $rc
+}
+
 APT_UPDATED=0
 apt_install() {
     export DEBIAN_FRONTEND=noninteractive
@@ -26,9 +38,25 @@ apt_install() {
     $SUDO apt-get install -y -qq --no-install-recommends "$@" >&2
 }
 
-# protoc: build scripts (prost-build, etcd-client) read PROTOC or find it on PATH.
-if ! command -v protoc >/dev/null 2>&1; then
-    apt_install protobuf-compiler
+# protoc and its well-known types: etcd-client's build script runs protoc (PROTOC or PATH) on
+# protos that import google/protobuf/*.proto. Debian ships protoc in protobuf-compiler and the
+# include files in libprotobuf-dev (only a *recommended* package, so it is named here).
+if ! command -v protoc >/dev/null 2>&1 || ! protoc_has_includes; then
+    apt_install protobuf-compiler libprotobuf-dev
+fi
+if ! protoc_has_includes; then
+    log "protoc cannot find google/protobuf/descriptor.proto after installing libprotobuf-dev"
+    exit 1
+fi
+
+# rustfmt and clippy: scripts/test.sh checks formatting and lints before the tests.
+if command -v rustup >/dev/null 2>&1; then
+    for component in rustfmt clippy; do
+        if ! rustup component list --installed 2>/dev/null | grep -q "^$component"; then
+            log "rustup component add $component"
+            rustup component add "$component" >&2
+        fi
+    done
 fi
 
 # etcd: server + etcdctl, for leader-election / store integration tests.

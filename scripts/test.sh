@@ -10,5 +10,9 @@ if [[ -z "${PROTOC:-}" ]] && command -v protoc >/dev/null 2>&1; then
     export PROTOC="$(command -v protoc)"
 fi
 
+# Standards first: formatting and lints fail the run before any test starts.
+cargo fmt --check
+cargo clippy --all-targets --locked -- -D warnings
+
 cargo build --locked --bins
 cargo test --locked --all-targets -- --test-threads=2

@@ -11,6 +11,7 @@ use meshpilot::sim::{SimProxy, SimProxySpec};
 use meshpilot::xds::TypeUrl;
 use serde_json::Value;
 
+mod common;
 #[path = "etcd_support/mod.rs"]
 mod etcd_support;
 mod telemetry_support;

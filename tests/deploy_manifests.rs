@@ -8,6 +8,7 @@
 //! - the load balancers hash proxies as the frontends' ownership (Maglev) does: statically, and
 //!   for Kubernetes end to end, with a real Envoy resolving a stub DNS name to several frontends.
 
+mod common;
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -1409,7 +1410,7 @@ struct StubDns {
 
 impl StubDns {
     fn start(name: &str, addrs: Vec<Ipv4Addr>) -> StubDns {
-        let socket = UdpSocket::bind("127.0.0.1:0").expect("bind the stub DNS socket");
+        let socket = UdpSocket::bind(common::ports::free_addr()).expect("bind the stub DNS socket");
         socket.set_read_timeout(Some(Duration::from_millis(50))).expect("set the stub DNS read timeout");
         let port = socket.local_addr().expect("stub DNS address").port();
         let stop = Arc::new(AtomicBool::new(false));

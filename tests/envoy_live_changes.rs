@@ -5,6 +5,7 @@
 //! writes the way users do and only polls for the final outcome. Nothing is restarted: each test
 //! checks the meshpilot and Envoy processes it started are the same ones at the end.
 
+mod common;
 mod support;
 
 use std::path::Path;

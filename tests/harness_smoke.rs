@@ -1,6 +1,7 @@
 //! Exercises the integration-test harness (tests/support) itself: the HTTP
 //! backends, a real Envoy, and the HTTP helpers.
 
+mod common;
 mod support;
 
 use std::path::Path;

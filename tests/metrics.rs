@@ -7,6 +7,7 @@ use std::time::Duration;
 use meshpilot::sim::{SimProxy, SimProxySpec, SimState};
 use meshpilot::xds::TypeUrl;
 
+mod common;
 mod telemetry_support;
 
 use telemetry_support::*;

@@ -8,6 +8,7 @@ use std::time::Duration;
 use meshpilot::sim::{SimProxy, SimProxySpec};
 use opentelemetry_proto::tonic::metrics::v1::metric;
 
+mod common;
 #[path = "etcd_support/mod.rs"]
 mod etcd_support;
 mod telemetry_support;

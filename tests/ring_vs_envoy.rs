@@ -2,6 +2,7 @@
 //! Envoy routes lands on the backend `Ring::owner` (for RING_HASH) or `Maglev::owner` (for MAGLEV)
 //! names.
 
+mod common;
 mod support;
 
 use meshpilot::ownership::{Maglev, MaglevSettings, Ring, RingSettings, PROXY_KEY_HEADER};

@@ -14,6 +14,7 @@
 //! The tests are heavy: run them one at a time (`--test-threads=1`); they also take a lock so
 //! that two never overlap when run with more threads.
 
+mod common;
 mod etcd_support;
 mod support;
 

@@ -1,6 +1,8 @@
 //! Snapshot subscription over real gRPC on 127.0.0.1: a leader's `SnapshotServer` and frontends'
 //! `SnapshotSubscriber`s, checking versions held and that frontends rebuild the leader's snapshots.
 
+mod common;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -95,7 +97,7 @@ impl Drop for Leader {
 
 /// Serves `server` on a free 127.0.0.1 port.
 async fn serve(server: SnapshotServer) -> (SocketAddr, JoinHandle<()>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = tokio::net::TcpListener::bind(common::ports::free_addr()).await.unwrap();
     let addr = listener.local_addr().unwrap();
     let task = tokio::spawn(async move {
         tonic::transport::Server::builder()

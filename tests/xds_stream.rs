@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+mod common;
 mod support;
 
 use meshpilot::frontend::FrontendSettings;

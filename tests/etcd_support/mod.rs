@@ -2,7 +2,8 @@
 //! killed and restarted on the same ports (same or fresh data dir).
 #![allow(dead_code)]
 
-use std::net::TcpListener;
+pub use crate::common::ports::free_port;
+
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -129,10 +130,6 @@ impl Drop for Etcd {
     }
 }
 
-/// A port on 127.0.0.1 that was free a moment ago.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("bind 127.0.0.1:0")
-}
 
 /// Polls `f` every 50 ms until it is true (→ true) or `timeout` passes (→ false).
 pub async fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {

@@ -4,8 +4,10 @@
 //! of each log is printed when the test is failing.
 #![allow(dead_code)]
 
+pub use crate::common::ports::{free_addr, free_port};
+
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -24,15 +26,7 @@ use opentelemetry_proto::tonic::trace::v1::Span;
 /// Start-up and convergence timeout.
 pub const TIMEOUT: Duration = Duration::from_secs(60);
 
-/// A port on 127.0.0.1 that was free a moment ago.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("bind 127.0.0.1:0")
-}
 
-/// `127.0.0.1:<free port>`.
-pub fn free_addr() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], free_port()))
-}
 
 /// Polls `f` every 100 ms until it returns `Some` (→ it) or `timeout` passes (→ `None`).
 pub async fn poll<T>(timeout: Duration, mut f: impl AsyncFnMut() -> Option<T>) -> Option<T> {
@@ -473,7 +467,7 @@ pub struct OtlpReceiver {
 impl OtlpReceiver {
     /// Listens on a free port.
     pub async fn start() -> OtlpReceiver {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let listener = tokio::net::TcpListener::bind(free_addr()).await.expect("bind");
         let addr = listener.local_addr().expect("local addr");
         let received = Received::default();
         let server = tonic::transport::Server::builder()
