@@ -8,14 +8,14 @@
 //! file write to every proxy ACKing the new version (a change affecting all proxies); and
 //! time from an endpoint-only write to every proxy ACKing it (EDS-only push).
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use meshpilot::frontend::FrontendSettings;
+use meshpilot::app::standalone::{self, StandaloneSettings};
+use meshpilot::app::Process;
 use meshpilot::ingest::DebounceSettings;
 use meshpilot::sim::{SimProxy, SimProxySpec};
-use meshpilot::standalone::{self, StandaloneSettings};
+use meshpilot::source::SourceSettings;
 use meshpilot::xds::TypeUrl;
 
 fn services(count: usize, endpoints: usize) -> String {
@@ -70,13 +70,15 @@ fn main() {
         write(dir.path(), "route.yaml", &route(90));
         let (xds, admin) = (free_addr(), free_addr());
         let settings = StandaloneSettings {
-            config_dir: dir.path().to_path_buf(),
-            mesh_config: None,
+            sources: SourceSettings { config_dir: dir.path().to_path_buf(), mesh_config: None },
             debounce: DebounceSettings::default(),
-            frontend: FrontendSettings { xds_addr: xds, admin_addr: admin, identity: "bench".into() },
+            xds_addr: xds,
+            admin_addr: admin,
         };
-        let (stop, stop_rx) = tokio::sync::watch::channel(false);
-        tokio::spawn(standalone::run(settings, stop_rx));
+        // Dropping the trigger drains the server.
+        let (stop, drain) = meshpilot::drain::new();
+        let process = Process::new(meshpilot::telemetry::metrics::Registry::new(), "standalone", "test");
+        tokio::spawn(standalone::run(settings, process, drain));
         tokio::time::sleep(Duration::from_millis(500)).await;
 
         let url = format!("http://{xds}");
@@ -109,7 +111,7 @@ fn main() {
         write(dir.path(), "services.yaml", &services(service_count, 4));
         all_acked(&sims, timeout, |s| s.types.get(&TypeUrl::Endpoint).is_some_and(|t| t.acked_version == "1.3")).await;
         let eds_push = t.elapsed();
-        let _ = stop.send(true);
+        drop(stop);
 
         let report = serde_json::json!({
             "proxies": proxies,

@@ -1,18 +1,23 @@
 //! meshpilot: a horizontally scalable service-mesh control plane serving Envoy over xDS.
+//!
+//! The modules follow the data flow (see `ARCHITECTURE.md`): [`source`] → [`ingest`] →
+//! [`snapshot`] → [`replication`] → [`xds`] → proxies, beside the shared model ([`config`],
+//! [`mesh`], [`registry`]), the [`cluster`] (etcd, election, membership, ownership), [`admin`],
+//! [`telemetry`], and one composition root per role in [`app`].
 
 pub mod admin;
+pub mod app;
+pub mod backoff;
+pub mod cluster;
 pub mod config;
-pub mod election;
-pub mod etcd;
-pub mod frontend;
-pub mod fswatch;
+pub mod drain;
 pub mod ingest;
-pub mod membership;
 pub mod mesh;
-pub mod ownership;
+pub mod readiness;
 pub mod registry;
+pub mod replication;
 pub mod sim;
 pub mod snapshot;
-pub mod standalone;
+pub mod source;
 pub mod telemetry;
 pub mod xds;

@@ -7,11 +7,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use meshpilot::app::{self, Process};
 use meshpilot::config::parse::Document;
-use meshpilot::config::source::files::parse_tree;
-use meshpilot::frontend::FrontendSettings;
 use meshpilot::ingest::DebounceSettings;
-use meshpilot::standalone::{self, StandaloneSettings};
+use meshpilot::source::files::parse_tree;
+use meshpilot::source::SourceSettings;
+use meshpilot::telemetry::metrics::Registry;
 use meshpilot::telemetry::{init_logging, Role};
 
 /// meshpilot: an Istio-compatible, horizontally scalable xDS control plane.
@@ -155,7 +156,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // The serving commands set up telemetry themselves, once they know their id.
     let serving = matches!(cli.command, Command::Standalone(_) | Command::Ingest(_) | Command::Frontend(_));
-    let _telemetry = (!serving).then(|| init_logging(Role::Tool, "meshpilot"));
+    let _telemetry = (!serving).then(|| init_logging(Role::Tool, "meshpilot", &Registry::new()));
     match cli.command {
         Command::Version => {
             println!("meshpilot {}", env!("CARGO_PKG_VERSION"));
@@ -189,52 +190,23 @@ fn exit(result: anyhow::Result<()>) -> ExitCode {
     }
 }
 
-/// Runs `body` on a runtime with a shutdown flag that flips on SIGINT/SIGTERM.
-fn with_runtime<F, Fut>(body: F) -> anyhow::Result<()>
-where
-    F: FnOnce(tokio::sync::watch::Receiver<bool>) -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<()>>,
-{
-    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-    let result = runtime.block_on(async {
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(async move {
-            shutdown_signal().await;
-            tracing::info!(deadline = ?DRAIN_DEADLINE, "shutting down");
-            let _ = stop_tx.send(true);
-            // Peers that keep connections open (load balancers, idle HTTP/2 clients) must not hold a
-            // terminating process past its deadline: Kubernetes would SIGKILL it anyway.
-            tokio::time::sleep(DRAIN_DEADLINE).await;
-            let _ = drained_tx.send(());
-        });
-        tokio::select! {
-            result = body(stop_rx) => result,
-            _ = drained_rx => {
-                tracing::warn!("drain deadline passed; exiting with connections still open");
-                Ok(())
-            }
-        }
-    });
-    // Tasks still holding connections are dropped here instead of waited for.
-    runtime.shutdown_timeout(Duration::from_secs(1));
-    result
-}
-
-/// How long a terminating process drains before it exits regardless.
-const DRAIN_DEADLINE: Duration = Duration::from_secs(5);
-
 fn default_id(role: &str) -> String {
     format!("{role}-{}", std::process::id())
 }
 
+/// Logging, telemetry and the process's metrics registry for a serving role.
+fn serving_process(role: Role, id: &str) -> (Process, meshpilot::telemetry::Telemetry) {
+    let registry = Registry::new();
+    let telemetry = init_logging(role, id, &registry);
+    (Process::new(registry, role.as_str(), id), telemetry)
+}
+
 fn run_ingest(args: IngestArgs) -> anyhow::Result<()> {
     let id = args.id.unwrap_or_else(|| default_id("ingest"));
-    let _telemetry = init_logging(Role::Ingest, &id);
-    let settings = meshpilot::ingest::node::IngestNodeSettings {
+    let (process, _telemetry) = serving_process(Role::Ingest, &id);
+    let settings = app::ingest::IngestNodeSettings {
         etcd_endpoints: args.etcd_endpoints,
-        config_dir: args.config_dir,
-        mesh_config: args.mesh_config,
+        sources: SourceSettings { config_dir: args.config_dir, mesh_config: args.mesh_config },
         snapshot_addr: args.snapshot_addr,
         advertise_addr: args.advertise_addr.unwrap_or_else(|| args.snapshot_addr.to_string()),
         admin_addr: args.admin_addr,
@@ -242,43 +214,36 @@ fn run_ingest(args: IngestArgs) -> anyhow::Result<()> {
         lease_ttl: Duration::from_secs(args.lease_ttl.max(2)),
         debounce: DebounceSettings { after: args.debounce_after, max: args.debounce_max },
     };
-    with_runtime(|stop| async move { meshpilot::ingest::node::run(settings, stop).await.context("ingest node") })
+    app::run(|drain| app::ingest::run(settings, process, drain)).context("ingest node")
 }
 
 fn run_frontend(args: FrontendArgs) -> anyhow::Result<()> {
     let id = args.id.unwrap_or_else(|| default_id("frontend"));
-    let _telemetry = init_logging(Role::Frontend, &id);
-    let settings = meshpilot::frontend::node::FrontendNodeSettings {
+    let (process, _telemetry) = serving_process(Role::Frontend, &id);
+    let settings = app::frontend::FrontendNodeSettings {
         etcd_endpoints: args.etcd_endpoints,
-        frontend: FrontendSettings {
-            xds_addr: args.xds_addr,
-            admin_addr: args.admin_addr,
-            identity: format!("frontend/{id}"),
-        },
+        xds_addr: args.xds_addr,
+        admin_addr: args.admin_addr,
         advertise_addr: args.advertise_addr.unwrap_or_else(|| args.xds_addr.to_string()),
         id,
         proxy_key: match args.proxy_key {
-            ProxyKeyArg::NamespaceServiceAccount => meshpilot::ownership::ProxyKey::ServiceAccount,
-            ProxyKeyArg::NodeId => meshpilot::ownership::ProxyKey::NodeId,
+            ProxyKeyArg::NamespaceServiceAccount => meshpilot::cluster::ownership::ProxyKey::ServiceAccount,
+            ProxyKeyArg::NodeId => meshpilot::cluster::ownership::ProxyKey::NodeId,
         },
         lease_ttl: Duration::from_secs(args.lease_ttl.max(2)),
     };
-    with_runtime(|stop| async move { meshpilot::frontend::node::run(settings, stop).await.context("frontend") })
+    app::run(|drain| app::frontend::run(settings, process, drain)).context("frontend")
 }
 
 fn run_standalone(args: StandaloneArgs) -> anyhow::Result<()> {
-    let _telemetry = init_logging(Role::Standalone, &default_id("standalone"));
-    let settings = StandaloneSettings {
-        config_dir: args.config_dir,
-        mesh_config: args.mesh_config,
+    let (process, _telemetry) = serving_process(Role::Standalone, &default_id("standalone"));
+    let settings = app::standalone::StandaloneSettings {
+        sources: SourceSettings { config_dir: args.config_dir, mesh_config: args.mesh_config },
         debounce: DebounceSettings { after: args.debounce_after, max: args.debounce_max },
-        frontend: FrontendSettings {
-            xds_addr: args.xds_addr,
-            admin_addr: args.admin_addr,
-            identity: "standalone".into(),
-        },
+        xds_addr: args.xds_addr,
+        admin_addr: args.admin_addr,
     };
-    with_runtime(|stop| async move { standalone::run(settings, stop).await.context("standalone meshpilot") })
+    app::run(|drain| app::standalone::run(settings, process, drain)).context("standalone meshpilot")
 }
 
 /// Runs a load test; `Ok(false)` when not every proxy converged.
@@ -287,26 +252,6 @@ fn load(settings: meshpilot::sim::load::LoadSettings) -> anyhow::Result<bool> {
     let report = runtime.block_on(meshpilot::sim::load::run(&settings));
     println!("{}", serde_json::to_string(&report).context("encoding the report")?);
     Ok(report.converged == settings.proxies)
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(t) => t,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
 }
 
 fn validate(path: &std::path::Path) -> ExitCode {

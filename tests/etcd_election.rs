@@ -7,7 +7,9 @@ mod etcd_support;
 use std::time::{Duration, Instant};
 
 use etcd_support::{eventually, Etcd};
-use meshpilot::election::{Candidate, ElectionSettings, LeaderInfo, LeaderWatch, Leadership, DEFAULT_ELECTION_NAME};
+use meshpilot::cluster::election::{
+    Candidate, ElectionSettings, LeaderInfo, LeaderWatch, Leadership, DEFAULT_ELECTION_NAME,
+};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
@@ -24,7 +26,7 @@ struct Node {
 
 impl Node {
     async fn start(etcd: &Etcd, id: &str) -> Node {
-        let client = meshpilot::etcd::connect(&[etcd.endpoint()]).await.expect("connect");
+        let client = meshpilot::cluster::etcd::connect(&[etcd.endpoint()]).await.expect("connect");
         let addr = format!("{id}.ingest:15020");
         let settings = ElectionSettings { ttl: TTL, ..ElectionSettings::new(id, addr.clone()) };
         let candidate = Candidate::new(client, settings);
@@ -57,7 +59,7 @@ impl Drop for Node {
 }
 
 async fn leader_watch(etcd: &Etcd) -> (watch::Receiver<Option<LeaderInfo>>, JoinHandle<()>) {
-    let client = meshpilot::etcd::connect(&[etcd.endpoint()]).await.expect("connect");
+    let client = meshpilot::cluster::etcd::connect(&[etcd.endpoint()]).await.expect("connect");
     let w = LeaderWatch::new(client, DEFAULT_ELECTION_NAME);
     let rx = w.leader();
     (rx, tokio::spawn(w.run(std::future::pending())))

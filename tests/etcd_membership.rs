@@ -7,7 +7,7 @@ mod etcd_support;
 use std::time::{Duration, Instant};
 
 use etcd_support::{eventually, Etcd};
-use meshpilot::membership::{Member, Members, MembersWatch, MembershipSettings, Registration, DEFAULT_PREFIX};
+use meshpilot::cluster::membership::{Member, Members, MembersWatch, MembershipSettings, Registration, DEFAULT_PREFIX};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
@@ -22,7 +22,7 @@ struct Frontend {
 
 impl Frontend {
     async fn start(etcd: &Etcd, id: &str) -> Frontend {
-        let client = meshpilot::etcd::connect(&[etcd.endpoint()]).await.expect("connect");
+        let client = meshpilot::cluster::etcd::connect(&[etcd.endpoint()]).await.expect("connect");
         let settings = MembershipSettings { ttl: TTL, ..MembershipSettings::new(id, addr(id)) };
         let registration = Registration::new(client, settings);
         let registered = registration.registered();
@@ -63,7 +63,7 @@ async fn wait_for(w: &watch::Receiver<Members>, want: &Members, within: Duration
 #[tokio::test]
 async fn members_follow_registrations_and_survive_etcd_restarts() {
     let mut etcd = Etcd::start().await;
-    let client = meshpilot::etcd::connect(&[etcd.endpoint()]).await.expect("connect");
+    let client = meshpilot::cluster::etcd::connect(&[etcd.endpoint()]).await.expect("connect");
     let watcher = MembersWatch::new(client, DEFAULT_PREFIX);
     let seen = watcher.members();
     let _watch_task = tokio::spawn(watcher.run(std::future::pending()));

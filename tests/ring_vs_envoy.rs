@@ -5,7 +5,7 @@
 mod common;
 mod support;
 
-use meshpilot::ownership::{Maglev, MaglevSettings, Ring, RingSettings, PROXY_KEY_HEADER};
+use meshpilot::cluster::ownership::{Maglev, MaglevSettings, Ring, RingSettings, PROXY_KEY_HEADER};
 use serde_json::{json, Value};
 use support::*;
 

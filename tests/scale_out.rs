@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use etcd_support::Etcd;
-use meshpilot::ownership::{Ownership, ProxyHashing};
+use meshpilot::cluster::ownership::{Ownership, ProxyHashing};
 use meshpilot::sim::{SimProxy, SimProxySpec, SimState};
 use meshpilot::snapshot::Version;
 use meshpilot::xds::TypeUrl;

@@ -8,13 +8,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use meshpilot::cluster::election::LeaderInfo;
 use meshpilot::config::parse::object_from_value;
-use meshpilot::snapshot::subscription::{
-    LeaderInfo, ServerSettings, SnapshotServer, SnapshotSubscriber, SubscriberSettings, SubscriberStatus,
+use meshpilot::replication::wire::proto::snapshot_service_client::SnapshotServiceClient;
+use meshpilot::replication::wire::proto::SubscribeRequest;
+use meshpilot::replication::wire::{encode_full, CHUNK_SIZE};
+use meshpilot::replication::{
+    ServerSettings, SnapshotServer, SnapshotSubscriber, SubscriberSettings, SubscriberStatus,
 };
-use meshpilot::snapshot::wire::proto::snapshot_service_client::SnapshotServiceClient;
-use meshpilot::snapshot::wire::proto::SubscribeRequest;
-use meshpilot::snapshot::wire::{encode_full, CHUNK_SIZE};
 use meshpilot::snapshot::{
     channel, ChangeSet, ChangedKey, Snapshot, SnapshotReader, SnapshotWriter, SourceState, Version,
 };
@@ -114,18 +115,18 @@ struct Frontend {
     leader: watch::Sender<Option<LeaderInfo>>,
     reader: SnapshotReader,
     status: watch::Receiver<SubscriberStatus>,
-    _shutdown: watch::Sender<bool>,
+    _shutdown: meshpilot::drain::DrainTrigger,
 }
 
 impl Frontend {
     fn start(leader: Option<LeaderInfo>) -> Frontend {
         let (writer, reader) = channel();
         let (leader_tx, leader_rx) = watch::channel(leader);
-        let (shutdown, shutdown_rx) = watch::channel(false);
+        let (shutdown, drain) = meshpilot::drain::new();
         let settings = SubscriberSettings::new("frontend-test");
         let subscriber = SnapshotSubscriber::new(settings, leader_rx, writer);
         let status = subscriber.status();
-        tokio::spawn(subscriber.run(shutdown_rx));
+        tokio::spawn(subscriber.run(drain));
         Frontend { leader: leader_tx, reader, status, _shutdown: shutdown }
     }
 

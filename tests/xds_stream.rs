@@ -13,10 +13,11 @@ use std::time::Duration;
 mod common;
 mod support;
 
-use meshpilot::frontend::FrontendSettings;
+use meshpilot::app::standalone::{self, StandaloneSettings};
+use meshpilot::app::Process;
 use meshpilot::ingest::DebounceSettings;
 use meshpilot::sim::{SimProxy, SimProxySpec, SimState};
-use meshpilot::standalone::{self, StandaloneSettings};
+use meshpilot::source::SourceSettings;
 use meshpilot::xds::TypeUrl;
 use serde_json::Value;
 
@@ -113,21 +114,23 @@ fn write(dir: &Path, name: &str, text: &str) {
 struct Server {
     xds: SocketAddr,
     admin: SocketAddr,
-    stop: tokio::sync::watch::Sender<bool>,
+    stop: Option<meshpilot::drain::DrainTrigger>,
 }
 
 impl Server {
     fn start(dir: &Path) -> Server {
         let (xds, admin) = (free_addr(), free_addr());
         let settings = StandaloneSettings {
-            config_dir: dir.to_path_buf(),
-            mesh_config: None,
+            sources: SourceSettings { config_dir: dir.to_path_buf(), mesh_config: None },
             debounce: DebounceSettings { after: Duration::from_millis(50), max: Duration::from_secs(1) },
-            frontend: FrontendSettings { xds_addr: xds, admin_addr: admin, identity: "test".into() },
+            xds_addr: xds,
+            admin_addr: admin,
         };
-        let (stop, stop_rx) = tokio::sync::watch::channel(false);
-        tokio::spawn(standalone::run(settings, stop_rx));
-        Server { xds, admin, stop }
+        // Dropping the trigger drains the server.
+        let (stop, drain) = meshpilot::drain::new();
+        let process = Process::new(meshpilot::telemetry::metrics::Registry::new(), "standalone", "test");
+        tokio::spawn(standalone::run(settings, process, drain));
+        Server { xds, admin, stop: Some(stop) }
     }
 
     fn url(&self) -> String {
@@ -148,7 +151,7 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = self.stop.send(true);
+        self.stop.take();
     }
 }
 

@@ -16,7 +16,8 @@ fn no_snapshot() -> Response {
     (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"error": "no snapshot yet"}))).into_response()
 }
 
-fn rfc3339ish(t: std::time::SystemTime) -> f64 {
+/// Seconds since the Unix epoch, as a float (what Istio's debug JSON uses for times).
+fn unix_seconds(t: std::time::SystemTime) -> f64 {
     t.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or_default()
 }
 
@@ -74,22 +75,27 @@ pub async fn registryz(State(state): State<AdminState>) -> Response {
     Json(json!({"version": snap.version.to_string(), "services": services})).into_response()
 }
 
+/// The live connections, none where this process serves no proxies.
+fn connections(state: &AdminState) -> Vec<std::sync::Arc<crate::xds::status::ConnectionStatus>> {
+    state.xds.as_ref().map(|x| x.connections.snapshot()).unwrap_or_default()
+}
+
 /// Per proxy and type: sent version and nonce, acked version, last NACK.
 pub async fn syncz(State(state): State<AdminState>) -> Response {
-    Json(state.connections.snapshot().iter().map(|c| json!(**c)).collect::<Vec<_>>()).into_response()
+    Json(connections(&state).iter().map(|c| json!(**c)).collect::<Vec<_>>()).into_response()
 }
 
 /// The latest push: version, what changed, and how many proxies are on it.
 pub async fn push_status(State(state): State<AdminState>) -> Response {
     let Some(snap) = state.snapshots.current() else { return no_snapshot() };
-    let connections = state.connections.snapshot();
+    let connections = connections(&state);
     let current = snap.version.to_string();
     let synced = connections.iter().filter(|c| c.snapshot_version == current).count();
     Json(json!({
         "server": state.identity,
         "version": current,
         "trace_id": crate::telemetry::trace::snapshot_trace_id(snap.version),
-        "built_at": rfc3339ish(snap.built_at),
+        "built_at": unix_seconds(snap.built_at),
         "full": snap.changes.full,
         "endpoints_only": snap.changes.endpoints_only(),
         "changed": snap.changes.keys,
@@ -108,7 +114,10 @@ pub async fn config_dump(State(state): State<AdminState>, Query(q): Query<HashMa
     let Some(wanted) = q.get("proxyID").filter(|s| !s.is_empty()) else {
         return (StatusCode::BAD_REQUEST, Json(json!({"error": "proxyID query parameter required"}))).into_response();
     };
-    let connections = state.connections.snapshot();
+    let Some(xds) = &state.xds else {
+        return (StatusCode::NOT_FOUND, Json(json!({"error": "this process serves no proxies"}))).into_response();
+    };
+    let connections = xds.connections.snapshot();
     let Some(conn) =
         connections.iter().find(|c| c.proxy.id == *wanted || c.proxy.id.split('~').nth(2) == Some(wanted.as_str()))
     else {
@@ -118,7 +127,7 @@ pub async fn config_dump(State(state): State<AdminState>, Query(q): Query<HashMa
     let view = conn.proxy.view();
     let mut configs = serde_json::Map::new();
     for type_url in TypeUrl::PUSH_ORDER {
-        let generated = state.cache.get(&snap, &view, type_url).await;
+        let generated = xds.cache.get(&snap, &view, type_url).await;
         configs.insert(type_url.short().to_string(), dump_resources(&snap, &generated.resources));
     }
     Json(json!({

@@ -2,7 +2,6 @@
 
 mod debug;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -11,7 +10,9 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 
+use crate::readiness::Ready;
 use crate::snapshot::SnapshotReader;
+use crate::telemetry::metrics::Registry;
 use crate::xds::cache::GenerationCache;
 use crate::xds::status::ConnectionRegistry;
 
@@ -20,14 +21,25 @@ use crate::xds::status::ConnectionRegistry;
 pub struct AdminState {
     /// Latest snapshot.
     pub snapshots: SnapshotReader,
-    /// Live xDS connections.
-    pub connections: Arc<ConnectionRegistry>,
-    /// Generation cache of the xDS server.
-    pub cache: Arc<GenerationCache>,
+    /// The xDS server's state, where this process serves proxies (not on an ingest node).
+    pub xds: Option<XdsState>,
+    /// Start-up conditions; `/ready` is 200 once none is pending.
+    pub ready: Ready,
+    /// The metrics every component of this process registered, for `/metrics`.
+    pub metrics: Registry,
     /// Role and id of this process, shown in `/debug/push_status`.
     pub identity: String,
     /// Role-specific status for `/debug/node` (leadership, subscription, membership).
     pub node_status: Option<NodeStatus>,
+}
+
+/// The parts of an xDS server the debug endpoints show.
+#[derive(Clone)]
+pub struct XdsState {
+    /// Live xDS connections.
+    pub connections: Arc<ConnectionRegistry>,
+    /// Generation cache of the xDS server.
+    pub cache: Arc<GenerationCache>,
 }
 
 /// Produces the role-specific status shown at `/debug/node`.
@@ -47,31 +59,37 @@ pub fn router(state: AdminState) -> Router {
         .with_state(state)
 }
 
-/// Serves the admin router on `addr` until `shutdown` resolves.
+/// Serves the admin router on an already bound `listener` until `shutdown` resolves.
 pub async fn serve(
-    addr: SocketAddr,
+    listener: tokio::net::TcpListener,
     state: AdminState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "admin server listening");
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "admin server listening");
+    }
     axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
 }
 
-/// 200 once the first snapshot is in (proxies can be served), 503 before.
+/// 200 once every start-up condition is met (the first snapshot is in, listeners are bound), 503 before.
 async fn ready(State(state): State<AdminState>) -> impl IntoResponse {
+    let pending = state.ready.pending();
     match state.snapshots.current() {
-        Some(s) => (StatusCode::OK, format!("ready: snapshot {}\n", s.version)),
-        None => (StatusCode::SERVICE_UNAVAILABLE, "not ready: no snapshot yet\n".to_string()),
+        Some(s) if pending.is_empty() => (StatusCode::OK, format!("ready: snapshot {}\n", s.version)),
+        _ if pending.is_empty() => (StatusCode::SERVICE_UNAVAILABLE, "not ready: no snapshot yet\n".to_string()),
+        _ => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: waiting for {}\n", pending.join(", "))),
     }
 }
 
-/// Role-specific status (`{}` for standalone).
+/// Role-specific status (`{"role": ...}` for standalone).
 async fn node(State(state): State<AdminState>) -> impl IntoResponse {
     let status = state.node_status.as_ref().map(|f| f()).unwrap_or_else(|| serde_json::json!({"role": state.identity}));
     axum::Json(status)
 }
 
-async fn metrics() -> impl IntoResponse {
-    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::telemetry::metrics::METRICS.render())
+async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
+    (
+        [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        crate::telemetry::metrics::render(&state.metrics),
+    )
 }

@@ -50,3 +50,18 @@ impl fmt::Display for ConfigError {
         write!(f, ": {}", self.error)
     }
 }
+
+/// A document the sources saw but do not serve.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct IgnoredObject {
+    /// File.
+    pub file: String,
+    /// 1-based document index.
+    pub document: usize,
+    /// `apiVersion`.
+    pub api_version: String,
+    /// `kind`.
+    pub kind: String,
+    /// `metadata.name`.
+    pub name: String,
+}

@@ -5,8 +5,7 @@ pub mod error;
 pub mod object;
 pub mod parse;
 pub mod render;
-pub mod source;
 pub mod validation;
 
-pub use error::{ConfigError, FieldError};
+pub use error::{ConfigError, FieldError, IgnoredObject};
 pub use object::{ConfigKey, ConfigObject, Kind, Spec, ValidConfig};

@@ -3,9 +3,9 @@
 use std::sync::Arc;
 
 use crate::config::Kind;
+use crate::registry::Registry;
 use crate::snapshot::{ChangeSet, ChangedKey, Snapshot, SourceState, Version};
-
-use super::IngestEvent;
+use crate::source::SourceEvent;
 
 /// Holds the sources' current state and the last snapshot built from it.
 #[derive(Debug, Default)]
@@ -15,12 +15,12 @@ pub struct SnapshotBuilder {
 }
 
 impl SnapshotBuilder {
-    /// Applies a batch of events; returns what they changed (before registry comparison).
-    pub fn apply(&mut self, events: Vec<IngestEvent>) -> ChangeSet {
+    /// Applies a batch of source events; returns what they changed (before registry comparison).
+    pub fn apply(&mut self, events: Vec<SourceEvent>) -> ChangeSet {
         let mut changes = ChangeSet::default();
         for event in events {
             match event {
-                IngestEvent::Config(objects) => {
+                SourceEvent::Config(objects) => {
                     for (key, object) in objects {
                         match object {
                             Some(obj) => {
@@ -33,31 +33,32 @@ impl SnapshotBuilder {
                         changes.keys.insert(ChangedKey::Config(key));
                     }
                 }
-                IngestEvent::Status { errors, ignored } => {
+                SourceEvent::Status { errors, ignored } => {
                     self.state.errors = errors;
                     self.state.ignored = ignored;
                 }
-                IngestEvent::Mesh(mesh) => {
+                SourceEvent::Mesh(mesh) => {
                     if *self.state.mesh != *mesh {
                         self.state.mesh = mesh;
                         changes.full = true;
                         changes.keys.insert(ChangedKey::Mesh);
                     }
                 }
-                IngestEvent::Synced | IngestEvent::Term(_) | IngestEvent::Cause(_) => {}
+                SourceEvent::InitDone(_) | SourceEvent::Cause(_) => {}
             }
         }
         changes
     }
 
-    /// Whether a batch with these changes needs a new snapshot (status-only batches still do,
-    /// so `/debug/configz` shows new errors).
+    /// Builds the snapshot `version` from the current state, classifying `changes` against the
+    /// last snapshot. The registry is built once and shared by the classification and the snapshot.
     pub fn build(&mut self, version: Version, changes: ChangeSet) -> Arc<Snapshot> {
+        let registry = crate::registry::build_registry(self.state.configs.values(), &self.state.mesh);
         let changes = match &self.last {
             None => ChangeSet::full(),
-            Some(last) => classify(last, changes, &self.state),
+            Some(last) => classify(last, changes, &registry),
         };
-        let snapshot = Arc::new(Snapshot::build(version, changes, &self.state));
+        let snapshot = Arc::new(Snapshot::build_with_registry(version, changes, &self.state, registry));
         self.last = Some(snapshot.clone());
         snapshot
     }
@@ -70,7 +71,7 @@ impl SnapshotBuilder {
 
 /// Replaces registry-object changes that left every service definition unchanged by
 /// per-host endpoint changes, so frontends can answer them with EDS-only pushes.
-fn classify(last: &Snapshot, mut changes: ChangeSet, state: &SourceState) -> ChangeSet {
+fn classify(last: &Snapshot, mut changes: ChangeSet, new_registry: &Registry) -> ChangeSet {
     if changes.full {
         return changes;
     }
@@ -83,7 +84,6 @@ fn classify(last: &Snapshot, mut changes: ChangeSet, state: &SourceState) -> Cha
     if registry_keys.is_empty() {
         return changes;
     }
-    let new_registry = crate::registry::build_registry(state.configs.values(), &state.mesh);
     if new_registry.services != last.registry.services {
         return changes;
     }
@@ -104,8 +104,8 @@ mod tests {
     use crate::config::parse::{parse_file, Document};
     use crate::config::ValidConfig;
 
-    fn objects(yaml: &str) -> IngestEvent {
-        IngestEvent::Config(
+    fn objects(yaml: &str) -> SourceEvent {
+        SourceEvent::Config(
             parse_file("t.yaml", yaml)
                 .into_iter()
                 .map(|d| match d {

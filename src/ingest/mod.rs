@@ -1,92 +1,129 @@
 //! Ingest: source events → debounce → snapshot build → publish.
+//!
+//! One task owns the sources' state and the snapshot writer (the one writer of the snapshot
+//! channel). Builds run on the blocking pool, so parsing-sized work never holds an async worker.
 
 mod builder;
 mod debounce;
-pub mod node;
-pub mod sources;
+pub mod metrics;
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
 
 use tokio::sync::mpsc;
 use tracing::{info, warn, Instrument};
 
 pub use builder::SnapshotBuilder;
 pub use debounce::{next_batch, DebounceSettings};
+pub use metrics::IngestMetrics;
 
-use crate::config::{ConfigError, ConfigKey, ValidConfig};
-use crate::mesh::MeshConfig;
-use crate::snapshot::{IgnoredObject, SnapshotWriter, Version};
-use crate::telemetry::{metrics, trace};
+use crate::drain::DrainWatcher;
+use crate::readiness::BlockReady;
+use crate::snapshot::{SnapshotWriter, Version};
+use crate::source::{SourceEvent, SourceId};
+use crate::telemetry::metrics::ProcessMetrics;
+use crate::telemetry::trace;
 
 /// Capacity of the source → ingest channel; sources wait (back-pressure) when ingest is behind.
 pub const EVENT_QUEUE: usize = 1024;
 
-/// A change reported by a source.
+/// What reaches the ingest loop: source events, and new leader terms from the election.
 #[derive(Debug, Clone)]
 pub enum IngestEvent {
-    /// Config objects changed: `Some` is the new valid version, `None` a deletion.
-    Config(Vec<(ConfigKey, Option<ValidConfig>)>),
-    /// The current list of rejected and ignored documents of the config source.
-    Status {
-        /// Rejected documents.
-        errors: Arc<Vec<ConfigError>>,
-        /// Other kinds.
-        ignored: Arc<Vec<IgnoredObject>>,
-    },
-    /// The mesh config changed.
-    Mesh(Arc<MeshConfig>),
-    /// The config source has delivered its initial state; snapshots may be published.
-    Synced,
+    /// A source reported something.
+    Source(SourceEvent),
     /// A new leader term: the next snapshot starts it (version `(term, 1)`, a full snapshot).
     Term(u64),
-    /// The trace of the source event sent right after it: the snapshot it leads to joins its trace.
-    Cause(trace::EventTrace),
 }
 
-impl IngestEvent {
-    /// How many of Istio's `pilot_inbound_updates{type="config"}` this event stands for (one per object).
-    fn config_updates(&self) -> usize {
-        match self {
-            IngestEvent::Config(objects) => objects.len(),
-            IngestEvent::Mesh(_) => 1,
-            IngestEvent::Status { .. } | IngestEvent::Synced | IngestEvent::Term(_) | IngestEvent::Cause(_) => 0,
-        }
+impl From<SourceEvent> for IngestEvent {
+    fn from(event: SourceEvent) -> Self {
+        IngestEvent::Source(event)
     }
 }
 
-/// Runs the ingest loop: debounces events, builds snapshots and publishes them, starting in
-/// `term`; an [`IngestEvent::Term`] starts a new term with a full snapshot. Nothing is published
-/// before the config source reports `Synced` (the readiness gate).
+/// How the ingest loop starts.
+pub struct IngestSettings {
+    /// The term of the first snapshot (0 on a standby until it leads).
+    pub term: u64,
+    /// Debounce timing.
+    pub debounce: DebounceSettings,
+    /// Sources whose initial state must be in before the first snapshot is published.
+    pub sources: Vec<SourceId>,
+    /// Released when the first snapshot is published.
+    pub ready: BlockReady,
+}
+
+/// Runs the ingest loop until the drain starts or every sender is gone: debounces events,
+/// builds snapshots and publishes them. Nothing is published before every source in
+/// `settings.sources` has reported `InitDone` (the readiness gate).
 pub async fn run(
     mut events: mpsc::Receiver<IngestEvent>,
     writer: SnapshotWriter,
-    term: u64,
-    debounce: DebounceSettings,
+    settings: IngestSettings,
+    metrics: IngestMetrics,
+    process: ProcessMetrics,
+    drain: DrainWatcher,
 ) {
-    let mut builder = SnapshotBuilder::default();
-    let mut synced = false;
-    let mut version = Version::new(term, 0);
+    let mut builder = Some(SnapshotBuilder::default());
+    let mut pending: BTreeSet<SourceId> = settings.sources.into_iter().collect();
+    let mut ready = Some(settings.ready);
+    let mut version = Version::new(settings.term, 0);
     let mut causes = Vec::new();
-    // Term changes arrive as events so they are debounced and ordered with everything else.
-    while let Some(batch) = next_batch(&mut events, debounce).await {
+    loop {
+        let batch = tokio::select! {
+            batch = next_batch(&mut events, settings.debounce) => match batch {
+                Some(batch) => batch,
+                None => return,
+            },
+            _ = drain.draining() => return,
+        };
         let batch_closed = std::time::SystemTime::now();
-        causes.extend(batch.iter().filter_map(|e| if let IngestEvent::Cause(c) = e { Some(c.clone()) } else { None }));
-        metrics::inbound_config_updates(batch.iter().map(IngestEvent::config_updates).sum());
-        synced |= batch.iter().any(|e| matches!(e, IngestEvent::Synced));
-        let new_term = batch.iter().filter_map(|e| if let IngestEvent::Term(t) = e { Some(*t) } else { None }).max();
-        let mut changes = builder.apply(batch);
+        let mut new_term = None;
+        let mut source_events = Vec::with_capacity(batch.len());
+        for event in batch {
+            match event {
+                IngestEvent::Term(t) => new_term = new_term.max(Some(t)),
+                IngestEvent::Source(SourceEvent::Cause(c)) => causes.push(c),
+                IngestEvent::Source(SourceEvent::InitDone(id)) => {
+                    pending.remove(&id);
+                }
+                IngestEvent::Source(e) => source_events.push(e),
+            }
+        }
+        metrics.inbound_config_updates(source_events.iter().map(SourceEvent::config_updates).sum());
+        let Some(mut b) = builder.take() else { return };
+        let mut changes = b.apply(source_events);
         if let Some(t) = new_term.filter(|t| *t > version.term) {
             version = Version::new(t, 0);
             changes.full = true;
         }
-        if !synced {
+        if !pending.is_empty() {
+            builder = Some(b);
             continue;
         }
         version = version.next();
         let span = trace::snapshot_build(version, &std::mem::take(&mut causes), batch_closed);
         let started = std::time::Instant::now();
-        let snapshot = span.in_scope(|| builder.build(version, changes));
-        metrics::snapshot_built(&snapshot, started.elapsed());
+        let build_span = span.clone();
+        // The builder travels to the blocking pool and back: one owner, no lock.
+        let built = tokio::task::spawn_blocking(move || {
+            let snapshot = build_span.in_scope(|| b.build(version, changes));
+            (b, snapshot)
+        })
+        .await;
+        let snapshot = match built {
+            Ok((b, snapshot)) => {
+                builder = Some(b);
+                snapshot
+            }
+            Err(e) => {
+                // A panic in a build is a bug; the state went with it, so stop rather than serve a guess.
+                tracing::error!(error = %e, %version, "snapshot build failed; ingest stops");
+                return;
+            }
+        };
+        metrics.snapshot_built(&snapshot, started.elapsed());
+        process.set_snapshot_version(snapshot.version.term, snapshot.version.seq);
         trace::register_snapshot(version, &span);
         async {
             info!(
@@ -104,5 +141,7 @@ pub async fn run(
         }
         .instrument(span)
         .await;
+        // The first snapshot is out: this process can serve.
+        ready.take();
     }
 }

@@ -1,15 +1,11 @@
 //! Mesh-wide settings (Istio's MeshConfig): the fields that shape xDS.
 
-mod watch;
-
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use crate::config::api::sidecar::OutboundMode;
 use crate::config::api::Duration;
-
-pub use watch::watch_mesh_config;
 
 /// The MeshConfig fields meshpilot uses; other fields of Istio's MeshConfig are accepted and ignored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1,13 +1,13 @@
-//! The PushContext snapshot: an immutable, versioned value carrying the keys that changed.
+//! The PushContext snapshot: an immutable, versioned value carrying the keys that changed, and the
+//! one-writer/many-readers channel it is published on. The model only: building it is ingest's
+//! job, sending it to other processes replication's.
 
 mod changes;
 mod channel;
 mod push_context;
-pub mod subscription;
 mod version;
-pub mod wire;
 
 pub use changes::{ChangeSet, ChangedKey};
 pub use channel::{channel, SnapshotReader, SnapshotWriter, StaleSnapshot};
-pub use push_context::{qualify_gateway, vs_applies_to_gateway, IgnoredObject, Indexed, Snapshot, SourceState};
+pub use push_context::{qualify_gateway, vs_applies_to_gateway, Indexed, Snapshot, SourceState};
 pub use version::{ParseVersionError, Version};

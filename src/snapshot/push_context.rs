@@ -6,24 +6,9 @@ use std::time::SystemTime;
 
 use super::{ChangeSet, Version};
 use crate::config::api::{DestinationRule, Gateway, Labels, Sidecar, VirtualService};
-use crate::config::{ConfigError, ConfigKey, Kind, Spec, ValidConfig};
+use crate::config::{ConfigError, ConfigKey, IgnoredObject, Kind, Spec, ValidConfig};
 use crate::mesh::MeshConfig;
 use crate::registry::{host_matches, Endpoints, Hostname, Registry, Service, ServiceKey, Visibility};
-
-/// A document the sources saw but do not serve.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct IgnoredObject {
-    /// File.
-    pub file: String,
-    /// 1-based document index.
-    pub document: usize,
-    /// `apiVersion`.
-    pub api_version: String,
-    /// `kind`.
-    pub kind: String,
-    /// `metadata.name`.
-    pub name: String,
-}
 
 /// Everything the sources currently hold, as ingest hands it to the snapshot builder.
 #[derive(Debug, Clone, Default)]
@@ -76,9 +61,19 @@ pub struct Indexed<T> {
 impl Snapshot {
     /// Builds a snapshot from the sources' state.
     pub fn build(version: Version, changes: ChangeSet, state: &SourceState) -> Snapshot {
+        let registry = crate::registry::build_registry(state.configs.values(), &state.mesh);
+        Snapshot::build_with_registry(version, changes, state, registry)
+    }
+
+    /// Builds a snapshot from the sources' state and the registry already built from that state.
+    pub fn build_with_registry(
+        version: Version,
+        changes: ChangeSet,
+        state: &SourceState,
+        registry: Registry,
+    ) -> Snapshot {
         let mesh = state.mesh.clone();
         let domain = mesh.trust_domain.clone();
-        let registry = crate::registry::build_registry(state.configs.values(), &mesh);
         let mut virtual_services = Vec::new();
         let mut destination_rules = Vec::new();
         for config in state.configs.values() {

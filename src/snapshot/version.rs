@@ -32,6 +32,12 @@ impl fmt::Display for Version {
     }
 }
 
+impl From<Version> for crate::telemetry::trace::TraceVersion {
+    fn from(v: Version) -> Self {
+        crate::telemetry::trace::TraceVersion { term: v.term, seq: v.seq }
+    }
+}
+
 /// A version string that is not `term.seq`.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid snapshot version {0:?}, expected TERM.SEQ")]

@@ -50,7 +50,7 @@ impl Role {
 
 /// Installs logging and, for the serving roles, OpenTelemetry (see the module docs). Keep the
 /// returned guard alive while the process runs: dropping it flushes and stops the exporters.
-pub fn init_logging(role: Role, id: &str) -> Telemetry {
+pub fn init_logging(role: Role, id: &str, registry: &metrics::Registry) -> Telemetry {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let json = std::env::var("MESHPILOT_LOG_FORMAT").is_ok_and(|v| v == "json");
     let fmt = if json {
@@ -62,8 +62,7 @@ pub fn init_logging(role: Role, id: &str) -> Telemetry {
         let _ = tracing_subscriber::registry().with(fmt.with_filter(filter)).try_init();
         return Telemetry::disabled();
     }
-    metrics::set_build_info(role.as_str(), id);
-    let telemetry = Telemetry::start(role, id);
+    let telemetry = Telemetry::start(role, id, registry.clone());
     // Spans of meshpilot itself become OpenTelemetry spans whatever RUST_LOG says.
     let otel = tracing_opentelemetry::layer()
         .with_tracer(telemetry.tracer())

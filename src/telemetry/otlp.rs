@@ -42,7 +42,7 @@ use opentelemetry_sdk::Resource;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use super::metrics::METRICS;
+use super::metrics::Registry;
 use super::otlp_metrics::MetricsExporter;
 use super::Role;
 
@@ -195,14 +195,22 @@ impl Identity {
         }
     }
 
-    /// The term this process is in now, as its metrics know it: fixed 1 standalone, the term it
-    /// leads on an ingest node (none while standby), the term it follows on a frontend.
-    pub fn current_term(&self) -> Option<u64> {
-        let positive = |v: i64| u64::try_from(v).ok().filter(|t| *t > 0);
+    /// The term this process is in now, as its metrics say: fixed 1 standalone, the term it
+    /// leads on an ingest node (none while standby), the term it follows on a frontend. Read by
+    /// name from the gathered families: telemetry knows no component's metrics struct.
+    pub fn current_term(&self, families: &[prometheus::proto::MetricFamily]) -> Option<u64> {
+        let gauge = |name: &str| {
+            families
+                .iter()
+                .find(|f| f.name() == name)
+                .and_then(|f| f.get_metric().first())
+                .map(|m| m.get_gauge().get_value())
+        };
+        let positive = |v: Option<f64>| v.filter(|t| *t >= 1.0).map(|t| t as u64);
         match self.role {
             Role::Standalone => Some(1),
-            Role::Ingest if METRICS.is_leader.get() == 1 => positive(METRICS.leader_term.get()),
-            Role::Frontend => positive(METRICS.followed_term.get()),
+            Role::Ingest if gauge("meshpilot_is_leader") == Some(1.0) => positive(gauge("meshpilot_leader_term")),
+            Role::Frontend => positive(gauge("meshpilot_snapshot_leader_term")),
             Role::Ingest | Role::Tool => None,
         }
     }
@@ -248,7 +256,7 @@ impl Telemetry {
 
     /// Starts the exporters the environment asks for, on a small runtime of their own (so they work
     /// before and after the process's main runtime, and flush at exit).
-    pub fn start(role: Role, id: &str) -> Telemetry {
+    pub fn start(role: Role, id: &str, registry: Registry) -> Telemetry {
         process_start_nanos();
         let settings = OtlpSettings::from_env();
         let identity = Identity { role, id: id.to_string() };
@@ -287,7 +295,7 @@ impl Telemetry {
         opentelemetry::global::set_tracer_provider(telemetry.tracer_provider.clone());
         if let (Some(rt), Some(endpoint)) = (&runtime, &settings.metrics_endpoint) {
             let _entered = rt.enter();
-            match MetricsExporter::new(endpoint, &settings, identity) {
+            match MetricsExporter::new(endpoint, &settings, identity, registry) {
                 Ok(exporter) => {
                     let (stop_tx, stop_rx) = watch::channel(false);
                     let task = rt.spawn(exporter.run(settings.metrics_interval, stop_rx));

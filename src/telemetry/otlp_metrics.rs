@@ -19,7 +19,7 @@ use tonic::metadata::{MetadataKey, MetadataValue};
 use tonic::transport::{Channel, Endpoint};
 use tracing::{debug, warn};
 
-use super::metrics::METRICS;
+use super::metrics::Registry;
 use super::otlp::{process_start_nanos, unix_nanos, Identity, OtlpError, OtlpSettings, SCOPE};
 
 /// Sends the registry to one OTLP/gRPC endpoint.
@@ -29,11 +29,17 @@ pub(super) struct MetricsExporter {
     timeout: Duration,
     identity: Identity,
     endpoint: String,
+    registry: Registry,
 }
 
 impl MetricsExporter {
     /// A lazily connecting client (call inside a Tokio runtime).
-    pub(super) fn new(endpoint: &str, settings: &OtlpSettings, identity: Identity) -> Result<Self, OtlpError> {
+    pub(super) fn new(
+        endpoint: &str,
+        settings: &OtlpSettings,
+        identity: Identity,
+        registry: Registry,
+    ) -> Result<Self, OtlpError> {
         let channel = Endpoint::from_shared(endpoint.to_string())
             .map_err(|source| OtlpError::MetricsEndpoint { endpoint: endpoint.to_string(), source })?
             .timeout(settings.metrics_timeout)
@@ -49,6 +55,7 @@ impl MetricsExporter {
             timeout: settings.metrics_timeout,
             identity,
             endpoint: endpoint.to_string(),
+            registry,
         })
     }
 
@@ -67,8 +74,9 @@ impl MetricsExporter {
     }
 
     async fn export(&mut self) {
-        let resource = self.identity.resource(self.identity.current_term());
-        let request = to_request(&METRICS.gather(), &resource, SystemTime::now());
+        let families = self.registry.gather();
+        let resource = self.identity.resource(self.identity.current_term(&families));
+        let request = to_request(&families, &resource, SystemTime::now());
         let mut request = tonic::Request::new(request);
         for (k, v) in &self.headers {
             request.metadata_mut().insert(k.clone(), v.clone());

@@ -28,8 +28,22 @@ use tracing::{info_span, Span};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::otlp::SCOPE;
-use crate::snapshot::Version;
-use crate::xds::TypeUrl;
+
+/// A snapshot version as traces name it (`TERM.SEQ`). Telemetry depends on nothing: the snapshot
+/// model converts its versions into this.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TraceVersion {
+    /// Leader term.
+    pub term: u64,
+    /// Sequence within the term.
+    pub seq: u64,
+}
+
+impl std::fmt::Display for TraceVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.term, self.seq)
+    }
+}
 
 /// `xds_push` spans per snapshot version and process, by default.
 pub const MAX_PUSH_SPANS: usize = 16;
@@ -58,7 +72,8 @@ pub fn config_event(source: &'static str, changed: usize) -> (Span, EventTrace) 
 
 /// Starts a `snapshot_build` span for `version`, child of the first event that caused it (the
 /// others are links), and records the `debounce` span from that event until `batch_closed`.
-pub fn snapshot_build(version: Version, causes: &[EventTrace], batch_closed: SystemTime) -> Span {
+pub fn snapshot_build(version: impl Into<TraceVersion>, causes: &[EventTrace], batch_closed: SystemTime) -> Span {
+    let version: TraceVersion = version.into();
     let span = info_span!(parent: None, "snapshot_build", version = %version, events = causes.len(), trace_id = Empty);
     let first = causes.iter().min_by_key(|c| c.at);
     if let Some(first) = first {
@@ -83,7 +98,8 @@ pub fn snapshot_build(version: Version, causes: &[EventTrace], batch_closed: Sys
 
 /// Starts a `snapshot_apply` span for `version`, continuing the leader's trace from the W3C trace
 /// context the update carried (a root span when it carried none).
-pub fn snapshot_apply(version: Version, kind: &str, carrier: &HashMap<String, String>) -> Span {
+pub fn snapshot_apply(version: impl Into<TraceVersion>, kind: &str, carrier: &HashMap<String, String>) -> Span {
+    let version: TraceVersion = version.into();
     let span = info_span!(parent: None, "snapshot_apply", version = %version, kind, trace_id = Empty);
     start(&span, extract(carrier).as_ref());
     span
@@ -109,7 +125,8 @@ pub fn trace_id(span: &Span) -> Option<String> {
 
 /// Remembers the span that pushes of `version` descend from on this process (the build, or on a
 /// frontend the apply). Call before publishing the snapshot.
-pub fn register_snapshot(version: Version, span: &Span) {
+pub fn register_snapshot(version: impl Into<TraceVersion>, span: &Span) {
+    let version: TraceVersion = version.into();
     let context = span.context().span().span_context().clone();
     if !context.is_valid() {
         return;
@@ -123,17 +140,20 @@ pub fn register_snapshot(version: Version, span: &Span) {
 }
 
 /// The context pushes of `version` descend from, if known.
-pub fn snapshot_context(version: Version) -> Option<SpanContext> {
+pub fn snapshot_context(version: impl Into<TraceVersion>) -> Option<SpanContext> {
+    let version: TraceVersion = version.into();
     lock(&VERSIONS).iter().rev().find(|(v, _)| *v == version).map(|(_, c)| c.clone())
 }
 
 /// The trace id of `version`'s push, if known (shown in `/debug/push_status` and push logs).
-pub fn snapshot_trace_id(version: Version) -> Option<String> {
+pub fn snapshot_trace_id(version: impl Into<TraceVersion>) -> Option<String> {
+    let version: TraceVersion = version.into();
     snapshot_context(version).map(|c| c.trace_id().to_string())
 }
 
 /// The W3C trace context (`traceparent`, `tracestate`) of `version`, for the snapshot stream.
-pub fn inject(version: Version) -> HashMap<String, String> {
+pub fn inject(version: impl Into<TraceVersion>) -> HashMap<String, String> {
+    let version: TraceVersion = version.into();
     let mut carrier = HashMap::new();
     if let Some(context) = snapshot_context(version) {
         let cx = Context::new().with_remote_span_context(context);
@@ -149,9 +169,9 @@ pub fn extract(carrier: &HashMap<String, String>) -> Option<SpanContext> {
     context.is_valid().then_some(context)
 }
 
-static VERSIONS: LazyLock<Mutex<VecDeque<(Version, SpanContext)>>> = LazyLock::new(Mutex::default);
+static VERSIONS: LazyLock<Mutex<VecDeque<(TraceVersion, SpanContext)>>> = LazyLock::new(Mutex::default);
 
-static FANOUTS: LazyLock<Mutex<HashMap<Version, Fanout>>> = LazyLock::new(Mutex::default);
+static FANOUTS: LazyLock<Mutex<HashMap<TraceVersion, Fanout>>> = LazyLock::new(Mutex::default);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     match m.lock() {
@@ -179,7 +199,7 @@ fn max_push_spans() -> usize {
 /// The push tracing of one connection: decides once per snapshot whether its push is traced.
 #[derive(Debug, Default)]
 pub struct PushTrace {
-    version: Option<Version>,
+    version: Option<TraceVersion>,
     span: Option<PushSpan>,
 }
 
@@ -195,14 +215,15 @@ impl PushTrace {
     #[allow(clippy::too_many_arguments)]
     pub fn sent(
         &mut self,
-        version: Version,
+        version: impl Into<TraceVersion>,
         proxy: &str,
         snapshot_push: bool,
-        type_url: TypeUrl,
+        type_url: &'static str,
         nonce: &str,
         resources: usize,
         bytes: usize,
     ) {
+        let version: TraceVersion = version.into();
         if snapshot_push && self.version != Some(version) {
             self.version = Some(version);
             self.span = PushSpan::start(version, proxy);
@@ -225,7 +246,7 @@ impl PushTrace {
 #[derive(Debug)]
 pub struct PushSpan {
     span: Span,
-    pending: BTreeMap<String, (TypeUrl, Instant)>,
+    pending: BTreeMap<String, (&'static str, Instant)>,
     types: Vec<&'static str>,
     sent: usize,
     nacked: bool,
@@ -234,7 +255,8 @@ pub struct PushSpan {
 impl PushSpan {
     /// A push of `version` to `proxy` starts; `None` when the version has no trace here or this
     /// process already traced enough pushes of it (counted for `xds_fanout`). Call in a Tokio runtime.
-    pub fn start(version: Version, proxy: &str) -> Option<PushSpan> {
+    pub fn start(version: impl Into<TraceVersion>, proxy: &str) -> Option<PushSpan> {
+        let version: TraceVersion = version.into();
         let parent = snapshot_context(version)?;
         let traced = {
             let mut fanouts = lock(&FANOUTS);
@@ -262,12 +284,11 @@ impl PushSpan {
         Some(PushSpan { span, pending: BTreeMap::new(), types: Vec::new(), sent: 0, nacked: false })
     }
 
-    /// A response was sent under this push.
-    pub fn sent(&mut self, type_url: TypeUrl, nonce: &str, resources: usize, bytes: usize) {
-        let short = type_url.short();
+    /// A response was sent under this push; `short` is the type's short name (`cds`, `eds`, ...).
+    pub fn sent(&mut self, short: &'static str, nonce: &str, resources: usize, bytes: usize) {
         // A newer response of a type replaces the older one: that one will never be acked.
-        self.pending.retain(|_, (t, _)| *t != type_url);
-        self.pending.insert(nonce.to_string(), (type_url, Instant::now()));
+        self.pending.retain(|_, (t, _)| *t != short);
+        self.pending.insert(nonce.to_string(), (short, Instant::now()));
         if !self.types.contains(&short) {
             self.types.push(short);
         }
@@ -285,12 +306,12 @@ impl PushSpan {
 
     /// The proxy answered `nonce` (`error`: a NACK). Returns true when nothing is pending any more.
     pub fn answered(&mut self, nonce: &str, error: Option<&str>) -> bool {
-        let Some((type_url, sent_at)) = self.pending.remove(nonce) else {
+        let Some((short, sent_at)) = self.pending.remove(nonce) else {
             return false;
         };
         let latency_ms = sent_at.elapsed().as_secs_f64() * 1000.0;
         let mut attributes = vec![
-            KeyValue::new("type", type_url.short()),
+            KeyValue::new("type", short),
             KeyValue::new("nonce", nonce.to_string()),
             KeyValue::new("latency_ms", latency_ms),
         ];
@@ -323,7 +344,7 @@ impl Drop for PushSpan {
 }
 
 /// Records `xds_fanout` for `version` once its push window has passed.
-async fn record_fanout(version: Version, parent: SpanContext) {
+async fn record_fanout(version: TraceVersion, parent: SpanContext) {
     tokio::time::sleep(FANOUT_WINDOW).await;
     let Some(f) = lock(&FANOUTS).remove(&version) else { return };
     let tracer = opentelemetry::global::tracer(SCOPE);
@@ -354,7 +375,7 @@ mod tests {
             true,
             Default::default(),
         );
-        let version = Version::new(77, 5);
+        let version = TraceVersion { term: 77, seq: 5 };
         lock(&VERSIONS).push_back((version, context.clone()));
         let carrier = inject(version);
         assert_eq!(carrier["traceparent"], "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
@@ -363,7 +384,7 @@ mod tests {
             Some((context.trace_id(), context.span_id()))
         );
         assert_eq!(snapshot_trace_id(version).as_deref(), Some("0af7651916cd43dd8448eb211c80319c"));
-        assert!(inject(Version::new(77, 6)).is_empty());
+        assert!(inject(TraceVersion { term: 77, seq: 6 }).is_empty());
         assert!(extract(&HashMap::new()).is_none());
     }
 }

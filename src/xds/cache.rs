@@ -6,6 +6,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
+use prometheus::IntCounter;
 use tokio::sync::OnceCell;
 
 use super::generate::{generate, Resource};
@@ -64,20 +65,26 @@ struct Generation {
 /// when a newer snapshot is first asked for.
 pub struct GenerationCache {
     current: ArcSwap<Generation>,
+    internal_errors: IntCounter,
 }
 
 impl Default for GenerationCache {
     fn default() -> Self {
-        GenerationCache {
-            current: ArcSwap::from_pointee(Generation { version: Version::default(), slots: Mutex::default() }),
-        }
+        GenerationCache::new(super::metrics::XdsMetrics::default().xds_internal_errors)
     }
 }
 
 impl GenerationCache {
+    /// An empty cache counting failed generations in `internal_errors` (`pilot_total_xds_internal_errors`).
+    pub fn new(internal_errors: IntCounter) -> GenerationCache {
+        let current = ArcSwap::from_pointee(Generation { version: Version::default(), slots: Mutex::default() });
+        GenerationCache { current, internal_errors }
+    }
+
     /// The resources of `type_url` for `view` in `snapshot`, generated at most once.
     pub async fn get(&self, snapshot: &Arc<Snapshot>, view: &ProxyView, type_url: TypeUrl) -> Arc<Generated> {
         let slot = self.slot(snapshot.version, view, type_url);
+        let internal_errors = self.internal_errors.clone();
         let snapshot = snapshot.clone();
         let view = view.clone();
         slot.get_or_init(|| async move {
@@ -87,7 +94,7 @@ impl GenerationCache {
                 .await
                 .unwrap_or_else(|e| {
                     tracing::error!(error = %e, "xDS generation failed");
-                    crate::telemetry::metrics::METRICS.xds_internal_errors.inc();
+                    internal_errors.inc();
                     Generated::new(Vec::new())
                 });
             tracing::debug!(type_url = %type_url, took_ms = started.elapsed().as_millis() as u64, resources = generated.resources.len(), "generated");

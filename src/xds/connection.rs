@@ -6,16 +6,17 @@ use std::time::{Duration, Instant, SystemTime};
 
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use futures::{Stream, StreamExt};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tonic::Status;
 use tracing::{debug, info, warn};
 
 use super::cache::GenerationCache;
+use super::metrics::XdsMetrics;
 use super::proxy::{Proxy, ProxyView};
 use super::status::{ConnectionRegistry, Nack, Registration};
 use super::TypeUrl;
+use crate::drain::DrainWatcher;
 use crate::snapshot::{Snapshot, SnapshotReader};
-use crate::telemetry::metrics::{self, METRICS};
 use crate::telemetry::trace::{self, PushTrace};
 
 /// How long a single response may wait for the stream before the proxy counts as stuck.
@@ -30,8 +31,10 @@ pub struct ConnectionContext {
     pub cache: Arc<GenerationCache>,
     /// Live connections.
     pub registry: Arc<ConnectionRegistry>,
-    /// Flips to true when the frontend drains: every stream ends so proxies reconnect elsewhere.
-    pub shutdown: watch::Receiver<bool>,
+    /// Metrics of this server.
+    pub metrics: XdsMetrics,
+    /// Held by every stream; when the drain starts each ends, so proxies reconnect elsewhere.
+    pub drain: DrainWatcher,
 }
 
 /// Per-type subscription state.
@@ -115,7 +118,7 @@ where
         ctx: ctx.clone(),
     };
     let mut snapshots = ctx.snapshots.clone();
-    let shutdown = ctx.shutdown.clone();
+    let drain = ctx.drain.clone();
     // Readiness gate: nothing is served before the first full snapshot.
     conn.snapshot = ctx.snapshots.current();
     let end = async {
@@ -132,7 +135,7 @@ where
                     // The snapshot writer is gone (shutdown): keep serving what we have until the proxy leaves.
                     None => std::future::pending::<()>().await,
                 },
-                _ = crate::frontend::wait_for(shutdown.clone()) => return Err(StreamEnd::Draining),
+                _ = drain.draining() => return Err(StreamEnd::Draining),
             }
         }
     }
@@ -164,12 +167,12 @@ impl Connection {
                 return self.respond(type_url, true).await.map(|_| ());
             };
             if sent.nonce != req.response_nonce {
-                METRICS.xds_expired_nonce.with_label_values(&[type_url.short()]).inc();
+                self.ctx.metrics.xds_expired_nonce.with_label_values(&[type_url.short()]).inc();
                 debug!(proxy = %self.proxy.id, %type_url, nonce = %req.response_nonce, "stale nonce ignored");
                 return Ok(());
             }
             if let Some(err) = &req.error_detail {
-                METRICS.xds_rejects.with_label_values(&[type_url.short()]).inc();
+                self.ctx.metrics.xds_rejects.with_label_values(&[type_url.short()]).inc();
                 self.push_trace.answered(&req.response_nonce, Some(&err.message));
                 warn!(proxy = %self.proxy.id, %type_url, version = %req.version_info, nonce = %req.response_nonce, error = %err.message, "proxy rejected config (NACK)");
                 let nack = Nack {
@@ -222,9 +225,9 @@ impl Connection {
             }
         });
         if pushed {
-            METRICS.proxy_queue_time.observe(queued_at.elapsed().as_secs_f64());
+            self.ctx.metrics.proxy_queue_time.observe(queued_at.elapsed().as_secs_f64());
             if let Ok(age) = SystemTime::now().duration_since(snapshot.built_at) {
-                METRICS.proxy_convergence_time.observe(age.as_secs_f64());
+                self.ctx.metrics.proxy_convergence_time.observe(age.as_secs_f64());
             }
         }
         Ok(())
@@ -262,19 +265,19 @@ impl Connection {
         match tokio::time::timeout(SEND_TIMEOUT, self.tx.send(Ok(response))).await {
             Ok(Ok(())) => {}
             Ok(Err(_)) => {
-                metrics::response_send_failed(type_url);
+                self.ctx.metrics.response_send_failed(type_url);
                 return Err(StreamEnd::Dropped);
             }
             Err(_) => {
-                METRICS.xds_write_timeout.inc();
-                metrics::response_send_failed(type_url);
+                self.ctx.metrics.xds_write_timeout.inc();
+                self.ctx.metrics.response_send_failed(type_url);
                 return Err(StreamEnd::Invalid(format!(
                     "{type_url} response not accepted by the stream within {SEND_TIMEOUT:?}"
                 )));
             }
         }
-        metrics::response_sent(type_url, size, started.elapsed(), send_started.elapsed());
-        self.push_trace.sent(snapshot.version, &self.proxy.id, !force, type_url, &nonce, count, size);
+        self.ctx.metrics.response_sent(type_url, size, started.elapsed(), send_started.elapsed());
+        self.push_trace.sent(snapshot.version, &self.proxy.id, !force, type_url.short(), &nonce, count, size);
         debug!(proxy = %self.proxy.id, %type_url, %version, %nonce, resources = count, bytes = size, trace_id = trace::snapshot_trace_id(snapshot.version), "pushed");
         self.registration.update(|s| {
             let t = s.types.entry(type_url).or_default();

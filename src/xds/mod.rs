@@ -1,8 +1,9 @@
-//! The xDS frontend: ADS server, per-proxy connections, and generators.
+//! xDS: the ADS server, per-proxy connections, and the generators of Envoy resources.
 
 pub mod cache;
 pub mod connection;
 pub mod generate;
+pub mod metrics;
 pub mod proxy;
 pub mod server;
 pub mod status;

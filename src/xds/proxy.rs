@@ -7,6 +7,7 @@ use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::google::protobuf::{value::Kind as ValueKind, Struct, Value};
 use serde::Serialize;
 
+use crate::cluster::ownership::ProxyIdentity;
 use crate::config::api::Labels;
 
 /// Role of a proxy, from the first part of its node id.
@@ -62,6 +63,17 @@ pub enum ProxyError {
 }
 
 impl Proxy {
+    /// What its consistent-hash key is made of.
+    pub fn identity(&self) -> ProxyIdentity<'_> {
+        let app = self.labels.get("app").or_else(|| self.labels.get("app.kubernetes.io/name"));
+        ProxyIdentity {
+            node_id: &self.id,
+            namespace: &self.namespace,
+            service_account: &self.service_account,
+            app: app.map(String::as_str),
+        }
+    }
+
     /// Reads a proxy from its xDS node.
     pub fn from_node(node: Option<&Node>) -> Result<Proxy, ProxyError> {
         let node = node.ok_or(ProxyError::MissingNode)?;
@@ -200,5 +212,29 @@ mod tests {
         assert!(matches!(Proxy::from_node(None), Err(ProxyError::MissingNode)));
         assert!(matches!(Proxy::from_node(Some(&node("envoy-1", &[]))), Err(ProxyError::BadId(_))));
         assert!(matches!(Proxy::from_node(Some(&node("ztunnel~1~a.b~b.svc", &[]))), Err(ProxyError::BadId(_))));
+    }
+
+    #[test]
+    fn hash_identity_from_service_account_and_labels() {
+        let labels = |pairs: &[(&str, &str)]| Value {
+            kind: Some(ValueKind::StructValue(Struct {
+                fields: pairs.iter().map(|(k, v)| (k.to_string(), s(v))).collect(),
+            })),
+        };
+        let id = "sidecar~10.0.0.1~reviews-1.bookinfo~bookinfo.svc.cluster.local";
+        let p = Proxy::from_node(Some(&node(
+            id,
+            &[("SERVICE_ACCOUNT", s("bookinfo-reviews")), ("LABELS", labels(&[("app", "reviews")]))],
+        )))
+        .unwrap();
+        let who = p.identity();
+        assert_eq!(
+            (who.node_id, who.namespace, who.service_account, who.app),
+            (id, "bookinfo", "bookinfo-reviews", Some("reviews"))
+        );
+        let p =
+            Proxy::from_node(Some(&node(id, &[("LABELS", labels(&[("app.kubernetes.io/name", "ratings")]))]))).unwrap();
+        assert_eq!(p.identity().app, Some("ratings"));
+        assert_eq!(p.identity().service_account, "");
     }
 }

@@ -16,7 +16,9 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::cache::GenerationCache;
 use super::connection::{serve, ConnectionContext};
+use super::metrics::XdsMetrics;
 use super::status::ConnectionRegistry;
+use crate::drain::DrainWatcher;
 use crate::snapshot::SnapshotReader;
 
 /// Responses buffered per connection before the connection task waits (back-pressure).
@@ -32,15 +34,15 @@ pub struct AdsServer {
 }
 
 impl AdsServer {
-    /// A server serving snapshots from `snapshots`.
+    /// A server serving snapshots from `snapshots`; every stream holds `drain` and ends when it starts.
     pub fn new(
         snapshots: SnapshotReader,
         registry: Arc<ConnectionRegistry>,
-        shutdown: tokio::sync::watch::Receiver<bool>,
+        metrics: XdsMetrics,
+        drain: DrainWatcher,
     ) -> Self {
-        AdsServer {
-            ctx: ConnectionContext { snapshots, cache: Arc::new(GenerationCache::default()), registry, shutdown },
-        }
+        let cache = Arc::new(GenerationCache::new(metrics.xds_internal_errors.clone()));
+        AdsServer { ctx: ConnectionContext { snapshots, cache, registry, metrics, drain } }
     }
 
     /// The tonic service.

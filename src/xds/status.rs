@@ -8,6 +8,7 @@ use std::time::SystemTime;
 use arc_swap::ArcSwap;
 use serde::Serialize;
 
+use super::metrics::XdsMetrics;
 use super::proxy::Proxy;
 use super::TypeUrl;
 
@@ -62,10 +63,17 @@ pub struct ConnectionStatus {
 
 /// Registry of live connections. The lock is taken on connect and disconnect only; each
 /// connection publishes its own status through an `ArcSwap`.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct ConnectionRegistry {
     next_id: AtomicU64,
     live: Mutex<HashMap<u64, Arc<ArcSwap<ConnectionStatus>>>>,
+    metrics: XdsMetrics,
+}
+
+impl std::fmt::Debug for ConnectionRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectionRegistry").field("live", &self.lock().len()).finish()
+    }
 }
 
 /// A connection's entry; removes itself from the registry when dropped.
@@ -76,6 +84,11 @@ pub struct Registration {
 }
 
 impl ConnectionRegistry {
+    /// An empty registry counting connections in `metrics` (`pilot_xds{version}`).
+    pub fn new(metrics: XdsMetrics) -> ConnectionRegistry {
+        ConnectionRegistry { next_id: AtomicU64::new(0), live: Mutex::default(), metrics }
+    }
+
     /// Registers a new connection of `proxy`.
     pub fn register(self: &Arc<Self>, proxy: Proxy) -> Registration {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
@@ -87,7 +100,7 @@ impl ConnectionRegistry {
             pushes: 0,
             types: BTreeMap::new(),
         }));
-        crate::telemetry::metrics::proxy_connected(&status.load().proxy.istio_version);
+        self.metrics.proxy_connected(&status.load().proxy.istio_version);
         self.lock().insert(id, status.clone());
         Registration { id, status, registry: self.clone() }
     }
@@ -119,6 +132,6 @@ impl Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         self.registry.lock().remove(&self.id);
-        crate::telemetry::metrics::proxy_disconnected(&self.status.load().proxy.istio_version);
+        self.registry.metrics.proxy_disconnected(&self.status.load().proxy.istio_version);
     }
 }

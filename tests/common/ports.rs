@@ -34,4 +34,3 @@ pub fn free_port() -> u16 {
 pub fn free_addr() -> SocketAddr {
     SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), free_port())
 }
-

@@ -130,7 +130,6 @@ impl Drop for Etcd {
     }
 }
 
-
 /// Polls `f` every 50 ms until it is true (→ true) or `timeout` passes (→ false).
 pub async fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;

@@ -15,7 +15,7 @@
 //! let envoy = Envoy::builder(node_id, lb.addr()).bootstrap_patch(proxy_key_patch("shop/client")).start();
 //! ```
 
-use meshpilot::ownership::PROXY_KEY_HEADER;
+use meshpilot::cluster::ownership::PROXY_KEY_HEADER;
 
 use super::*;
 
@@ -402,7 +402,7 @@ pub fn proxy_key_patch(key: &str) -> Value {
 }
 
 /// The load balancing policy of the load balancer's `frontends` cluster; the frontends must
-/// compute ownership with the same algorithm (`meshpilot::ownership::ProxyHashing`).
+/// compute ownership with the same algorithm (`meshpilot::cluster::ownership::ProxyHashing`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LbPolicy {
     /// `MAGLEV` with Envoy's default table size (the frontends' default).

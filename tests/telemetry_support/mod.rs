@@ -4,7 +4,7 @@
 //! of each log is printed when the test is failing.
 #![allow(dead_code)]
 
-pub use crate::common::ports::{free_addr, free_port};
+pub use crate::common::ports::free_addr;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -25,8 +25,6 @@ use opentelemetry_proto::tonic::trace::v1::Span;
 
 /// Start-up and convergence timeout.
 pub const TIMEOUT: Duration = Duration::from_secs(60);
-
-
 
 /// Polls `f` every 100 ms until it returns `Some` (→ it) or `timeout` passes (→ `None`).
 pub async fn poll<T>(timeout: Duration, mut f: impl AsyncFnMut() -> Option<T>) -> Option<T> {

@@ -1,0 +1,205 @@
+//! An ingest node: watches the sources, builds snapshots, campaigns for leadership through etcd,
+//! and serves its snapshots to frontends while (and only while) it is the leader.
+//!
+//! Standbys build snapshots too (term 0 until they lead), so a failover starts warm. On shutdown
+//! a leader resigns and revokes its lease before the process exits (the drain waits for it), so a
+//! standby takes over at once instead of after the lease TTL.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::sync::{mpsc, watch};
+use tracing::{info, warn};
+
+use super::servers::{self, ServeError};
+use super::Process;
+use crate::admin::{AdminState, NodeStatus};
+use crate::cluster::election::{Candidate, ElectionSettings, Leadership};
+use crate::cluster::etcd::EtcdError;
+use crate::cluster::metrics::ClusterMetrics;
+use crate::drain::DrainWatcher;
+use crate::ingest::{self, DebounceSettings, IngestEvent, IngestMetrics, IngestSettings, EVENT_QUEUE};
+use crate::readiness::Ready;
+use crate::replication::metrics::ReplicationMetrics;
+use crate::replication::{ServerSettings, SnapshotServer};
+use crate::snapshot::{self, SnapshotReader, SnapshotWriter};
+use crate::source::{self, SourceError, SourceSettings};
+use crate::telemetry::metrics::gauge_value;
+
+/// Settings of an ingest node.
+#[derive(Debug, Clone)]
+pub struct IngestNodeSettings {
+    /// etcd endpoints (`http://host:port`).
+    pub etcd_endpoints: Vec<String>,
+    /// Config directory and mesh config.
+    pub sources: SourceSettings,
+    /// Where the snapshot server listens.
+    pub snapshot_addr: SocketAddr,
+    /// The snapshot address frontends dial (advertised in etcd when leader).
+    pub advertise_addr: String,
+    /// Admin HTTP address.
+    pub admin_addr: SocketAddr,
+    /// Node id.
+    pub id: String,
+    /// Election lease TTL.
+    pub lease_ttl: Duration,
+    /// Debounce timing.
+    pub debounce: DebounceSettings,
+}
+
+/// Why an ingest node stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum IngestNodeError {
+    /// etcd could not be used.
+    #[error(transparent)]
+    Etcd(#[from] EtcdError),
+    /// A source could not start.
+    #[error(transparent)]
+    Sources(#[from] SourceError),
+    /// A listener failed.
+    #[error(transparent)]
+    Serve(#[from] ServeError),
+}
+
+/// Runs until the drain starts; a leader resigns before its task lets the drain complete.
+pub async fn run(settings: IngestNodeSettings, process: Process, drain: DrainWatcher) -> Result<(), IngestNodeError> {
+    let ready = Ready::new();
+    let first_snapshot = ready.register_task("first snapshot");
+    let snapshot_listener = servers::bind("snapshot server", settings.snapshot_addr).await?;
+    let admin_listener = servers::bind("admin server", settings.admin_addr).await?;
+    let client = crate::cluster::etcd::connect(&settings.etcd_endpoints).await?;
+
+    let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
+    let (local_writer, local) = snapshot::channel();
+    let sources = settings.sources.ids();
+    let ingest_settings = IngestSettings { term: 0, debounce: settings.debounce, sources, ready: first_snapshot };
+    let ingest_task = tokio::spawn(ingest::run(
+        events_rx,
+        local_writer,
+        ingest_settings,
+        IngestMetrics::register(&process.registry),
+        process.metrics.clone(),
+        drain.clone(),
+    ));
+    if let Err(e) = source::start(&settings.sources, events_tx.clone(), drain.clone()).await {
+        ingest_task.abort();
+        return Err(e.into());
+    }
+
+    let cluster_metrics = ClusterMetrics::register(&process.registry);
+    let mut election = ElectionSettings::new(settings.id.clone(), settings.advertise_addr.clone());
+    election.ttl = settings.lease_ttl;
+    let candidate = Candidate::new(client, election);
+    let leadership = candidate.leadership();
+    let campaign_drain = drain.clone();
+    // The task holds its drain watcher until the candidate has resigned and revoked its lease.
+    tokio::spawn(async move { candidate.run(campaign_drain.draining()).await });
+
+    let (is_leader_tx, is_leader) = watch::channel(false);
+    let (published_writer, published) = snapshot::channel();
+    tokio::spawn(follow_leadership(leadership.clone(), events_tx, is_leader_tx, cluster_metrics));
+    tokio::spawn(publish_when_leading(local.clone(), leadership.clone(), published_writer));
+
+    let replication_metrics = ReplicationMetrics::register(&process.registry);
+    let server = SnapshotServer::with_metrics(published, is_leader, ServerSettings::default(), replication_metrics);
+    let status = node_status(&settings, leadership, server.clone(), local.clone());
+    info!(id = %settings.id, advertise = %settings.advertise_addr, "ingest node started");
+    let admin_state = AdminState {
+        snapshots: local,
+        xds: None,
+        ready,
+        metrics: process.registry.clone(),
+        identity: format!("ingest/{}", settings.id),
+        node_status: Some(status),
+    };
+    let served = tokio::try_join!(
+        servers::serve_snapshots(snapshot_listener, server, drain.clone()),
+        servers::serve_admin(admin_listener, admin_state, drain),
+    );
+    if served.is_err() {
+        ingest_task.abort();
+    }
+    let _ = ingest_task.await;
+    served?;
+    Ok(())
+}
+
+/// Turns leadership changes into a new term for the ingest loop and the "is leader" flag that
+/// gates the snapshot server (flipped first on loss, so a deposed node stops serving at once).
+async fn follow_leadership(
+    mut leadership: watch::Receiver<Leadership>,
+    events: mpsc::Sender<IngestEvent>,
+    is_leader: watch::Sender<bool>,
+    metrics: ClusterMetrics,
+) {
+    loop {
+        let current = *leadership.borrow_and_update();
+        match current {
+            Leadership::Leader { term } => {
+                info!(term, "elected leader");
+                metrics.leader_elections.inc();
+                metrics.leader_term.set(gauge_value(term));
+                if events.send(IngestEvent::Term(term)).await.is_err() {
+                    return;
+                }
+                is_leader.send_replace(true);
+            }
+            Leadership::Follower => {
+                if is_leader.send_replace(false) {
+                    warn!("lost leadership; stopped serving snapshots");
+                }
+            }
+        }
+        metrics.is_leader.set(i64::from(current.is_leader()));
+        if leadership.changed().await.is_err() {
+            is_leader.send_replace(false);
+            return;
+        }
+    }
+}
+
+/// Forwards locally built snapshots to the snapshot server only when they belong to the term
+/// this node currently leads: a standby's snapshots never leave the node.
+async fn publish_when_leading(
+    mut local: SnapshotReader,
+    mut leadership: watch::Receiver<Leadership>,
+    published: SnapshotWriter,
+) {
+    loop {
+        let term = leadership.borrow_and_update().term();
+        if let (Some(term), Some(snap)) = (term, local.current()) {
+            if snap.version.term == term && published.current().is_none_or(|p| p.version < snap.version) {
+                let _ = published.publish(snap);
+            }
+        }
+        tokio::select! {
+            next = local.next() => if next.is_none() { return },
+            changed = leadership.changed() => if changed.is_err() { return },
+        }
+    }
+}
+
+fn node_status(
+    settings: &IngestNodeSettings,
+    leadership: watch::Receiver<Leadership>,
+    server: SnapshotServer,
+    local: SnapshotReader,
+) -> NodeStatus {
+    let id = settings.id.clone();
+    let advertise = settings.advertise_addr.clone();
+    Arc::new(move || {
+        let l = *leadership.borrow();
+        json!({
+            "role": "ingest",
+            "id": id,
+            "advertise": advertise,
+            "leader": l.is_leader(),
+            "term": l.term(),
+            "snapshot": local.current().map(|s| s.version.to_string()),
+            "published": server.latest().map(|v| v.to_string()),
+            "subscribers": server.subscribers(),
+        })
+    })
+}

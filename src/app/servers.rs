@@ -1,0 +1,92 @@
+//! The listeners a role serves on: ADS (gRPC), the admin HTTP server and the snapshot server.
+//! Each binds first (a bind error stops the role at start-up, before readiness) and serves until
+//! the drain starts.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tracing::info;
+
+use crate::admin::{self, AdminState};
+use crate::drain::DrainWatcher;
+use crate::replication::SnapshotServer;
+use crate::xds::server::AdsServer;
+
+/// Why a listener could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The address could not be bound.
+    #[error("binding the {what} on {addr}: {source}")]
+    Bind {
+        /// Which listener.
+        what: &'static str,
+        /// Address.
+        addr: SocketAddr,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// A gRPC server failed.
+    #[error("{what} on {addr}: {source}")]
+    Grpc {
+        /// Which listener.
+        what: &'static str,
+        /// Address.
+        addr: SocketAddr,
+        /// Cause.
+        source: tonic::transport::Error,
+    },
+    /// The admin server failed.
+    #[error("admin server on {addr}: {source}")]
+    Admin {
+        /// Address.
+        addr: SocketAddr,
+        /// Cause.
+        source: std::io::Error,
+    },
+}
+
+/// Binds `addr` for the listener named `what`.
+pub async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, ServeError> {
+    TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { what, addr, source })
+}
+
+/// Serves ADS on `listener` until the drain starts (each stream then ends with UNAVAILABLE).
+pub async fn serve_xds(listener: TcpListener, ads: AdsServer, drain: DrainWatcher) -> Result<(), ServeError> {
+    let addr = local_addr(&listener);
+    info!(%addr, "xDS server listening");
+    tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .add_service(ads.into_service())
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move { drain.draining().await })
+        .await
+        .map_err(|source| ServeError::Grpc { what: "xDS server", addr, source })
+}
+
+/// Serves snapshots to frontends on `listener` until the drain starts.
+pub async fn serve_snapshots(
+    listener: TcpListener,
+    server: SnapshotServer,
+    drain: DrainWatcher,
+) -> Result<(), ServeError> {
+    let addr = local_addr(&listener);
+    info!(%addr, "snapshot server listening");
+    tonic::transport::Server::builder()
+        .add_service(server.into_service())
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move { drain.draining().await })
+        .await
+        .map_err(|source| ServeError::Grpc { what: "snapshot server", addr, source })
+}
+
+/// Serves the admin endpoints on `listener` until the drain starts.
+pub async fn serve_admin(listener: TcpListener, state: AdminState, drain: DrainWatcher) -> Result<(), ServeError> {
+    let addr = local_addr(&listener);
+    admin::serve(listener, state, async move { drain.draining().await })
+        .await
+        .map_err(|source| ServeError::Admin { addr, source })
+}
+
+fn local_addr(listener: &TcpListener) -> SocketAddr {
+    listener.local_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)))
+}

@@ -1,0 +1,200 @@
+//! The difference between two consecutive snapshots of one term.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use crate::config::IgnoredObject;
+use crate::config::{ConfigError, ConfigKey, ValidConfig};
+use crate::mesh::MeshConfig;
+use crate::snapshot::{ChangeSet, ChangedKey, Snapshot, SourceState, Version};
+
+/// What turns the source state of `base` into that of `version`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Delta {
+    /// Version the delta applies on.
+    pub base: Version,
+    /// Version it produces.
+    pub version: Version,
+    /// Objects added or changed.
+    pub upserted: BTreeMap<ConfigKey, ValidConfig>,
+    /// Objects removed.
+    pub deleted: BTreeSet<ConfigKey>,
+    /// The new list of rejected documents, when it changed.
+    pub errors: Option<Arc<Vec<ConfigError>>>,
+    /// The new list of ignored documents, when it changed.
+    pub ignored: Option<Arc<Vec<IgnoredObject>>>,
+    /// The new mesh config, when it changed.
+    pub mesh: Option<Arc<MeshConfig>>,
+    /// The changes the snapshot of `version` carries relative to `base`.
+    pub changes: ChangeSet,
+}
+
+impl Delta {
+    /// The delta from `prev` to `next`. Objects shared by both (the common case: ingest keeps the
+    /// `Arc` of untouched objects) are skipped without comparing their contents.
+    pub fn between(prev: &Snapshot, next: &Snapshot) -> Delta {
+        let mut upserted = BTreeMap::new();
+        let mut deleted = BTreeSet::new();
+        let mut old = prev.configs.iter().peekable();
+        let mut new = next.configs.iter().peekable();
+        loop {
+            let order = match (old.peek(), new.peek()) {
+                (None, None) => break,
+                (Some(_), None) => Ordering::Less,
+                (None, Some(_)) => Ordering::Greater,
+                (Some((ok, _)), Some((nk, _))) => ok.cmp(nk),
+            };
+            match order {
+                Ordering::Less => {
+                    if let Some((k, _)) = old.next() {
+                        deleted.insert(k.clone());
+                    }
+                }
+                Ordering::Greater => {
+                    if let Some((k, v)) = new.next() {
+                        upserted.insert(k.clone(), v.clone());
+                    }
+                }
+                Ordering::Equal => {
+                    if let (Some((_, o)), Some((k, n))) = (old.next(), new.next()) {
+                        if !Arc::ptr_eq(o, n) && o != n {
+                            upserted.insert(k.clone(), n.clone());
+                        }
+                    }
+                }
+            }
+        }
+        let mesh = changed(&prev.mesh, &next.mesh);
+        // A skipped version (the reader saw only the latest of a burst) means `next.changes`
+        // misses the skipped snapshot's keys: derive the changes from the diff instead.
+        let changes = if next.version == prev.version.next() {
+            next.changes.clone()
+        } else {
+            derived_changes(&upserted, &deleted, mesh.is_some())
+        };
+        Delta {
+            base: prev.version,
+            version: next.version,
+            errors: changed(&prev.errors, &next.errors),
+            ignored: changed(&prev.ignored, &next.ignored),
+            mesh,
+            upserted,
+            deleted,
+            changes,
+        }
+    }
+
+    /// This delta followed by `later` (whose base must be this delta's version) as one delta.
+    pub fn then(mut self, later: &Delta) -> Delta {
+        debug_assert_eq!(later.base, self.version);
+        for key in &later.deleted {
+            self.upserted.remove(key);
+            self.deleted.insert(key.clone());
+        }
+        for (key, obj) in &later.upserted {
+            self.deleted.remove(key);
+            self.upserted.insert(key.clone(), obj.clone());
+        }
+        self.errors = later.errors.clone().or(self.errors);
+        self.ignored = later.ignored.clone().or(self.ignored);
+        self.mesh = later.mesh.clone().or(self.mesh);
+        self.changes.merge(later.changes.clone());
+        self.version = later.version;
+        self
+    }
+
+    /// Applies the delta to the source state of its base version.
+    pub fn apply_to(&self, state: &mut SourceState) {
+        for key in &self.deleted {
+            state.configs.remove(key);
+        }
+        for (key, obj) in &self.upserted {
+            state.configs.insert(key.clone(), obj.clone());
+        }
+        if let Some(errors) = &self.errors {
+            state.errors = errors.clone();
+        }
+        if let Some(ignored) = &self.ignored {
+            state.ignored = ignored.clone();
+        }
+        if let Some(mesh) = &self.mesh {
+            state.mesh = mesh.clone();
+        }
+    }
+}
+
+/// The new value when it differs from the old one.
+fn changed<T: PartialEq>(old: &Arc<T>, new: &Arc<T>) -> Option<Arc<T>> {
+    (!Arc::ptr_eq(old, new) && old != new).then(|| new.clone())
+}
+
+/// The changes implied by a config diff: every changed object's key; everything when the mesh
+/// config changed. Coarser than the ingest's own classification (no endpoint-only changes).
+pub(crate) fn derived_changes(
+    upserted: &BTreeMap<ConfigKey, ValidConfig>,
+    deleted: &BTreeSet<ConfigKey>,
+    mesh_changed: bool,
+) -> ChangeSet {
+    let mut changes = ChangeSet::default();
+    changes.keys.extend(upserted.keys().chain(deleted).cloned().map(ChangedKey::Config));
+    if mesh_changed {
+        changes.full = true;
+        changes.keys.insert(ChangedKey::Mesh);
+    }
+    changes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replication::wire::payload::tests::{object, state};
+
+    fn build(v: Version, changes: ChangeSet, s: &SourceState) -> Snapshot {
+        Snapshot::build(v, changes, s)
+    }
+
+    #[test]
+    fn diff_finds_upserts_and_deletes_and_skips_shared_objects() {
+        let mut s = state(&["a", "b", "c"]);
+        let s1 = build(Version::new(1, 1), ChangeSet::full(), &s);
+        s.configs.remove(&object("a").key);
+        let b2 = object("b2");
+        s.configs.insert(b2.key.clone(), Arc::new(b2.clone()));
+        let s2 = build(Version::new(1, 2), ChangeSet::default(), &s);
+        let d = Delta::between(&s1, &s2);
+        assert_eq!(d.deleted.iter().map(|k| k.name.as_str()).collect::<Vec<_>>(), ["a"]);
+        assert_eq!(d.upserted.keys().map(|k| k.name.as_str()).collect::<Vec<_>>(), ["b2"]);
+        assert!(d.errors.is_none() && d.mesh.is_none() && d.ignored.is_none());
+
+        let mut applied = state(&["a", "b", "c"]);
+        d.apply_to(&mut applied);
+        assert_eq!(applied.configs, s.configs);
+    }
+
+    #[test]
+    fn coalescing_keeps_the_last_word_per_key() {
+        let mut s = state(&["a", "b"]);
+        let s1 = build(Version::new(1, 1), ChangeSet::full(), &s);
+        s.configs.remove(&object("a").key);
+        let s2 = build(Version::new(1, 2), ChangeSet::default(), &s);
+        s.configs.insert(object("a").key, Arc::new(object("a")));
+        s.configs.remove(&object("b").key);
+        let s3 = build(Version::new(1, 3), ChangeSet::default(), &s);
+        let d = Delta::between(&s1, &s2).then(&Delta::between(&s2, &s3));
+        assert_eq!((d.base, d.version), (Version::new(1, 1), Version::new(1, 3)));
+        let mut applied = state(&["a", "b"]);
+        d.apply_to(&mut applied);
+        assert_eq!(applied.configs, s.configs);
+    }
+
+    #[test]
+    fn a_skipped_version_derives_changes_from_the_diff() {
+        let mut s = state(&["a"]);
+        let s1 = build(Version::new(1, 1), ChangeSet::full(), &s);
+        s.configs.insert(object("b").key, Arc::new(object("b")));
+        let s3 = build(Version::new(1, 3), ChangeSet::default(), &s);
+        let d = Delta::between(&s1, &s3);
+        assert!(d.changes.keys.contains(&ChangedKey::Config(object("b").key)));
+    }
+}
