@@ -138,7 +138,7 @@ impl Server {
     }
 
     async fn connect(&self, spec: SimProxySpec) -> SimProxy {
-        // The server may still be binding its listener.
+        self.wait_ready().await;
         for _ in 0..100 {
             if let Ok(p) = SimProxy::connect(spec.clone()).await {
                 return p;
@@ -146,6 +146,22 @@ impl Server {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         panic!("cannot connect to {}", spec.xds_url);
+    }
+}
+
+impl Server {
+    /// Waits until `/ready` answers 200: the first snapshot is built and the listeners are bound.
+    async fn wait_ready(&self) {
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let deadline = tokio::time::Instant::now() + TIMEOUT;
+        loop {
+            let status = client.get(format!("http://{}/ready", self.admin)).send().await.map(|r| r.status().as_u16());
+            if status.as_ref().ok() == Some(&200) {
+                return;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "server not ready: {status:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 }
 

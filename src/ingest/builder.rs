@@ -69,8 +69,9 @@ impl SnapshotBuilder {
     }
 }
 
-/// Replaces registry-object changes that left every service definition unchanged by
-/// per-host endpoint changes, so frontends can answer them with EDS-only pushes.
+/// Replaces registry-object changes that left every service definition unchanged by per-host
+/// endpoint changes. The push is then counted as Istio's `endpoint` trigger; frontends still
+/// regenerate every type, and send only the types whose bytes changed (EDS, here).
 fn classify(last: &Snapshot, mut changes: ChangeSet, new_registry: &Registry) -> ChangeSet {
     if changes.full {
         return changes;

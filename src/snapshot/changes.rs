@@ -33,7 +33,7 @@ impl ChangeSet {
         ChangeSet { full: true, keys: BTreeSet::new() }
     }
 
-    /// Whether only endpoints changed (an EDS-only, incremental push).
+    /// Whether only endpoints changed (Istio's `endpoint` push trigger).
     pub fn endpoints_only(&self) -> bool {
         !self.full && !self.keys.is_empty() && self.keys.iter().all(|k| matches!(k, ChangedKey::Endpoints(_)))
     }

@@ -7,34 +7,26 @@ use super::workload_entry::WorkloadEntry;
 
 /// The `spec` of a ServiceEntry.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct ServiceEntry {
     /// Hostnames.
-    #[serde(default)]
     pub hosts: Vec<String>,
     /// Virtual IPs / CIDRs.
-    #[serde(default, deserialize_with = "flow_strings")]
+    #[serde(deserialize_with = "flow_strings")]
     pub addresses: Vec<String>,
     /// Ports.
-    #[serde(default)]
     pub ports: Vec<Port>,
     /// Inside or outside the mesh.
-    #[serde(default)]
     pub location: Option<Location>,
     /// How endpoints are found.
-    #[serde(default)]
     pub resolution: Option<Resolution>,
     /// Inline endpoints.
-    #[serde(default)]
     pub endpoints: Vec<WorkloadEntry>,
     /// WorkloadEntries (and pods) selected as endpoints.
-    #[serde(default)]
     pub workload_selector: Option<WorkloadSelectorLabels>,
     /// Namespaces the service is visible to.
-    #[serde(default)]
     pub export_to: Vec<String>,
     /// SANs.
-    #[serde(default)]
     pub subject_alt_names: Vec<String>,
 }
 

@@ -6,43 +6,33 @@ use super::common::{Port, WorkloadSelector};
 
 /// The `spec` of a Sidecar.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct Sidecar {
     /// Workloads this applies to; none means the whole namespace.
-    #[serde(default)]
     pub workload_selector: Option<WorkloadSelector>,
     /// Inbound listeners (accepted).
-    #[serde(default)]
     pub ingress: Vec<serde_json::Value>,
     /// Outbound listeners and the hosts visible through them.
-    #[serde(default)]
     pub egress: Vec<IstioEgressListener>,
     /// Outbound policy for unknown destinations.
-    #[serde(default)]
     pub outbound_traffic_policy: Option<OutboundTrafficPolicy>,
     /// Inbound connection pool (accepted).
-    #[serde(default)]
     pub inbound_connection_pool: Option<serde_json::Value>,
     /// Inbound TLS (accepted).
-    #[serde(default)]
     pub inbound_tls: Option<serde_json::Value>,
 }
 
 /// An egress listener of a Sidecar.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct IstioEgressListener {
     /// Port to listen on; none means the catch-all.
-    #[serde(default)]
     pub port: Option<Port>,
     /// Address to bind to (or `unix://`).
-    #[serde(default)]
     pub bind: String,
     /// DEFAULT, IPTABLES or NONE.
-    #[serde(default)]
     pub capture_mode: Option<CaptureMode>,
     /// Visible hosts as `namespace/dnsName`.
-    #[serde(default)]
     pub hosts: Vec<String>,
 }
 
@@ -60,13 +50,11 @@ pub enum CaptureMode {
 
 /// Outbound traffic policy.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct OutboundTrafficPolicy {
     /// REGISTRY_ONLY or ALLOW_ANY.
-    #[serde(default)]
     pub mode: Option<OutboundMode>,
     /// Egress proxy (accepted).
-    #[serde(default)]
     pub egress_proxy: Option<serde_json::Value>,
 }
 
