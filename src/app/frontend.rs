@@ -10,11 +10,10 @@ use serde_json::json;
 use tokio::sync::watch;
 use tracing::info;
 
-use super::servers::{self, ServeError};
-use super::Process;
+use super::servers;
+use super::{Process, RoleError};
 use crate::admin::{AdminState, NodeStatus, XdsState};
 use crate::cluster::election::{LeaderWatch, DEFAULT_ELECTION_NAME};
-use crate::cluster::etcd::EtcdError;
 use crate::cluster::membership::{Members, MembersWatch, MembershipSettings, Registration, DEFAULT_PREFIX};
 use crate::cluster::metrics::ClusterMetrics;
 use crate::cluster::ownership::{Ownership, ProxyHashing, ProxyKey};
@@ -47,17 +46,6 @@ pub struct FrontendNodeSettings {
     pub lease_ttl: Duration,
 }
 
-/// Why a frontend node stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum FrontendNodeError {
-    /// etcd could not be used.
-    #[error(transparent)]
-    Etcd(#[from] EtcdError),
-    /// A listener failed.
-    #[error(transparent)]
-    Serve(#[from] ServeError),
-}
-
 /// Owned and foreign proxy counts at one moment.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
 pub struct OwnershipSummary {
@@ -72,11 +60,7 @@ pub struct OwnershipSummary {
 }
 
 /// Runs until the drain starts; the membership is revoked before the process exits.
-pub async fn run(
-    settings: FrontendNodeSettings,
-    process: Process,
-    drain: DrainWatcher,
-) -> Result<(), FrontendNodeError> {
+pub async fn run(settings: FrontendNodeSettings, process: Process, drain: DrainWatcher) -> Result<(), RoleError> {
     let ready = Ready::new();
     let first_snapshot = ready.register_task("first snapshot from the leader");
     let xds_listener = servers::bind("xDS server", settings.xds_addr).await?;

@@ -13,19 +13,18 @@ use serde_json::json;
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
-use super::servers::{self, ServeError};
-use super::Process;
+use super::servers;
+use super::{pipeline, Process, RoleError};
 use crate::admin::{AdminState, NodeStatus};
 use crate::cluster::election::{Candidate, ElectionSettings, Leadership};
-use crate::cluster::etcd::EtcdError;
 use crate::cluster::metrics::ClusterMetrics;
 use crate::drain::DrainWatcher;
-use crate::ingest::{self, DebounceSettings, IngestEvent, IngestMetrics, IngestSettings, EVENT_QUEUE};
+use crate::ingest::{DebounceSettings, IngestEvent};
 use crate::readiness::Ready;
 use crate::replication::metrics::ReplicationMetrics;
 use crate::replication::{ServerSettings, SnapshotServer};
 use crate::snapshot::{self, SnapshotReader, SnapshotWriter};
-use crate::source::{self, SourceError, SourceSettings};
+use crate::source::SourceSettings;
 use crate::telemetry::metrics::gauge_value;
 
 /// Settings of an ingest node.
@@ -49,44 +48,17 @@ pub struct IngestNodeSettings {
     pub debounce: DebounceSettings,
 }
 
-/// Why an ingest node stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum IngestNodeError {
-    /// etcd could not be used.
-    #[error(transparent)]
-    Etcd(#[from] EtcdError),
-    /// A source could not start.
-    #[error(transparent)]
-    Sources(#[from] SourceError),
-    /// A listener failed.
-    #[error(transparent)]
-    Serve(#[from] ServeError),
-}
-
 /// Runs until the drain starts; a leader resigns before its task lets the drain complete.
-pub async fn run(settings: IngestNodeSettings, process: Process, drain: DrainWatcher) -> Result<(), IngestNodeError> {
+pub async fn run(settings: IngestNodeSettings, process: Process, drain: DrainWatcher) -> Result<(), RoleError> {
     let ready = Ready::new();
     let first_snapshot = ready.register_task("first snapshot");
     let snapshot_listener = servers::bind("snapshot server", settings.snapshot_addr).await?;
     let admin_listener = servers::bind("admin server", settings.admin_addr).await?;
     let client = crate::cluster::etcd::connect(&settings.etcd_endpoints).await?;
 
-    let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
-    let (local_writer, local) = snapshot::channel();
-    let sources = settings.sources.ids();
-    let ingest_settings = IngestSettings { term: 0, debounce: settings.debounce, sources, ready: first_snapshot };
-    let ingest_task = tokio::spawn(ingest::run(
-        events_rx,
-        local_writer,
-        ingest_settings,
-        IngestMetrics::register(&process.registry),
-        process.metrics.clone(),
-        drain.clone(),
-    ));
-    if let Err(e) = source::start(&settings.sources, events_tx.clone(), drain.clone()).await {
-        ingest_task.abort();
-        return Err(e.into());
-    }
+    // Standbys build snapshots too (term 0 until they lead), so a failover starts warm.
+    let pipeline = pipeline::start(&settings.sources, settings.debounce, 0, first_snapshot, &process, &drain).await?;
+    let (local, events_tx, ingest_task) = (pipeline.snapshots, pipeline.events, pipeline.task);
 
     let cluster_metrics = ClusterMetrics::register(&process.registry);
     let mut election = ElectionSettings::new(settings.id.clone(), settings.advertise_addr.clone());

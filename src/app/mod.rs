@@ -11,6 +11,7 @@
 
 pub mod frontend;
 pub mod ingest;
+mod pipeline;
 mod servers;
 pub mod standalone;
 
@@ -23,6 +24,20 @@ use crate::drain::{self, DrainWatcher};
 use crate::telemetry::metrics::{ProcessMetrics, Registry};
 
 pub use servers::ServeError;
+
+/// Why a role could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RoleError {
+    /// etcd could not be used.
+    #[error(transparent)]
+    Etcd(#[from] crate::cluster::etcd::EtcdError),
+    /// A config source could not start.
+    #[error(transparent)]
+    Sources(#[from] crate::source::SourceError),
+    /// A listener failed.
+    #[error(transparent)]
+    Serve(#[from] ServeError),
+}
 
 /// How long a terminating process drains before it exits regardless: Kubernetes would SIGKILL it
 /// anyway, and peers that keep connections open must not hold it.

@@ -4,17 +4,15 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use tokio::sync::mpsc;
 use tracing::info;
 
-use super::servers::{self, ServeError};
-use super::Process;
+use super::servers;
+use super::{pipeline, Process, RoleError};
 use crate::admin::{AdminState, XdsState};
 use crate::drain::DrainWatcher;
-use crate::ingest::{self, DebounceSettings, IngestMetrics, IngestSettings};
+use crate::ingest::DebounceSettings;
 use crate::readiness::Ready;
-use crate::snapshot;
-use crate::source::{self, SourceError, SourceSettings};
+use crate::source::SourceSettings;
 use crate::xds::metrics::XdsMetrics;
 use crate::xds::server::AdsServer;
 use crate::xds::status::ConnectionRegistry;
@@ -32,43 +30,17 @@ pub struct StandaloneSettings {
     pub admin_addr: SocketAddr,
 }
 
-/// Why standalone mode could not start or stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum StandaloneError {
-    /// A config source could not start.
-    #[error(transparent)]
-    Sources(#[from] SourceError),
-    /// A listener failed.
-    #[error(transparent)]
-    Serve(#[from] ServeError),
-}
-
 /// Runs until the drain starts.
-pub async fn run(settings: StandaloneSettings, process: Process, drain: DrainWatcher) -> Result<(), StandaloneError> {
+pub async fn run(settings: StandaloneSettings, process: Process, drain: DrainWatcher) -> Result<(), RoleError> {
     let ready = Ready::new();
     let first_snapshot = ready.register_task("first snapshot");
     let xds_bound = ready.register_task("xDS listener");
     let xds_listener = servers::bind("xDS server", settings.xds_addr).await?;
     let admin_listener = servers::bind("admin server", settings.admin_addr).await?;
 
-    let (events_tx, events_rx) = mpsc::channel(ingest::EVENT_QUEUE);
-    let (writer, reader) = snapshot::channel();
     // Term 1: a standalone process is its own, permanent leader.
-    let sources = settings.sources.ids();
-    let ingest_settings = IngestSettings { term: 1, debounce: settings.debounce, sources, ready: first_snapshot };
-    let ingest_metrics = IngestMetrics::register(&process.registry);
-    let ingest_task = tokio::spawn(ingest::run(
-        events_rx,
-        writer,
-        ingest_settings,
-        ingest_metrics,
-        process.metrics.clone(),
-        drain.clone(),
-    ));
-    if let Err(e) = source::start(&settings.sources, events_tx, drain.clone()).await {
-        ingest_task.abort();
-        return Err(e.into());
-    }
+    let pipeline = pipeline::start(&settings.sources, settings.debounce, 1, first_snapshot, &process, &drain).await?;
+    let (reader, ingest_task) = (pipeline.snapshots, pipeline.task);
 
     let xds_metrics = XdsMetrics::register(&process.registry);
     let connections = Arc::new(ConnectionRegistry::new(xds_metrics.clone()));
