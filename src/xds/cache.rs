@@ -3,16 +3,18 @@
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use arc_swap::ArcSwap;
-use prometheus::IntCounter;
 use tokio::sync::OnceCell;
 
 use super::generate::{generate, Resource};
+use super::metrics::XdsMetrics;
 use super::proxy::ProxyView;
 use super::TypeUrl;
 use crate::snapshot::{Snapshot, Version};
+use crate::telemetry::metrics::gauge_value;
 
 /// The resources of one type for one view, with content hashes to detect real changes.
 #[derive(Debug)]
@@ -28,6 +30,12 @@ impl Generated {
         resources.sort_by(|a, b| a.name.cmp(&b.name));
         let hashes = resources.iter().map(resource_hash).collect();
         Generated { resources, hashes }
+    }
+
+    /// Bytes it holds (encoded resources and names), for the cache's budget.
+    pub fn bytes(&self) -> usize {
+        self.resources.iter().map(|r| r.body.value.len() + r.body.type_url.len() + r.name.len() * 2).sum::<usize>()
+            + self.hashes.len() * 8
     }
 
     /// The resources whose names are in `names` (all when `names` is `None`), with a hash of the selection.
@@ -53,72 +61,284 @@ fn resource_hash(r: &Resource) -> u64 {
     h.finish()
 }
 
-type Slot = Arc<OnceCell<Arc<Generated>>>;
+/// Memory the cache may hold by default: about 800 distinct views of a 2,000-service mesh.
+pub const DEFAULT_BUDGET_BYTES: usize = 512 * 1024 * 1024;
+
+/// One cached generation of one type for one view.
+#[derive(Default)]
+struct Entry {
+    cell: OnceCell<Arc<Generated>>,
+    /// Cache tick of the last use, for least-recently-used eviction.
+    last_used: AtomicU64,
+    /// Bytes accounted for it once generated.
+    bytes: AtomicUsize,
+}
+
+type Key = (ProxyView, TypeUrl);
 
 struct Generation {
     version: Version,
-    // Held only to find or insert a slot, never across generation or an await.
-    slots: Mutex<HashMap<(ProxyView, TypeUrl), Slot>>,
+    // Held only to find, insert or evict entries, never across generation or an await.
+    entries: Mutex<HashMap<Key, Arc<Entry>>>,
+    bytes: AtomicUsize,
 }
 
-/// Cache of generated resources for the latest snapshot version; older entries are dropped
-/// when a newer snapshot is first asked for.
+impl Generation {
+    fn new(version: Version) -> Generation {
+        Generation { version, entries: Mutex::default(), bytes: AtomicUsize::new(0) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<Key, Arc<Entry>>> {
+        self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Removes the entries `remove` selects, returning the bytes freed.
+    fn remove_where(&self, mut remove: impl FnMut(&Key) -> bool) -> usize {
+        let mut freed = 0;
+        self.lock().retain(|key, entry| {
+            let drop_it = remove(key);
+            if drop_it {
+                freed += entry.bytes.load(Ordering::Relaxed);
+            }
+            !drop_it
+        });
+        self.bytes.fetch_sub(freed, Ordering::Relaxed);
+        freed
+    }
+}
+
+/// Cache of generated resources for the latest snapshot version. Older generations are dropped
+/// when a newer snapshot is first asked for; within one, the entries of a view go when the last
+/// connection holding it ([`ViewLease`]) goes, and the least recently used go when the cache
+/// exceeds its memory budget. Any client can invent views (labels are metadata it sends), so
+/// nothing here may grow with what clients claim, only with what connected proxies hold.
 pub struct GenerationCache {
     current: ArcSwap<Generation>,
-    internal_errors: IntCounter,
+    metrics: XdsMetrics,
+    budget: usize,
+    tick: AtomicU64,
+    held: Mutex<HashMap<ProxyView, usize>>,
+}
+
+/// A connection's claim on its view: the view's entries are kept while a lease on it exists.
+pub struct ViewLease {
+    cache: Arc<GenerationCache>,
+    view: ProxyView,
 }
 
 impl Default for GenerationCache {
     fn default() -> Self {
-        GenerationCache::new(super::metrics::XdsMetrics::default().xds_internal_errors)
+        GenerationCache::new(XdsMetrics::default(), DEFAULT_BUDGET_BYTES)
     }
 }
 
 impl GenerationCache {
-    /// An empty cache counting failed generations in `internal_errors` (`pilot_total_xds_internal_errors`).
-    pub fn new(internal_errors: IntCounter) -> GenerationCache {
-        let current = ArcSwap::from_pointee(Generation { version: Version::default(), slots: Mutex::default() });
-        GenerationCache { current, internal_errors }
+    /// An empty cache of at most `budget` bytes, reporting to `metrics`.
+    pub fn new(metrics: XdsMetrics, budget: usize) -> GenerationCache {
+        GenerationCache {
+            current: ArcSwap::from_pointee(Generation::new(Version::default())),
+            metrics,
+            budget,
+            tick: AtomicU64::new(0),
+            held: Mutex::default(),
+        }
+    }
+
+    /// Holds `view` for a connection until the lease is dropped.
+    pub fn hold(self: &Arc<Self>, view: &ProxyView) -> ViewLease {
+        *self.lock_held().entry(view.clone()).or_default() += 1;
+        ViewLease { cache: self.clone(), view: view.clone() }
+    }
+
+    /// Bytes held by the current generation.
+    pub fn bytes(&self) -> usize {
+        self.current.load().bytes.load(Ordering::Relaxed)
+    }
+
+    /// Entries (view and type) of the current generation.
+    pub fn entries(&self) -> usize {
+        self.current.load().lock().len()
     }
 
     /// The resources of `type_url` for `view` in `snapshot`, generated at most once.
     pub async fn get(&self, snapshot: &Arc<Snapshot>, view: &ProxyView, type_url: TypeUrl) -> Arc<Generated> {
-        let slot = self.slot(snapshot.version, view, type_url);
-        let internal_errors = self.internal_errors.clone();
-        let snapshot = snapshot.clone();
-        let view = view.clone();
-        slot.get_or_init(|| async move {
-            // Generation is CPU work: keep it off the async workers' hot path.
-            let started = std::time::Instant::now();
-            let generated = tokio::task::spawn_blocking(move || Generated::new(generate(type_url, &snapshot, &view)))
-                .await
-                .unwrap_or_else(|e| {
-                    tracing::error!(error = %e, "xDS generation failed");
-                    internal_errors.inc();
-                    Generated::new(Vec::new())
-                });
-            tracing::debug!(type_url = %type_url, took_ms = started.elapsed().as_millis() as u64, resources = generated.resources.len(), "generated");
-            Arc::new(generated)
-        })
-        .await
-        .clone()
+        let (generation, entry) = self.entry(snapshot.version, view, type_url);
+        entry.last_used.store(self.tick.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+        let internal_errors = self.metrics.xds_internal_errors.clone();
+        let (snapshot, task_view) = (snapshot.clone(), view.clone());
+        let mut generated_here = false;
+        let generated = entry
+            .cell
+            .get_or_init(|| async {
+                generated_here = true;
+                // Generation is CPU work: keep it off the async workers' hot path.
+                let started = std::time::Instant::now();
+                let generated =
+                    tokio::task::spawn_blocking(move || Generated::new(generate(type_url, &snapshot, &task_view)))
+                        .await
+                        .unwrap_or_else(|e| {
+                            tracing::error!(error = %e, "xDS generation failed");
+                            internal_errors.inc();
+                            Generated::new(Vec::new())
+                        });
+                tracing::debug!(type_url = %type_url, took_ms = started.elapsed().as_millis() as u64, resources = generated.resources.len(), "generated");
+                Arc::new(generated)
+            })
+            .await
+            .clone();
+        if generated_here {
+            if let Some(generation) = generation {
+                let bytes = generated.bytes();
+                entry.bytes.store(bytes, Ordering::Relaxed);
+                let total = generation.bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
+                if total > self.budget {
+                    self.evict(&generation, &(view.clone(), type_url));
+                }
+                self.report(&generation);
+            }
+        }
+        generated
     }
 
-    fn slot(&self, version: Version, view: &ProxyView, type_url: TypeUrl) -> Slot {
+    /// The entry for (`view`, `type_url`) in the generation of `version`, and that generation;
+    /// a caller still on an older snapshot gets an uncached entry and no generation.
+    fn entry(&self, version: Version, view: &ProxyView, type_url: TypeUrl) -> (Option<Arc<Generation>>, Arc<Entry>) {
         let mut generation = self.current.load_full();
         if generation.version < version {
-            let fresh = Arc::new(Generation { version, slots: Mutex::default() });
+            let fresh = Arc::new(Generation::new(version));
             let prev = self.current.compare_and_swap(&generation, fresh.clone());
             generation = if Arc::ptr_eq(&prev, &generation) { fresh } else { self.current.load_full() };
+            self.report(&generation);
         }
         if generation.version != version {
-            // A caller still on an older snapshot: generate without caching.
-            return Arc::new(OnceCell::new());
+            return (None, Arc::new(Entry::default()));
         }
-        let mut slots = match generation.slots.lock() {
-            Ok(s) => s,
-            Err(poisoned) => poisoned.into_inner(),
+        let entry = generation.lock().entry((view.clone(), type_url)).or_default().clone();
+        (Some(generation), entry)
+    }
+
+    /// Drops least recently used entries (never `keep`) until the generation fits the budget.
+    fn evict(&self, generation: &Generation, keep: &Key) {
+        let mut entries = generation.lock();
+        let mut candidates: Vec<(u64, Key, usize)> = entries
+            .iter()
+            .filter(|(key, entry)| *key != keep && entry.cell.initialized())
+            .map(|(key, entry)| (entry.last_used.load(Ordering::Relaxed), key.clone(), entry.bytes.load(Ordering::Relaxed)))
+            .collect();
+        candidates.sort_unstable_by_key(|(tick, _, _)| *tick);
+        let mut total = generation.bytes.load(Ordering::Relaxed);
+        let mut freed = 0;
+        for (_, key, bytes) in candidates {
+            if total <= self.budget {
+                break;
+            }
+            entries.remove(&key);
+            total = total.saturating_sub(bytes);
+            freed += bytes;
+        }
+        generation.bytes.fetch_sub(freed, Ordering::Relaxed);
+        drop(entries);
+        if freed > 0 {
+            tracing::debug!(freed, budget = self.budget, "generation cache over budget; least recently used entries dropped");
+        }
+    }
+
+    fn release(&self, view: &ProxyView) {
+        let last = {
+            let mut held = self.lock_held();
+            match held.get_mut(view) {
+                Some(count) if *count > 1 => {
+                    *count -= 1;
+                    false
+                }
+                Some(_) => {
+                    held.remove(view);
+                    true
+                }
+                None => false,
+            }
         };
-        slots.entry((view.clone(), type_url)).or_default().clone()
+        if last {
+            let generation = self.current.load_full();
+            generation.remove_where(|(v, _)| v == view);
+            self.report(&generation);
+        }
+    }
+
+    fn report(&self, generation: &Generation) {
+        let entries = generation.lock().len();
+        self.metrics.cache_bytes.set(gauge_value(generation.bytes.load(Ordering::Relaxed)));
+        self.metrics.cache_entries.set(gauge_value(entries));
+    }
+
+    fn lock_held(&self) -> MutexGuard<'_, HashMap<ProxyView, usize>> {
+        self.held.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Drop for ViewLease {
+    fn drop(&mut self) {
+        self.cache.release(&self.view);
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::xds::generate::testing::{sidecar, snapshot};
+
+    const MESH: &str = "apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: a, namespace: default}
+spec: {hosts: [a.example.com], location: MESH_INTERNAL, resolution: STATIC, ports: [{number: 80, name: http}], endpoints: [{address: 10.0.0.1}]}
+";
+
+    #[tokio::test]
+    async fn a_view_no_connection_holds_is_freed() {
+        let cache = Arc::new(GenerationCache::default());
+        let snap = Arc::new(snapshot(MESH));
+        for i in 0..50 {
+            // A client claiming fresh labels on every stream, opening and closing it.
+            let view = sidecar("default", &[("app", &format!("a{i}"))]);
+            let lease = cache.hold(&view);
+            cache.get(&snap, &view, TypeUrl::Cluster).await;
+            assert_eq!(cache.entries(), 1);
+            drop(lease);
+        }
+        assert_eq!((cache.entries(), cache.bytes()), (0, 0));
+
+        let kept = sidecar("default", &[("app", "kept")]);
+        let (a, b) = (cache.hold(&kept), cache.hold(&kept));
+        cache.get(&snap, &kept, TypeUrl::Cluster).await;
+        drop(a);
+        assert_eq!(cache.entries(), 1, "still held by the second connection");
+        assert!(cache.bytes() > 0);
+        drop(b);
+        assert_eq!(cache.entries(), 0);
+    }
+
+    #[tokio::test]
+    async fn the_budget_evicts_the_least_recently_used() {
+        let snap = Arc::new(snapshot(MESH));
+        let probe = GenerationCache::default();
+        let one = probe.get(&snap, &sidecar("default", &[]), TypeUrl::Cluster).await.bytes();
+        // Room for three entries.
+        let cache = Arc::new(GenerationCache::new(XdsMetrics::default(), one * 3 + one / 2));
+        let views: Vec<_> = (0..5).map(|i| sidecar("default", &[("app", &format!("v{i}"))])).collect();
+        let _leases: Vec<_> = views.iter().map(|v| cache.hold(v)).collect();
+        for v in &views[..3] {
+            cache.get(&snap, v, TypeUrl::Cluster).await;
+        }
+        // Use the first again, so the second is now the least recently used.
+        cache.get(&snap, &views[0], TypeUrl::Cluster).await;
+        cache.get(&snap, &views[3], TypeUrl::Cluster).await;
+        assert_eq!(cache.entries(), 3);
+        assert!(cache.bytes() <= one * 3 + one / 2);
+        let cached: Vec<bool> = views
+            .iter()
+            .map(|v| cache.current.load().lock().contains_key(&(v.clone(), TypeUrl::Cluster)))
+            .collect();
+        assert_eq!(cached, [true, false, true, true, false]);
     }
 }

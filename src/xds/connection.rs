@@ -11,6 +11,7 @@ use tonic::Status;
 use tracing::{debug, info, warn};
 
 use super::cache::GenerationCache;
+use super::limits::{self, RequestRate};
 use super::metrics::XdsMetrics;
 use super::proxy::{Proxy, ProxyView};
 use super::status::{ConnectionRegistry, Nack, Registration};
@@ -62,6 +63,9 @@ pub enum StreamEnd {
     /// The proxy sent something unusable.
     #[error("{0}")]
     Invalid(String),
+    /// The request broke a limit or did not decode; the client gets this status.
+    #[error("refused: {}", limits::loggable(.0.message()))]
+    Refused(Status),
     /// The response channel is gone.
     #[error("response stream dropped")]
     Dropped,
@@ -94,17 +98,20 @@ where
 {
     let first = match requests.next().await {
         Some(Ok(r)) => r,
-        Some(Err(e)) => return StreamEnd::Invalid(e.to_string()),
+        Some(Err(status)) => return refuse(&tx, status).await,
         None => return StreamEnd::Closed,
     };
+    if let Some(node) = &first.node {
+        if let Err(e) = limits::check_node(node) {
+            return refuse(&tx, Status::resource_exhausted(e.to_string())).await;
+        }
+    }
     let proxy = match Proxy::from_node(first.node.as_ref()) {
         Ok(p) => p,
-        Err(e) => {
-            let _ = tx.send(Err(Status::invalid_argument(e.to_string()))).await;
-            return StreamEnd::Invalid(e.to_string());
-        }
+        Err(e) => return refuse(&tx, Status::invalid_argument(e.to_string())).await,
     };
     let registration = ctx.registry.register(proxy.clone());
+    let _view_lease = ctx.cache.hold(&proxy.view());
     info!(proxy = %proxy.id, namespace = %proxy.namespace, "proxy connected");
     let mut conn = Connection {
         view: proxy.view(),
@@ -119,15 +126,21 @@ where
     };
     let mut snapshots = ctx.snapshots.clone();
     let drain = ctx.drain.clone();
+    let mut rate = RequestRate::default();
     // Readiness gate: nothing is served before the first full snapshot.
     conn.snapshot = ctx.snapshots.current();
     let end = async {
+        rate.acquire().await;
         conn.on_request(first).await?;
         loop {
             tokio::select! {
                 req = requests.next() => match req {
-                    Some(Ok(r)) => conn.on_request(r).await?,
-                    Some(Err(e)) => return Err(StreamEnd::Invalid(e.to_string())),
+                    Some(Ok(r)) => {
+                        // A stream over its rate waits here; HTTP/2 flow control slows the client.
+                        rate.acquire().await;
+                        conn.on_request(r).await?
+                    }
+                    Some(Err(status)) => return Err(StreamEnd::Refused(status)),
                     None => return Err(StreamEnd::Closed),
                 },
                 snap = snapshots.next() => match snap {
@@ -144,18 +157,34 @@ where
         Ok(()) => StreamEnd::Closed,
         Err(e) => e,
     };
-    if matches!(end, StreamEnd::Draining) {
+    match &end {
         // UNAVAILABLE makes Envoy reconnect at once (through the load balancer, to another frontend).
-        let _ = conn.tx.try_send(Err(Status::unavailable("frontend shutting down")));
+        StreamEnd::Draining => {
+            let _ = conn.tx.try_send(Err(Status::unavailable("frontend shutting down")));
+        }
+        // The stream ends with the reason, never with OK.
+        StreamEnd::Refused(status) => {
+            let _ = conn.tx.try_send(Err(status.clone()));
+        }
+        _ => {}
     }
     info!(proxy = %conn.proxy.id, reason = %end, "proxy disconnected");
     end
 }
 
+/// Ends a stream before it was registered: the client gets `status`, not OK.
+async fn refuse(tx: &mpsc::Sender<Result<DiscoveryResponse, Status>>, status: Status) -> StreamEnd {
+    warn!(code = ?status.code(), reason = %limits::loggable(status.message()), "xDS stream refused");
+    let _ = tx.send(Err(status.clone())).await;
+    StreamEnd::Refused(status)
+}
+
 impl Connection {
     async fn on_request(&mut self, req: DiscoveryRequest) -> Result<(), StreamEnd> {
+        limits::check_names(req.resource_names.len())
+            .map_err(|e| StreamEnd::Refused(Status::resource_exhausted(e.to_string())))?;
         let Some(type_url) = TypeUrl::parse(&req.type_url) else {
-            debug!(proxy = %self.proxy.id, type_url = %req.type_url, "request for an unserved type ignored");
+            debug!(proxy = %self.proxy.id, type_url = %limits::loggable(&req.type_url), "request for an unserved type ignored");
             return Ok(());
         };
         let requested_names = type_url.is_named().then(|| req.resource_names.iter().cloned().collect::<BTreeSet<_>>());
@@ -174,11 +203,11 @@ impl Connection {
             if let Some(err) = &req.error_detail {
                 self.ctx.metrics.xds_rejects.with_label_values(&[type_url.short()]).inc();
                 self.push_trace.answered(&req.response_nonce, Some(&err.message));
-                warn!(proxy = %self.proxy.id, %type_url, version = %req.version_info, nonce = %req.response_nonce, error = %err.message, "proxy rejected config (NACK)");
+                warn!(proxy = %self.proxy.id, %type_url, version = %limits::loggable(&req.version_info), nonce = %limits::loggable(&req.response_nonce), error = %limits::loggable(&err.message), "proxy rejected config (NACK)");
                 let nack = Nack {
                     version: sent.nonce_version(),
                     nonce: req.response_nonce.clone(),
-                    message: err.message.clone(),
+                    message: capped(&err.message),
                     at: SystemTime::now(),
                 };
                 self.registration.update(|s| {
@@ -288,6 +317,18 @@ impl Connection {
         });
         Ok(true)
     }
+}
+
+/// Longest NACK message kept for `/debug/syncz` (Envoy's are a line or two).
+const MAX_NACK_MESSAGE: usize = 4096;
+
+/// A client's message, cut to [`MAX_NACK_MESSAGE`] bytes at a character boundary.
+fn capped(message: &str) -> String {
+    let mut end = message.len().min(MAX_NACK_MESSAGE);
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    message[..end].to_string()
 }
 
 impl Sent {

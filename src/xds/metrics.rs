@@ -1,13 +1,15 @@
 //! The xDS server's metrics, with Istio's names, labels and buckets (as in Istio's
 //! `pilot/pkg/xds/monitoring.go`), so Istio's dashboards and alerts keep working.
 
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec};
+use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec};
 
 use super::TypeUrl;
 use crate::telemetry::metrics::{
-    counter, counter_vec, gauge_vec, histogram, histogram_vec, Registry, CONVERGENCE_BUCKETS, PUSH_BUCKETS,
+    counter, counter_vec, gauge, gauge_vec, histogram, histogram_vec, Registry, CONVERGENCE_BUCKETS, PUSH_BUCKETS,
     SIZE_BUCKETS,
 };
 
@@ -36,7 +38,19 @@ pub struct XdsMetrics {
     pub xds_expired_nonce: IntCounterVec,
     /// `pilot_xds_write_timeout`: sends that timed out.
     pub xds_write_timeout: IntCounter,
+    /// `meshpilot_xds_cache_bytes`: bytes of generated resources the generation cache holds.
+    pub cache_bytes: IntGauge,
+    /// `meshpilot_xds_cache_entries`: (view, type) entries the generation cache holds.
+    pub cache_entries: IntGauge,
+    /// `pilot_xds` version labels in use: clients choose them, so their number is bounded.
+    versions: Arc<Mutex<BTreeSet<String>>>,
 }
+
+/// Most distinct `pilot_xds{version}` labels; proxies claiming further versions count as `other`.
+pub const MAX_VERSION_LABELS: usize = 32;
+
+/// The label of proxies whose claimed version is malformed or beyond [`MAX_VERSION_LABELS`].
+pub const OTHER_VERSION: &str = "other";
 
 impl XdsMetrics {
     /// Registers the xDS metrics in `r`, with the per-type series Istio's dashboards expect
@@ -105,6 +119,9 @@ impl XdsMetrics {
                 &["type"],
             ),
             xds_write_timeout: counter(r, "pilot_xds_write_timeout", "Pilot XDS response write timeouts."),
+            cache_bytes: gauge(r, "meshpilot_xds_cache_bytes", "Bytes of generated resources held by the generation cache."),
+            cache_entries: gauge(r, "meshpilot_xds_cache_entries", "Entries (proxy view and type) held by the generation cache."),
+            versions: Arc::default(),
         };
         for t in TypeUrl::PUSH_ORDER {
             let short = t.short();
@@ -119,12 +136,30 @@ impl XdsMetrics {
 
     /// Counts a proxy connecting (`pilot_xds{version}`).
     pub fn proxy_connected(&self, istio_version: &str) {
-        self.xds_clients.with_label_values(&[istio_version]).inc();
+        self.xds_clients.with_label_values(&[&self.version_label(istio_version)]).inc();
     }
 
     /// Counts a proxy disconnecting (`pilot_xds{version}`).
     pub fn proxy_disconnected(&self, istio_version: &str) {
-        self.xds_clients.with_label_values(&[istio_version]).dec();
+        self.xds_clients.with_label_values(&[&self.version_label(istio_version)]).dec();
+    }
+
+    /// The label for a claimed version: itself when well formed (`1.27.3`, `1.28.0-dev`) and among
+    /// the first [`MAX_VERSION_LABELS`] seen, else [`OTHER_VERSION`]. The set only grows, so a
+    /// proxy's connect and disconnect always get the same label.
+    fn version_label(&self, claimed: &str) -> String {
+        let well_formed = claimed.len() <= 32
+            && claimed.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '+' | '_'));
+        if !well_formed {
+            return OTHER_VERSION.to_string();
+        }
+        let mut seen = self.versions.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if seen.contains(claimed) || seen.len() < MAX_VERSION_LABELS {
+            seen.insert(claimed.to_string());
+            claimed.to_string()
+        } else {
+            OTHER_VERSION.to_string()
+        }
     }
 
     /// Records one response sent to a proxy (`pilot_xds_pushes`, `_push_time`, `_send_time`, `_config_size_bytes`).
@@ -153,6 +188,22 @@ impl Default for XdsMetrics {
 mod tests {
     use super::*;
     use crate::telemetry::metrics::render;
+
+    #[test]
+    fn claimed_versions_make_a_bounded_number_of_series() {
+        let registry = Registry::new();
+        let m = XdsMetrics::register(&registry);
+        for i in 0..1000 {
+            m.proxy_connected(&format!("1.{i}.0"));
+        }
+        m.proxy_connected("1.2.3\nfake_metric 1");
+        let text = render(&registry);
+        let series = text.lines().filter(|l| l.starts_with("pilot_xds{")).count();
+        assert_eq!(series, MAX_VERSION_LABELS + 1, "{text}");
+        assert!(text.contains("pilot_xds{version=\"other\"} 969"), "{text}");
+        m.proxy_disconnected("1.999.0");
+        assert!(render(&registry).contains("pilot_xds{version=\"other\"} 968"));
+    }
 
     #[test]
     fn istio_series_exist_before_first_use_with_istio_buckets() {

@@ -77,6 +77,10 @@ impl Proxy {
     /// Reads a proxy from its xDS node.
     pub fn from_node(node: Option<&Node>) -> Result<Proxy, ProxyError> {
         let node = node.ok_or(ProxyError::MissingNode)?;
+        // Control characters in an id would forge log lines and break debug output.
+        if node.id.chars().any(char::is_control) {
+            return Err(ProxyError::BadId(node.id.clone()));
+        }
         let parts: Vec<&str> = node.id.split('~').collect();
         let [kind, ip, pod, domain] = parts.as_slice() else {
             return Err(ProxyError::BadId(node.id.clone()));

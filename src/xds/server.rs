@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::cache::GenerationCache;
+use super::cache::{GenerationCache, DEFAULT_BUDGET_BYTES};
 use super::connection::{serve, ConnectionContext};
 use super::metrics::XdsMetrics;
 use super::status::ConnectionRegistry;
@@ -24,8 +24,8 @@ use crate::snapshot::SnapshotReader;
 /// Responses buffered per connection before the connection task waits (back-pressure).
 const RESPONSE_QUEUE: usize = 8;
 
-/// Largest message accepted from or sent to a proxy.
-pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+/// Largest message sent to a proxy (a full CDS or EDS of a large mesh).
+pub const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
 
 /// The ADS server of a frontend.
 #[derive(Clone)]
@@ -41,15 +41,15 @@ impl AdsServer {
         metrics: XdsMetrics,
         drain: DrainWatcher,
     ) -> Self {
-        let cache = Arc::new(GenerationCache::new(metrics.xds_internal_errors.clone()));
+        let cache = Arc::new(GenerationCache::new(metrics.clone(), DEFAULT_BUDGET_BYTES));
         AdsServer { ctx: ConnectionContext { snapshots, cache, registry, metrics, drain } }
     }
 
     /// The tonic service.
     pub fn into_service(self) -> AggregatedDiscoveryServiceServer<AdsServer> {
         AggregatedDiscoveryServiceServer::new(self)
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES)
+            .max_decoding_message_size(super::limits::MAX_REQUEST_BYTES)
+            .max_encoding_message_size(MAX_RESPONSE_BYTES)
     }
 
     /// The generation cache (shared with debug endpoints).

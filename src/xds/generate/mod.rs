@@ -35,7 +35,7 @@ mod envoy_validate;
 #[cfg(test)]
 mod golden;
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;
 
 use envoy_types::pb::google::protobuf::Any;
 

@@ -15,7 +15,7 @@ use crate::xds::proxy::{Interception, ProxyKind, ProxyView};
 use crate::xds::TypeUrl;
 
 /// A snapshot of the objects in `yaml` (which must all be valid).
-pub(super) fn snapshot(yaml: &str) -> Snapshot {
+pub(crate) fn snapshot(yaml: &str) -> Snapshot {
     let mut state = SourceState::default();
     for doc in parse_file("test.yaml", yaml) {
         match doc {
@@ -40,7 +40,7 @@ pub(super) fn testdata_snapshot(file: &str) -> Snapshot {
 }
 
 /// A sidecar in `namespace` with `labels`, traffic redirected by iptables.
-pub(super) fn sidecar(namespace: &str, labels: &[(&str, &str)]) -> ProxyView {
+pub(crate) fn sidecar(namespace: &str, labels: &[(&str, &str)]) -> ProxyView {
     ProxyView {
         kind: ProxyKind::Sidecar,
         namespace: namespace.into(),
