@@ -9,6 +9,9 @@ use super::poll::STARTUP_TIMEOUT;
 use super::ports::free_port;
 use super::process::{temp_dir, Process, ProcessSpec};
 
+/// Poll interval of tests timing etcd failover and step-down against a lease TTL of seconds.
+pub const ETCD_POLL_INTERVAL: Duration = Duration::from_millis(50);
+
 /// Logs meshpilot's tracing to the test output when `RUST_LOG` is set (e.g.
 /// `RUST_LOG=meshpilot=debug`): the etcd tests run meshpilot's election and membership in-process.
 pub fn init_logs() {

@@ -42,5 +42,7 @@ pub mod ports;
 pub mod process;
 /// Prometheus text and a real Prometheus.
 pub mod prometheus;
+/// In-process meshpilot parts in their own task, stopped gracefully or dropped.
+pub mod task;
 /// The hashing load balancer in front of the frontends.
 pub mod xds_lb;
