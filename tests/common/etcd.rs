@@ -1,13 +1,12 @@
 //! A real etcd server for tests: 127.0.0.1, ports from [`super::ports`], killed on drop; can be
 //! killed and restarted on the same ports (same or fresh data dir).
 
-use std::ops::{Deref, DerefMut};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use super::poll::STARTUP_TIMEOUT;
 use super::ports::free_port;
-use super::process::{temp_dir, Process, ProcessSpec};
+use super::process::{deref_to_process, temp_dir, Process, ProcessSpec};
 
 /// Poll interval of tests timing etcd failover and step-down against a lease TTL of seconds.
 pub const ETCD_POLL_INTERVAL: Duration = Duration::from_millis(50);
@@ -85,15 +84,4 @@ impl Etcd {
     }
 }
 
-impl Deref for Etcd {
-    type Target = Process;
-    fn deref(&self) -> &Process {
-        &self.process
-    }
-}
-
-impl DerefMut for Etcd {
-    fn deref_mut(&mut self) -> &mut Process {
-        &mut self.process
-    }
-}
+deref_to_process!(Etcd);

@@ -10,7 +10,6 @@
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -19,7 +18,7 @@ use serde_json::Value;
 use super::http::{http_client_with_timeout, REQUEST_TIMEOUT};
 use super::poll::{poll, Outcome};
 use super::ports::free_addr;
-use super::process::{temp_dir, Process, ProcessSpec};
+use super::process::{deref_to_process, temp_dir, Process, ProcessSpec};
 use super::prometheus::{metric_value, Samples};
 
 /// Timeout of one admin request to an ingest node or frontend (short: they are killed on purpose).
@@ -367,18 +366,7 @@ impl Meshpilot {
     }
 }
 
-impl Deref for Meshpilot {
-    type Target = Process;
-    fn deref(&self) -> &Process {
-        &self.process
-    }
-}
-
-impl DerefMut for Meshpilot {
-    fn deref_mut(&mut self) -> &mut Process {
-        &mut self.process
-    }
-}
+deref_to_process!(Meshpilot);
 
 impl fmt::Debug for Meshpilot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

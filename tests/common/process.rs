@@ -286,3 +286,23 @@ impl Drop for Process {
         }
     }
 }
+
+/// Implements `Deref` and `DerefMut` to the [`Process`] in field `process` of a handle (meshpilot,
+/// Envoy, etcd, Prometheus: processes with an API of their own on top).
+macro_rules! deref_to_process {
+    ($handle:ty) => {
+        impl std::ops::Deref for $handle {
+            type Target = $crate::common::process::Process;
+            fn deref(&self) -> &Self::Target {
+                &self.process
+            }
+        }
+
+        impl std::ops::DerefMut for $handle {
+            fn deref_mut(&mut self) -> &mut Self::Target {
+                &mut self.process
+            }
+        }
+    };
+}
+pub(crate) use deref_to_process;

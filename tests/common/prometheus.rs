@@ -3,14 +3,13 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::ops::Deref;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use super::http::http_client_with_timeout;
 use super::poll::STARTUP_TIMEOUT;
 use super::ports::free_addr;
-use super::process::{temp_dir, Process, ProcessSpec};
+use super::process::{deref_to_process, temp_dir, Process, ProcessSpec};
 
 /// The value of the unlabelled sample `name` in Prometheus text.
 pub fn metric_value(text: &str, name: &str) -> Option<f64> {
@@ -187,9 +186,4 @@ impl Prometheus {
     }
 }
 
-impl Deref for Prometheus {
-    type Target = Process;
-    fn deref(&self) -> &Process {
-        &self.process
-    }
-}
+deref_to_process!(Prometheus);
