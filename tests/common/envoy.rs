@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::config_dump::section_names;
-use super::http::http_client;
+use super::http::{http_client, http_request};
 use super::poll::{Outcome, STARTUP_TIMEOUT};
 use super::ports::free_addr;
 use super::process::{deref_to_process, temp_dir, Process, ProcessSpec};
@@ -319,57 +319,28 @@ impl Envoy {
 
     /// GET an admin path (e.g. `/ready`, `/clusters?format=json`).
     pub async fn try_admin_get(&self, path: &str) -> Result<(u16, String), reqwest::Error> {
-        let resp = self.client.get(format!("{}{}", self.admin_url(), path)).send().await?;
-        let status = resp.status().as_u16();
-        Ok((status, resp.text().await?))
+        self.admin_request("GET", path).await
     }
 
     /// GET an admin path; panics (with the log) if Envoy cannot be reached.
     pub async fn admin_get(&self, path: &str) -> (u16, String) {
-        match self.try_admin_get(path).await {
-            Ok(r) => r,
-            Err(e) => {
-                self.assert_running();
-                panic!("Envoy ({}) admin GET {path}: {e:?}", self.node_id)
-            }
-        }
+        self.try_admin_get(path).await.unwrap_or_else(|e| self.fail(&format!("admin GET {path}: {e:?}")))
     }
 
     /// POST an admin path (e.g. `/healthcheck/fail`, `/drain_listeners`).
     pub async fn admin_post(&self, path: &str) -> (u16, String) {
-        match self.client.post(format!("{}{}", self.admin_url(), path)).send().await {
-            Ok(resp) => {
-                let status = resp.status().as_u16();
-                (status, resp.text().await.unwrap_or_default())
-            }
-            Err(e) => {
-                self.assert_running();
-                panic!("Envoy ({}) admin POST {path}: {e:?}", self.node_id)
-            }
-        }
+        self.admin_request("POST", path).await.unwrap_or_else(|e| self.fail(&format!("admin POST {path}: {e:?}")))
+    }
+
+    /// One request to the admin interface: status and body.
+    async fn admin_request(&self, method: &str, path: &str) -> Result<(u16, String), reqwest::Error> {
+        let url = format!("{}{path}", self.admin_url());
+        http_request(&self.client, method, &url, "", &[], None).await.map(|r| (r.status, r.body))
     }
 
     /// Polls `/ready` until 200; panics (with the log) on timeout or exit.
     pub async fn wait_ready(&self, timeout: Duration) {
-        let mut last = String::new();
-        let ready = self
-            .process
-            .poll_while_running(timeout, async || {
-                last = match self.try_admin_get("/ready").await {
-                    Ok((200, _)) => return true,
-                    Ok((s, body)) => format!("{s} {}", body.trim()),
-                    Err(e) => e.to_string(),
-                };
-                false
-            })
-            .await;
-        if !ready {
-            panic!(
-                "Envoy ({}) not ready after {timeout:?} (last /ready: {last}); log:\n{}",
-                self.node_id,
-                self.failure_log()
-            );
-        }
+        self.process.wait_http_ready(&self.client, &format!("{}/ready", self.admin_url()), timeout).await;
     }
 
     /// GET `/config_dump?include_eds` as JSON.

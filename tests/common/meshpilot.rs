@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::http::{http_client_with_timeout, REQUEST_TIMEOUT};
+use super::http::{http_client_with_timeout, http_request, REQUEST_TIMEOUT};
 use super::poll::{poll, Outcome};
 use super::ports::free_addr;
 use super::process::{deref_to_process, temp_dir, Process, ProcessSpec};
@@ -254,20 +254,13 @@ impl Meshpilot {
 
     /// GET an admin path.
     pub async fn try_admin_get(&self, path: &str) -> Result<(u16, String), reqwest::Error> {
-        let resp = self.client.get(format!("{}{}", self.admin_url(), path)).send().await?;
-        let status = resp.status().as_u16();
-        Ok((status, resp.text().await?))
+        let url = format!("{}{path}", self.admin_url());
+        http_request(&self.client, "GET", &url, "", &[], None).await.map(|r| (r.status, r.body))
     }
 
     /// GET an admin path; panics (with the log) if the process cannot be reached.
     pub async fn admin_get(&self, path: &str) -> (u16, String) {
-        match self.try_admin_get(path).await {
-            Ok(r) => r,
-            Err(e) => {
-                self.assert_running();
-                panic!("{} admin GET {path}: {e:?}; log:\n{}", self.label(), self.log_tail(100))
-            }
-        }
+        self.try_admin_get(path).await.unwrap_or_else(|e| self.fail(&format!("admin GET {path}: {e:?}")))
     }
 
     /// GET an admin path answering JSON; None unless reachable, 200 and JSON.
@@ -317,20 +310,7 @@ impl Meshpilot {
 
     /// Polls `/ready` until 200; panics (with the log) on timeout or exit.
     pub async fn wait_ready(&self, timeout: Duration) {
-        let mut last = String::new();
-        let ready = self
-            .wait_for(timeout, async |cp| {
-                last = match cp.try_admin_get("/ready").await {
-                    Ok((200, _)) => return true,
-                    Ok((s, body)) => format!("{s} {}", body.trim()),
-                    Err(e) => e.to_string(),
-                };
-                false
-            })
-            .await;
-        if !ready {
-            panic!("{} not ready after {timeout:?} (last /ready: {last}); log:\n{}", self.label(), self.failure_log());
-        }
+        self.process.wait_http_ready(&self.client, &format!("{}/ready", self.admin_url()), timeout).await;
     }
 
     /// Polls `f` until it returns true / Some (→ that) or `timeout` passes (→ false / None);

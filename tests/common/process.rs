@@ -12,6 +12,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use super::http::http_request;
 use super::poll::{poll, Outcome};
 
 /// How long a SIGTERM'd process gets to exit before [`Process::terminate`] kills it.
@@ -251,6 +252,35 @@ impl Process {
             (Some(_), Some(status)) => format!("exited with {status}"),
         };
         panic!("{} has {status}; log:\n{}", self.spec.label, self.failure_log());
+    }
+
+    /// Panics with `what` and the log's tail; first with how it ended if it is not running.
+    pub fn fail(&self, what: &str) -> ! {
+        self.assert_running();
+        panic!("{}: {what}; log:\n{}", self.spec.label, self.failure_log())
+    }
+
+    /// Polls GET `url` (the process's readiness endpoint) until it answers 200; panics with the
+    /// last answer and the log after `timeout`, or as soon as the process is not running.
+    pub async fn wait_http_ready(&self, client: &reqwest::Client, url: &str, timeout: Duration) {
+        let mut last = String::new();
+        let ready = self
+            .poll_while_running(timeout, async || {
+                last = match http_request(client, "GET", url, "", &[], None).await {
+                    Ok(r) if r.status == 200 => return true,
+                    Ok(r) => format!("{} {}", r.status, r.body.trim()),
+                    Err(e) => e.to_string(),
+                };
+                false
+            })
+            .await;
+        if !ready {
+            panic!(
+                "{} not ready after {timeout:?} (last {url}: {last}); log:\n{}",
+                self.spec.label,
+                self.failure_log()
+            );
+        }
     }
 
     /// [`poll`]s `check`, panicking (with the log) as soon as the process is not running.

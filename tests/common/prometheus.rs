@@ -161,14 +161,7 @@ impl Prometheus {
             url: format!("http://{addr}"),
             http: http_client_with_timeout(Duration::from_secs(10)),
         };
-        let ready = p
-            .process
-            .poll_while_running(STARTUP_TIMEOUT, async || {
-                let r = p.http.get(format!("{}/-/ready", p.url)).send().await.ok()?;
-                r.status().is_success().then_some(())
-            })
-            .await;
-        assert!(ready.is_some(), "prometheus not ready:\n{}", p.failure_log());
+        p.process.wait_http_ready(&p.http, &format!("{}/-/ready", p.url), STARTUP_TIMEOUT).await;
         p
     }
 
