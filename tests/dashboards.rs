@@ -3,20 +3,24 @@
 //! returns data when a real Prometheus (Debian's `prometheus`, see `scripts/setup.sh`) evaluates it
 //! after a few pushes through standalone meshpilot and through an ingest node and a frontend.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use common::etcd::Etcd;
+use common::files::{temp_dir_with, write_atomic};
+use common::istio::service_entry_in;
+use common::meshpilot::Meshpilot;
+use common::poll::{poll, STARTUP_TIMEOUT};
+use common::prometheus::{prometheus_path, Prometheus};
 use meshpilot::sim::{SimProxy, SimProxySpec};
 use meshpilot::xds::TypeUrl;
 use serde_json::Value;
 
-mod common;
-#[path = "etcd_support/mod.rs"]
-mod etcd_support;
-mod telemetry_support;
-
-use telemetry_support::*;
+/// Convergence timeout.
+const TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What Grafana's `$__rate_interval` and friends become in the test.
 const WINDOW: &str = "30s";
@@ -156,16 +160,16 @@ async fn every_dashboard_query_parses_and_returns_data() {
     }
 
     // Every role: standalone, and a leader ingest node with one frontend.
-    let etcd = etcd_support::Etcd::start().await;
-    let standalone_config = config_dir(&[("reviews.yaml", &service_entry("default", "reviews", &["10.0.0.1"]))]);
-    let split_config = config_dir(&[("reviews.yaml", &service_entry("default", "reviews", &["10.0.0.1"]))]);
-    let mut standalone = Meshpilot::standalone(standalone_config.path(), &[]);
-    let mut ingest = Meshpilot::ingest(&etcd.endpoint(), split_config.path(), "ingest-a", &[]);
-    standalone.wait_ready().await;
-    ingest.wait_ready().await;
-    let mut frontend = Meshpilot::frontend(&etcd.endpoint(), "frontend-a", &[]);
-    frontend.wait_ready().await;
-    let prometheus = Prometheus::start(&[standalone.admin, ingest.admin, frontend.admin]).await;
+    let etcd = Etcd::start().await;
+    let standalone_config = temp_dir_with(&[("reviews.yaml", &service_entry_in("default", "reviews", &["10.0.0.1"]))]);
+    let split_config = temp_dir_with(&[("reviews.yaml", &service_entry_in("default", "reviews", &["10.0.0.1"]))]);
+    let standalone = Meshpilot::standalone(standalone_config.path()).start();
+    let ingest = Meshpilot::ingest(&etcd.endpoint(), split_config.path()).id("ingest-a").lease_ttl(2).start();
+    standalone.wait_ready(STARTUP_TIMEOUT).await;
+    ingest.wait_ready(STARTUP_TIMEOUT).await;
+    let frontend = Meshpilot::frontend(&etcd.endpoint()).id("frontend-a").lease_ttl(2).start();
+    frontend.wait_ready(STARTUP_TIMEOUT).await;
+    let prometheus = Prometheus::start(&[standalone.admin_addr(), ingest.admin_addr(), frontend.admin_addr()]).await;
 
     let mut proxies = Vec::new();
     for (cp, name) in [(&standalone, "a"), (&standalone, "b"), (&frontend, "c"), (&frontend, "d")] {
@@ -179,7 +183,7 @@ async fn every_dashboard_query_parses_and_returns_data() {
     }
     // A few pushes: a new service, then an endpoint change, on both sides.
     for dir in [standalone_config.path(), split_config.path()] {
-        std::fs::write(dir.join("ratings.yaml"), service_entry("default", "ratings", &["10.0.0.2"])).unwrap();
+        std::fs::write(dir.join("ratings.yaml"), service_entry_in("default", "ratings", &["10.0.0.2"])).unwrap();
     }
     let eds_responses = |p: &SimProxy| p.state().types.get(&TypeUrl::Endpoint).map(|t| t.responses).unwrap_or(0);
     for p in &proxies {
@@ -188,7 +192,7 @@ async fn every_dashboard_query_parses_and_returns_data() {
         let _ = p.wait_for(Duration::from_secs(5), |_| eds_responses(p) > before).await;
     }
     for dir in [standalone_config.path(), split_config.path()] {
-        rewrite(&dir.join("ratings.yaml"), &service_entry("default", "ratings", &["10.0.0.2", "10.0.0.3"]));
+        write_atomic(dir, "ratings.yaml", &service_entry_in("default", "ratings", &["10.0.0.2", "10.0.0.3"]));
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
 

@@ -6,14 +6,21 @@
 //! checks the meshpilot and Envoy processes it started are the same ones at the end.
 
 mod common;
-mod support;
 
 use std::path::Path;
 use std::process::Command;
 
+use common::backend::Backend;
+use common::config_dump::*;
+use common::envoy::Envoy;
+use common::files::{temp_dir_with, write_atomic, write_in_place};
+use common::ingress::Ingress;
+use common::istio::*;
+use common::mesh::*;
+use common::meshpilot::Meshpilot;
+use common::poll::CONVERGE_TIMEOUT;
+use common::ports::free_port;
 use serde_json::Value;
-use support::mesh::*;
-use support::*;
 
 /// The host the gateway VirtualServices serve.
 const HOST: &str = "shop.example.com";
@@ -25,7 +32,7 @@ struct Live {
     cp: Meshpilot,
     envoy: Envoy,
     ingress: Ingress,
-    pids: (Option<u32>, u32),
+    pids: (Option<u32>, Option<u32>),
 }
 
 impl Live {
@@ -172,7 +179,7 @@ async fn new_files_written_in_place_add_routes() {
     );
     gw.wait_all_from("/reviews/1", &[], "ratings-v1", 10).await;
     live.assert_same_processes_no_rejections().await;
-    let configz = admin_json(&live.cp, "/debug/configz").await;
+    let configz = live.cp.admin_json("/debug/configz").await;
     assert_eq!(configz["errors"], Value::Array(vec![]), "final state has no errors: {:#}", configz["errors"]);
 }
 
@@ -225,7 +232,7 @@ async fn deleting_a_service_entry_removes_its_cluster() {
     assert_eq!(ratings.requests(), 0, "the deleted service's backend still gets traffic");
     assert_eq!(gw.backend("/reviews/1", &[]).await, "reviews-v1", "other services are unaffected");
     assert!(dynamic_cluster_names(&live.envoy.config_dump().await).contains(&cluster_name(80, "", "reviews")));
-    let registry = admin_json(&live.cp, "/debug/registryz").await;
+    let registry = live.cp.admin_json("/debug/registryz").await;
     assert!(!registry.to_string().contains(&fqdn("ratings")), "registryz still lists ratings: {registry:#}");
     live.assert_same_processes_no_rejections().await;
 }
@@ -246,7 +253,7 @@ async fn new_workload_entry_is_an_eds_only_push() {
     let cluster = cluster_name(80, "", "reviews");
     assert_eq!(endpoint_ports(&live.envoy.config_dump().await, &cluster), Some(vec![u64::from(r1.port())]));
     let (cds_before, lds_before, rds_before) = live.envoy_versions().await;
-    let before = admin_json(&live.cp, "/debug/push_status").await;
+    let before = live.cp.admin_json("/debug/push_status").await;
 
     write_atomic(live.dir(), "reviews-2.yaml", &workload_entry("reviews-2", "reviews", "v1", &r2));
     gw.wait_backend("/", &[], "reviews-2").await;
@@ -261,7 +268,7 @@ async fn new_workload_entry_is_an_eds_only_push() {
     }
     assert!(r1.requests() > 0 && r2.requests() > 0, "r1 {} r2 {}", r1.requests(), r2.requests());
 
-    let push = admin_json(&live.cp, "/debug/push_status").await;
+    let push = live.cp.admin_json("/debug/push_status").await;
     assert_ne!(push["version"], before["version"], "a new snapshot was pushed: {push:#}");
     assert_eq!(push["endpoints_only"], true, "adding a WorkloadEntry is an endpoints-only push: {push:#}");
     assert_eq!(push["full"], false, "{push:#}");
@@ -284,12 +291,24 @@ async fn wait_errors_for(cp: &Meshpilot, file: &str) -> Vec<Value> {
     let mut last = Value::Null;
     let ok = cp
         .wait_for(CONVERGE_TIMEOUT, async |cp| {
-            last = admin_json(cp, "/debug/configz").await;
+            last = cp.admin_json("/debug/configz").await;
             !errors_for(&last, file).is_empty()
         })
         .await;
     assert!(ok, "no error reported for {file} within {CONVERGE_TIMEOUT:?}; configz errors: {:#}", last["errors"]);
     errors_for(&last, file)
+}
+
+/// Polls `/debug/configz` until it reports no error; panics naming `after` otherwise.
+async fn wait_errors_cleared(cp: &Meshpilot, after: &str) {
+    let mut last = Value::Null;
+    let cleared = cp
+        .wait_for(CONVERGE_TIMEOUT, async |cp| {
+            last = cp.admin_json("/debug/configz").await;
+            last["errors"].as_array().is_some_and(|a| a.is_empty())
+        })
+        .await;
+    assert!(cleared, "errors not cleared after {after}: {:#}", last["errors"]);
 }
 
 /// The served VirtualService `shop/shop` from `/debug/configz`.
@@ -316,7 +335,7 @@ async fn broken_edits_are_reported_and_the_last_good_config_kept() {
     .await;
     let gw = &live.ingress;
     gw.wait_all_from("/", &[], "reviews-v1", 20).await;
-    let configz = admin_json(&live.cp, "/debug/configz").await;
+    let configz = live.cp.admin_json("/debug/configz").await;
     assert_eq!(configz["errors"], Value::Array(vec![]), "{:#}", configz["errors"]);
     let good_spec = served_vs(&configz)["spec"].clone();
     let versions = live.envoy_versions().await;
@@ -335,7 +354,7 @@ async fn broken_edits_are_reported_and_the_last_good_config_kept() {
     );
     assert_eq!(e["field"], "spec.http[0].route[0].weight", "{e:#}");
     assert!(!e["reason"].as_str().unwrap_or_default().is_empty(), "{e:#}");
-    let configz = admin_json(&live.cp, "/debug/configz").await;
+    let configz = live.cp.admin_json("/debug/configz").await;
     assert_eq!(served_vs(&configz)["spec"], good_spec, "the last valid VirtualService keeps being served");
     for _ in 0..20 {
         assert_eq!(gw.backend("/", &[]).await, "reviews-v1", "the broken edit must not reach Envoy");
@@ -345,15 +364,7 @@ async fn broken_edits_are_reported_and_the_last_good_config_kept() {
     // 2. Fixing the file applies the fix.
     write_atomic(live.dir(), "routes.yaml", &routes(&weighted_vs(0, 100)));
     gw.wait_all_from("/", &[], "reviews-v2", 20).await;
-    let mut last = Value::Null;
-    let cleared = live
-        .cp
-        .wait_for(CONVERGE_TIMEOUT, async |cp| {
-            last = admin_json(cp, "/debug/configz").await;
-            last["errors"].as_array().is_some_and(|a| a.is_empty())
-        })
-        .await;
-    assert!(cleared, "errors not cleared after the fix: {:#}", last["errors"]);
+    wait_errors_cleared(&live.cp, "the fix").await;
     let versions = live.envoy_versions().await;
 
     // 3. YAML syntax error in the VirtualService document.
@@ -371,20 +382,13 @@ async fn broken_edits_are_reported_and_the_last_good_config_kept() {
     // 4. Fixed again.
     write_atomic(live.dir(), "routes.yaml", &routes(&weighted_vs(100, 0)));
     gw.wait_all_from("/", &[], "reviews-v1", 20).await;
-    let cleared = live
-        .cp
-        .wait_for(CONVERGE_TIMEOUT, async |cp| {
-            last = admin_json(cp, "/debug/configz").await;
-            last["errors"].as_array().is_some_and(|a| a.is_empty())
-        })
-        .await;
-    assert!(cleared, "errors not cleared after the second fix: {:#}", last["errors"]);
+    wait_errors_cleared(&live.cp, "the second fix").await;
     live.assert_same_processes_no_rejections().await;
 }
 
 /// Runs `meshpilot validate -f PATH`; returns (exit code, stdout + stderr).
 fn validate(path: &Path) -> (Option<i32>, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_meshpilot"))
+    let out = Command::new(Meshpilot::binary())
         .arg("validate")
         .arg("-f")
         .arg(path)

@@ -6,12 +6,18 @@
 //! then checks what Envoy holds (`/config_dump`, rejection stats) and where requests land.
 
 mod common;
-mod support;
 
 use std::collections::BTreeMap;
 
-use support::mesh::*;
-use support::*;
+use common::backend::Backend;
+use common::config_dump::*;
+use common::envoy::Envoy;
+use common::files::{temp_dir_with, write_files};
+use common::ingress::{backend_of, Ingress};
+use common::istio::*;
+use common::mesh::*;
+use common::meshpilot::Meshpilot;
+use common::ports::free_port;
 
 /// The host the gateway VirtualServices serve.
 const HOST: &str = "shop.example.com";

@@ -2,26 +2,27 @@
 //! stepping down when etcd goes away, re-election after it comes back, and `LeaderWatch`.
 
 mod common;
-mod etcd_support;
 
 use std::time::{Duration, Instant};
 
-use etcd_support::{eventually, Etcd};
+use common::etcd::{Etcd, ETCD_POLL_INTERVAL};
+use common::poll::poll_every;
+use common::task::Stoppable;
 use meshpilot::cluster::election::{
     Candidate, ElectionSettings, LeaderInfo, LeaderWatch, Leadership, DEFAULT_ELECTION_NAME,
 };
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 const TTL: Duration = Duration::from_secs(2);
 const GENEROUS: Duration = Duration::from_secs(30);
 
-/// A candidate running in its own task, with its own etcd client.
+/// A candidate running in its own task, with its own etcd client. Dropping it stops the task
+/// without a shutdown: the lease lapses, as when a process dies.
 struct Node {
     addr: String,
     leadership: watch::Receiver<Leadership>,
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<()>,
+    run: Stoppable,
 }
 
 impl Node {
@@ -31,11 +32,8 @@ impl Node {
         let settings = ElectionSettings { ttl: TTL, ..ElectionSettings::new(id, addr.clone()) };
         let candidate = Candidate::new(client, settings);
         let leadership = candidate.leadership();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(candidate.run(async move {
-            let _ = stopped.await;
-        }));
-        Node { addr, leadership, stop: Some(stop), task }
+        let run = Stoppable::spawn(|shutdown| candidate.run(shutdown));
+        Node { addr, leadership, run }
     }
 
     fn term(&self) -> Option<u64> {
@@ -43,18 +41,8 @@ impl Node {
     }
 
     /// Graceful stop: resign and revoke.
-    async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        let _ = (&mut self.task).await;
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        // Dropping the run future without a shutdown: the lease lapses, as when a process dies.
-        self.task.abort();
+    async fn stop(self) {
+        self.run.stop().await;
     }
 }
 
@@ -74,7 +62,7 @@ fn sole_leader(nodes: &[&Node]) -> Option<(usize, u64)> {
 
 async fn wait_for_leader(nodes: &[&Node], newer_than: u64, within: Duration) -> (usize, u64) {
     let mut found = None;
-    let ok = eventually(within, || {
+    let ok = poll_every(ETCD_POLL_INTERVAL, within, async || {
         found = sole_leader(nodes).filter(|(_, term)| *term > newer_than);
         found.is_some()
     })
@@ -84,7 +72,7 @@ async fn wait_for_leader(nodes: &[&Node], newer_than: u64, within: Duration) -> 
 }
 
 async fn wait_for_watch(w: &watch::Receiver<Option<LeaderInfo>>, want: LeaderInfo) {
-    let ok = eventually(GENEROUS, || w.borrow().as_ref() == Some(&want)).await;
+    let ok = poll_every(ETCD_POLL_INTERVAL, GENEROUS, async || w.borrow().as_ref() == Some(&want)).await;
     assert!(ok, "LeaderWatch shows {:?}, want {want:?}", *w.borrow());
 }
 
@@ -104,7 +92,7 @@ async fn one_leader_fails_over_with_a_higher_term_and_resigns_on_shutdown() {
     let leader_rx = leader.leadership.clone();
     let died = Instant::now();
     drop(leader);
-    let stopped = eventually(GENEROUS, || *leader_rx.borrow() == Leadership::Follower).await;
+    let stopped = poll_every(ETCD_POLL_INTERVAL, GENEROUS, async || *leader_rx.borrow() == Leadership::Follower).await;
     assert!(stopped, "a stopped candidate leads nothing");
     let (_, term2) = wait_for_leader(&[&follower], term1, 6 * TTL).await;
     assert!(term2 > term1);
@@ -115,7 +103,7 @@ async fn one_leader_fails_over_with_a_higher_term_and_resigns_on_shutdown() {
     let c = Node::start(&etcd, "ingest-c").await;
     // c is campaigning (its key exists) once it is seen by etcd; give it a moment by polling nothing
     // but its own state, which stays Follower until the leader goes.
-    assert!(!eventually(Duration::from_millis(500), || c.term().is_some()).await);
+    assert!(!poll_every(ETCD_POLL_INTERVAL, Duration::from_millis(500), async || c.term().is_some()).await);
     let resigned = Instant::now();
     follower.stop().await;
     let (_, term3) = wait_for_leader(&[&c], term2, GENEROUS).await;
@@ -138,12 +126,12 @@ async fn leader_steps_down_within_ttl_when_etcd_dies_and_one_is_elected_after_re
 
     let killed = Instant::now();
     etcd.kill();
-    let stepped_down = eventually(GENEROUS, || sole_leader(&nodes).is_none()).await;
+    let stepped_down = poll_every(ETCD_POLL_INTERVAL, GENEROUS, async || sole_leader(&nodes).is_none()).await;
     let took = killed.elapsed();
     assert!(stepped_down && took <= TTL, "leader still leading {took:?} after etcd died (TTL {TTL:?})");
     eprintln!("stepped down {took:?} after etcd died");
     // Nobody leads while etcd is away, and followers keep the last leader they knew.
-    assert!(!eventually(TTL, || sole_leader(&nodes).is_some()).await);
+    assert!(!poll_every(ETCD_POLL_INTERVAL, TTL, async || sole_leader(&nodes).is_some()).await);
     assert_eq!(watched.borrow().as_ref(), Some(&before));
 
     let restarted = Instant::now();
@@ -152,5 +140,5 @@ async fn leader_steps_down_within_ttl_when_etcd_dies_and_one_is_elected_after_re
     eprintln!("leader elected {:?} after etcd restarted", restarted.elapsed());
     wait_for_watch(&watched, LeaderInfo { addr: nodes[second].addr.clone(), term: term2 }).await;
     // Still exactly one leader a while later.
-    assert!(!eventually(TTL, || sole_leader(&nodes).map(|(_, t)| t) != Some(term2)).await);
+    assert!(!poll_every(ETCD_POLL_INTERVAL, TTL, async || sole_leader(&nodes).map(|(_, t)| t) != Some(term2)).await);
 }

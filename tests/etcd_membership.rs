@@ -2,22 +2,23 @@
 //! lapsing), the watched member set across etcd restarts, re-registration into a wiped etcd.
 
 mod common;
-mod etcd_support;
 
 use std::time::{Duration, Instant};
 
-use etcd_support::{eventually, Etcd};
+use common::etcd::{Etcd, ETCD_POLL_INTERVAL};
+use common::poll::poll_every;
+use common::task::Stoppable;
 use meshpilot::cluster::membership::{Member, Members, MembersWatch, MembershipSettings, Registration, DEFAULT_PREFIX};
-use tokio::sync::{oneshot, watch};
-use tokio::task::JoinHandle;
+use tokio::sync::watch;
 
 const TTL: Duration = Duration::from_secs(2);
 const GENEROUS: Duration = Duration::from_secs(30);
 
+/// A frontend's registration running in its own task; dropping it stops the task without a
+/// shutdown (the lease lapses).
 struct Frontend {
     registered: watch::Receiver<bool>,
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<()>,
+    run: Stoppable,
 }
 
 impl Frontend {
@@ -26,24 +27,13 @@ impl Frontend {
         let settings = MembershipSettings { ttl: TTL, ..MembershipSettings::new(id, addr(id)) };
         let registration = Registration::new(client, settings);
         let registered = registration.registered();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(registration.run(async move {
-            let _ = stopped.await;
-        }));
-        Frontend { registered, stop: Some(stop), task }
+        let run = Stoppable::spawn(|shutdown| registration.run(shutdown));
+        Frontend { registered, run }
     }
 
-    async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        let _ = (&mut self.task).await;
-    }
-}
-
-impl Drop for Frontend {
-    fn drop(&mut self) {
-        self.task.abort();
+    /// Graceful stop: deregister (revoke the lease).
+    async fn stop(self) {
+        self.run.stop().await;
     }
 }
 
@@ -56,7 +46,7 @@ fn members(ids: &[&str]) -> Members {
 }
 
 async fn wait_for(w: &watch::Receiver<Members>, want: &Members, within: Duration) {
-    let ok = eventually(within, || *w.borrow() == *want).await;
+    let ok = poll_every(ETCD_POLL_INTERVAL, within, async || *w.borrow() == *want).await;
     assert!(ok, "members are {:?}, want {want:?}", *w.borrow());
 }
 
@@ -86,16 +76,16 @@ async fn members_follow_registrations_and_survive_etcd_restarts() {
     // etcd goes away: the registration knows it lost its lease, the watcher keeps the last set.
     etcd.kill();
     let mut registered = fe0.registered.clone();
-    assert!(eventually(GENEROUS, || !*registered.borrow_and_update()).await);
+    assert!(poll_every(ETCD_POLL_INTERVAL, GENEROUS, async || !*registered.borrow_and_update()).await);
     assert_eq!(*seen.borrow(), members(&["fe-0"]));
 
     // Back with its data: registered again under a new lease, and it stays (the old lease,
     // which etcd renewed on restart, is revoked without taking the key with it).
     etcd.restart().await;
-    assert!(eventually(GENEROUS, || *registered.borrow_and_update()).await);
+    assert!(poll_every(ETCD_POLL_INTERVAL, GENEROUS, async || *registered.borrow_and_update()).await);
     wait_for(&seen, &members(&["fe-0"]), GENEROUS).await;
     assert!(
-        !eventually(3 * TTL, || *seen.borrow() != members(&["fe-0"])).await,
+        !poll_every(ETCD_POLL_INTERVAL, 3 * TTL, async || *seen.borrow() != members(&["fe-0"])).await,
         "members changed: {:?}",
         *seen.borrow()
     );

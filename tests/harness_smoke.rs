@@ -1,14 +1,19 @@
-//! Exercises the integration-test harness (tests/support) itself: the HTTP
-//! backends, a real Envoy, and the HTTP helpers.
+//! Exercises the integration-test harness (tests/common) itself: the HTTP backends, a real
+//! Envoy, and the HTTP helpers.
 
 mod common;
-mod support;
 
 use std::path::Path;
 use std::time::Duration;
 
+use common::backend::Backend;
+use common::config_dump::dump_section;
+use common::envoy::{envoy_path, Envoy};
+use common::http::{http_client, http_get, http_get_no_redirect, http_request};
+use common::meshpilot::Meshpilot;
+use common::poll::{CONVERGE_TIMEOUT, STARTUP_TIMEOUT};
+use common::ports::{free_addr, free_port};
 use serde_json::{json, Value};
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -168,7 +173,7 @@ async fn envoy_without_xds_starts_admin_but_is_not_ready() {
         envoy.logs()
     );
 
-    let pid = envoy.pid();
+    let pid = envoy.pid().expect("Envoy runs");
     let admin = envoy.admin_addr();
     drop(envoy);
     assert!(!Path::new(&format!("/proc/{pid}")).exists(), "Envoy pid {pid} still exists after drop");

@@ -2,14 +2,12 @@
 //! leads at once, long before the lease's TTL would have run out. Real etcd, real processes.
 
 mod common;
-mod etcd_support;
-mod support;
 
 use std::time::{Duration, Instant};
 
-use etcd_support::Etcd;
-use support::cluster::{wait_leader, IngestNode};
-use support::temp_dir_with;
+use common::etcd::Etcd;
+use common::files::temp_dir_with;
+use common::meshpilot::{wait_leader, Meshpilot};
 
 /// Far longer than the handover may take: only a resignation can make it this fast.
 const LEASE_TTL_SECS: u64 = 60;
@@ -26,11 +24,11 @@ spec: {hosts: [a.example.com], location: MESH_EXTERNAL, resolution: STATIC, port
 async fn sigterm_to_the_leader_hands_over_before_the_lease_ttl() {
     let etcd = Etcd::start().await;
     let dir = temp_dir_with(&[("se.yaml", SE)]);
-    let first = IngestNode::builder(&etcd.endpoint(), dir.path()).id("in-first").lease_ttl(LEASE_TTL_SECS).start();
+    let first = Meshpilot::ingest(&etcd.endpoint(), dir.path()).id("in-first").lease_ttl(LEASE_TTL_SECS).start();
     first.wait_ready(Duration::from_secs(60)).await;
     let mut nodes = vec![first];
     let (_, first_term) = wait_leader(&nodes, Duration::from_secs(30), |_| true).await;
-    let standby = IngestNode::builder(&etcd.endpoint(), dir.path()).id("in-standby").lease_ttl(LEASE_TTL_SECS).start();
+    let standby = Meshpilot::ingest(&etcd.endpoint(), dir.path()).id("in-standby").lease_ttl(LEASE_TTL_SECS).start();
     standby.wait_ready(Duration::from_secs(60)).await;
     nodes.push(standby);
     assert_eq!(wait_leader(&nodes, Duration::from_secs(10), |_| true).await.0, 0, "the first node stays leader");

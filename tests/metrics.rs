@@ -1,16 +1,22 @@
 //! `/metrics` after pushes through standalone meshpilot: every Istio metric meshpilot keeps, with
 //! Istio's labels and types, and values that match what the simulated proxies saw.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use common::files::{temp_dir_with, write_atomic};
+use common::istio::service_entry_in;
+use common::meshpilot::Meshpilot;
+use common::poll::{poll, STARTUP_TIMEOUT};
+use common::process::TERMINATE_GRACE;
+use common::prometheus::Samples;
 use meshpilot::sim::{SimProxy, SimProxySpec, SimState};
 use meshpilot::xds::TypeUrl;
 
-mod common;
-mod telemetry_support;
-
-use telemetry_support::*;
+/// Convergence timeout.
+const TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Sidecars that ACK everything.
 const ACKING: usize = 5;
@@ -56,9 +62,9 @@ fn bucket_bounds(samples: &Samples, name: &str, labels: &[(&str, &str)]) -> Vec<
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_match_the_pushes_the_proxies_received() {
     let started = std::time::Instant::now();
-    let config = config_dir(&[("reviews.yaml", &service_entry("default", "reviews", &["10.0.0.1"]))]);
-    let mut cp = Meshpilot::standalone(config.path(), &[]);
-    cp.wait_ready().await;
+    let config = temp_dir_with(&[("reviews.yaml", &service_entry_in("default", "reviews", &["10.0.0.1"]))]);
+    let mut cp = Meshpilot::standalone(config.path()).start();
+    cp.wait_ready(STARTUP_TIMEOUT).await;
 
     let mut proxies = Vec::new();
     for i in 0..ACKING {
@@ -74,11 +80,11 @@ async fn metrics_match_the_pushes_the_proxies_received() {
     }
 
     // A config change (a new service: a "config" trigger), then an endpoint-only change ("endpoint").
-    std::fs::write(config.path().join("ratings.yaml"), service_entry("default", "ratings", &["10.0.0.2"])).unwrap();
+    std::fs::write(config.path().join("ratings.yaml"), service_entry_in("default", "ratings", &["10.0.0.2"])).unwrap();
     for p in all() {
         assert!(p.wait_for(TIMEOUT, |s| cluster_version(s) == "1.2").await, "{:?}", p.state());
     }
-    rewrite(&config.path().join("ratings.yaml"), &service_entry("default", "ratings", &["10.0.0.2", "10.0.0.3"]));
+    write_atomic(config.path(), "ratings.yaml", &service_entry_in("default", "ratings", &["10.0.0.2", "10.0.0.3"]));
     let eds_version = |s: &SimState| s.types.get(&TypeUrl::Endpoint).map(|t| t.version.clone()).unwrap_or_default();
     for p in all() {
         assert!(p.wait_for(TIMEOUT, |s| eds_version(s) == "1.3").await, "{:?}", p.state());
@@ -155,7 +161,7 @@ async fn metrics_match_the_pushes_the_proxies_received() {
     assert_eq!(m.value("pilot_xds_write_timeout", &[]), 0.0);
 
     // meshpilot's own.
-    let id = format!("standalone-{}", cp.pid());
+    let id = format!("standalone-{}", cp.pid().expect("meshpilot runs"));
     assert_eq!(m.value("meshpilot_build_info", &[("role", "standalone"), ("id", &id)]), 1.0);
     assert_eq!(m.value("meshpilot_snapshot_version", &[("part", "term")]), 1.0);
     assert_eq!(m.value("meshpilot_snapshot_version", &[("part", "seq")]), 3.0);
@@ -169,6 +175,6 @@ async fn metrics_match_the_pushes_the_proxies_received() {
     .await;
     assert!(left.is_some(), "pilot_xds did not drop to {ACKING}");
     drop(proxies);
-    cp.stop();
+    cp.terminate(TERMINATE_GRACE).await;
     eprintln!("metrics test took {:?}", started.elapsed());
 }

@@ -2,18 +2,23 @@
 //! meshpilot, and through an ingest node and a frontend (with etcd) — with the right parent/child
 //! links and attributes, and gets the metrics `/metrics` shows.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use common::etcd::Etcd;
+use common::files::temp_dir_with;
+use common::istio::service_entry_in;
+use common::meshpilot::Meshpilot;
+use common::otlp::{attributes, OtlpReceiver, Received, ReceivedSpan};
+use common::poll::{poll, STARTUP_TIMEOUT};
+use common::process::TERMINATE_GRACE;
 use meshpilot::sim::{SimProxy, SimProxySpec};
 use opentelemetry_proto::tonic::metrics::v1::metric;
 
-mod common;
-#[path = "etcd_support/mod.rs"]
-mod etcd_support;
-mod telemetry_support;
-
-use telemetry_support::*;
+/// Convergence timeout.
+const TIMEOUT: Duration = Duration::from_secs(60);
 
 fn otel_env(receiver: &OtlpReceiver) -> Vec<(&'static str, String)> {
     vec![
@@ -107,9 +112,9 @@ async fn wait_metrics(received: &Received, role: &str, min_pushes: f64) -> BTree
 async fn a_standalone_push_is_one_trace_and_metrics_arrive() {
     let started = std::time::Instant::now();
     let receiver = OtlpReceiver::start().await;
-    let config = config_dir(&[("reviews.yaml", &service_entry("default", "reviews", &["10.0.0.1"]))]);
-    let mut cp = Meshpilot::standalone(config.path(), &otel_env(&receiver));
-    cp.wait_ready().await;
+    let config = temp_dir_with(&[("reviews.yaml", &service_entry_in("default", "reviews", &["10.0.0.1"]))]);
+    let mut cp = Meshpilot::standalone(config.path()).envs(&otel_env(&receiver)).start();
+    cp.wait_ready(STARTUP_TIMEOUT).await;
 
     let spec = SimProxySpec::sidecar(&cp.xds_url(), "default", "productpage", "10.1.0.1");
     let node = spec.node_id.clone();
@@ -117,7 +122,7 @@ async fn a_standalone_push_is_one_trace_and_metrics_arrive() {
     assert!(proxy.wait_for(TIMEOUT, |s| s.acked("1.1") && s.types.len() == 4).await, "{:?}", proxy.state());
 
     // A config change: a new service (clusters, endpoints, routes change).
-    std::fs::write(config.path().join("ratings.yaml"), service_entry("default", "ratings", &["10.0.0.2"])).unwrap();
+    std::fs::write(config.path().join("ratings.yaml"), service_entry_in("default", "ratings", &["10.0.0.2"])).unwrap();
     let clusters_acked = |s: &meshpilot::sim::SimState, v: &str| {
         s.types.get(&meshpilot::xds::TypeUrl::Cluster).is_some_and(|t| t.acked_version == v)
     };
@@ -150,11 +155,11 @@ async fn a_standalone_push_is_one_trace_and_metrics_arrive() {
     assert_eq!(r.get("service.name").map(String::as_str), Some("meshpilot"));
     assert_eq!(r.get("meshpilot.role").map(String::as_str), Some("standalone"));
     assert_eq!(r.get("meshpilot.term").map(String::as_str), Some("1"));
-    assert_eq!(r.get("service.instance.id"), Some(&format!("standalone-{}", cp.pid())));
+    assert_eq!(r.get("service.instance.id"), Some(&format!("standalone-{}", cp.pid().expect("meshpilot runs"))));
     assert_eq!(r.get("deployment.environment").map(String::as_str), Some("otlp-test"));
 
     // The trace id is in /debug/push_status and in the log lines of the push.
-    let status = cp.get_json("/debug/push_status").await;
+    let status = cp.admin_json("/debug/push_status").await;
     assert_eq!(status["version"], "1.2");
     assert_eq!(status["trace_id"], trace_id.as_str(), "{status}");
     assert!(cp.logs().lines().any(|l| l.contains("snapshot built") && l.contains(&trace_id)), "{}", cp.logs());
@@ -174,7 +179,7 @@ async fn a_standalone_push_is_one_trace_and_metrics_arrive() {
         assert!(metrics.contains_key(name), "{name} is on /metrics but not in the OTLP export");
     }
     drop(proxy);
-    cp.stop();
+    cp.terminate(TERMINATE_GRACE).await;
     eprintln!("standalone OTLP test took {:?}", started.elapsed());
 }
 
@@ -182,12 +187,17 @@ async fn a_standalone_push_is_one_trace_and_metrics_arrive() {
 async fn an_ingest_to_frontend_push_is_one_trace() {
     let started = std::time::Instant::now();
     let receiver = OtlpReceiver::start().await;
-    let etcd = etcd_support::Etcd::start().await;
-    let config = config_dir(&[("reviews.yaml", &service_entry("default", "reviews", &["10.0.0.1"]))]);
-    let mut ingest = Meshpilot::ingest(&etcd.endpoint(), config.path(), "ingest-a", &otel_env(&receiver));
-    ingest.wait_ready().await;
-    let mut frontend = Meshpilot::frontend(&etcd.endpoint(), "frontend-a", &otel_env(&receiver));
-    frontend.wait_ready().await;
+    let etcd = Etcd::start().await;
+    let config = temp_dir_with(&[("reviews.yaml", &service_entry_in("default", "reviews", &["10.0.0.1"]))]);
+    let mut ingest = Meshpilot::ingest(&etcd.endpoint(), config.path())
+        .id("ingest-a")
+        .lease_ttl(2)
+        .envs(&otel_env(&receiver))
+        .start();
+    ingest.wait_ready(STARTUP_TIMEOUT).await;
+    let mut frontend =
+        Meshpilot::frontend(&etcd.endpoint()).id("frontend-a").lease_ttl(2).envs(&otel_env(&receiver)).start();
+    frontend.wait_ready(STARTUP_TIMEOUT).await;
 
     let spec = SimProxySpec::sidecar(&frontend.xds_url(), "default", "productpage", "10.1.0.1");
     let node = spec.node_id.clone();
@@ -197,7 +207,7 @@ async fn an_ingest_to_frontend_push_is_one_trace() {
     );
     let before = proxy.state().types.values().next().map(|t| t.version.clone()).unwrap_or_default();
 
-    std::fs::write(config.path().join("ratings.yaml"), service_entry("default", "ratings", &["10.0.0.2"])).unwrap();
+    std::fs::write(config.path().join("ratings.yaml"), service_entry_in("default", "ratings", &["10.0.0.2"])).unwrap();
     let version = poll(TIMEOUT, async || {
         let v = proxy.state().types.get(&meshpilot::xds::TypeUrl::Cluster).map(|t| t.acked_version.clone())?;
         (v != before && !v.is_empty()).then_some(v)
@@ -230,11 +240,11 @@ async fn an_ingest_to_frontend_push_is_one_trace() {
     assert_eq!(apply.attr("version").as_deref(), Some(version.as_str()));
     assert_eq!(build.attr("version").as_deref(), Some(version.as_str()));
 
-    let status = frontend.get_json("/debug/push_status").await;
+    let status = frontend.admin_json("/debug/push_status").await;
     assert_eq!(status["trace_id"], trace_id.as_str(), "{status}");
     drop(proxy);
-    frontend.stop();
-    ingest.stop();
+    frontend.terminate(TERMINATE_GRACE).await;
+    ingest.terminate(TERMINATE_GRACE).await;
     eprintln!("ingest → frontend OTLP test took {:?}", started.elapsed());
 }
 
@@ -242,11 +252,11 @@ async fn an_ingest_to_frontend_push_is_one_trace() {
 async fn large_fanouts_trace_a_sample_and_count_the_rest() {
     let started = std::time::Instant::now();
     let receiver = OtlpReceiver::start().await;
-    let config = config_dir(&[("reviews.yaml", &service_entry("default", "reviews", &["10.0.0.1"]))]);
+    let config = temp_dir_with(&[("reviews.yaml", &service_entry_in("default", "reviews", &["10.0.0.1"]))]);
     let mut env = otel_env(&receiver);
     env.push(("MESHPILOT_TRACE_PUSH_SPANS", "2".into()));
-    let mut cp = Meshpilot::standalone(config.path(), &env);
-    cp.wait_ready().await;
+    let mut cp = Meshpilot::standalone(config.path()).envs(&env).start();
+    cp.wait_ready(STARTUP_TIMEOUT).await;
     let mut proxies = Vec::new();
     for i in 0..5 {
         let spec = SimProxySpec::sidecar(&cp.xds_url(), "default", &format!("app{i}"), &format!("10.1.0.{i}"));
@@ -254,7 +264,7 @@ async fn large_fanouts_trace_a_sample_and_count_the_rest() {
         assert!(proxy.wait_for(TIMEOUT, |s| s.types.len() == 4).await);
         proxies.push(proxy);
     }
-    std::fs::write(config.path().join("ratings.yaml"), service_entry("default", "ratings", &["10.0.0.2"])).unwrap();
+    std::fs::write(config.path().join("ratings.yaml"), service_entry_in("default", "ratings", &["10.0.0.2"])).unwrap();
 
     // The summary comes once the version's push window (5 s) has passed.
     let fanout = poll(Duration::from_secs(30), async || {
@@ -275,6 +285,6 @@ async fn large_fanouts_trace_a_sample_and_count_the_rest() {
     let pushes = spans.get("xds_push").map(Vec::len).unwrap_or(0);
     assert_eq!(pushes, 2, "only the sample has xds_push spans");
     drop(proxies);
-    cp.stop();
+    cp.terminate(TERMINATE_GRACE).await;
     eprintln!("fan-out sampling test took {:?}", started.elapsed());
 }

@@ -3,11 +3,14 @@
 //! names.
 
 mod common;
-mod support;
 
+use common::backend::Backend;
+use common::envoy::{merge_patch, Envoy};
+use common::http::{http_client, http_request, try_http_get};
+use common::poll::{poll, STARTUP_TIMEOUT};
+use common::ports::{free_addr, free_port};
 use meshpilot::cluster::ownership::{Maglev, MaglevSettings, Ring, RingSettings, PROXY_KEY_HEADER};
 use serde_json::{json, Value};
-use support::*;
 
 /// A STATIC cluster of `backends` (endpoint order = slice order, with the given
 /// `load_balancing_weight`s, or the default) hashing on each endpoint's `envoy.lb` `hash_key`, as
@@ -139,7 +142,7 @@ async fn start_lb(clusters: Vec<Value>) -> (Envoy, String) {
     let envoy = builder.static_listener(listener(port, routes)).start();
     envoy.wait_ready(STARTUP_TIMEOUT).await;
     let base = format!("http://127.0.0.1:{port}");
-    let up = wait_until(STARTUP_TIMEOUT, async || {
+    let up = poll(STARTUP_TIMEOUT, async || {
         try_http_get(&format!("{base}/"), "", &[(PROXY_KEY_HEADER, "probe")])
             .await
             .map(|(s, _)| s == 200)

@@ -8,6 +8,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::poll::poll_every;
+use common::ports::free_addr;
 use meshpilot::cluster::election::LeaderInfo;
 use meshpilot::config::parse::object_from_value;
 use meshpilot::replication::wire::proto::snapshot_service_client::SnapshotServiceClient;
@@ -98,7 +100,7 @@ impl Drop for Leader {
 
 /// Serves `server` on a free 127.0.0.1 port.
 async fn serve(server: SnapshotServer) -> (SocketAddr, JoinHandle<()>) {
-    let listener = tokio::net::TcpListener::bind(common::ports::free_addr()).await.unwrap();
+    let listener = tokio::net::TcpListener::bind(free_addr()).await.unwrap();
     let addr = listener.local_addr().unwrap();
     let task = tokio::spawn(async move {
         tonic::transport::Server::builder()
@@ -354,9 +356,6 @@ async fn a_delta_on_another_base_makes_the_frontend_ask_for_a_full_snapshot() {
 
 /// Waits until the server has recorded `v`.
 async fn wait_server_latest(server: &SnapshotServer, v: Version) {
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    while server.latest() != Some(v) {
-        assert!(tokio::time::Instant::now() < deadline, "server never saw {v}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let seen = poll_every(Duration::from_millis(10), TIMEOUT, async || server.latest() == Some(v)).await;
+    assert!(seen, "server never saw {v}");
 }

@@ -6,13 +6,17 @@
 //! give each of its proxies exactly one push (EDS only) and the other namespace none; a service
 //! change in the other namespace the reverse.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-mod common;
-mod support;
-
+use common::envoy::Envoy;
+use common::files::write_atomic;
+use common::http::{http_client, http_request};
+use common::poll::{poll, poll_every};
+use common::ports::{free_addr, free_port};
 use meshpilot::app::standalone::{self, StandaloneSettings};
 use meshpilot::app::Process;
 use meshpilot::ingest::DebounceSettings;
@@ -31,8 +35,6 @@ fn service(ns: &str, port: u32, endpoints: &[&str]) -> String {
         eps.join(", ")
     )
 }
-
-use support::{free_addr, Envoy};
 
 /// A Sidecar giving `ns`'s workloads an egress listener on 127.0.0.1:`port` (no iptables here).
 fn sidecar(ns: &str, port: u16) -> String {
@@ -56,32 +58,21 @@ async fn update_attempts(envoy: &Envoy) -> std::collections::BTreeMap<String, u6
 }
 
 async fn admin_json(admin: SocketAddr, path: &str) -> Value {
-    let body = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap()
-        .get(format!("http://{admin}{path}"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let url = format!("http://{admin}{path}");
+    let body = http_request(&http_client(), "GET", &url, "", &[], None).await.unwrap().body;
     serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"))
 }
 
 /// Waits until every connection has processed the snapshot `version` (pushed or not).
 async fn wait_all_on(admin: SocketAddr, version: &str, count: usize) {
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    loop {
+    let mut on = 0;
+    let all = poll_every(Duration::from_millis(50), TIMEOUT, async || {
         let syncz = admin_json(admin, "/debug/syncz").await;
-        let on = syncz.as_array().map(|a| a.iter().filter(|c| c["snapshot_version"] == version).count()).unwrap_or(0);
-        if on == count {
-            return;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "only {on}/{count} connections reached {version}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        on = syncz.as_array().map(|a| a.iter().filter(|c| c["snapshot_version"] == version).count()).unwrap_or(0);
+        on == count
+    })
+    .await;
+    assert!(all, "only {on}/{count} connections reached {version}");
 }
 
 async fn current_version(admin: SocketAddr) -> String {
@@ -89,25 +80,13 @@ async fn current_version(admin: SocketAddr) -> String {
 }
 
 async fn wait_new_version(admin: SocketAddr, old: &str) -> String {
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    loop {
-        let v = current_version(admin).await;
-        if v != old {
-            return v;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "no new snapshot after {old}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    poll_every(Duration::from_millis(20), TIMEOUT, async || Some(current_version(admin).await).filter(|v| v != old))
+        .await
+        .unwrap_or_else(|| panic!("no new snapshot after {old}"))
 }
 
 fn counts(proxies: &[SimProxy]) -> Vec<SimState> {
     proxies.iter().map(|p| SimState::clone(&p.state())).collect()
-}
-
-fn write(dir: &Path, name: &str, text: &str) {
-    let tmp = dir.join(format!(".{name}.tmp"));
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, dir.join(name)).unwrap();
 }
 
 /// An in-process standalone meshpilot on free ports; stopped on drop.
@@ -138,30 +117,17 @@ impl Server {
     }
 
     async fn connect(&self, spec: SimProxySpec) -> SimProxy {
-        self.wait_ready().await;
-        for _ in 0..100 {
-            if let Ok(p) = SimProxy::connect(spec.clone()).await {
-                return p;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("cannot connect to {}", spec.xds_url);
-    }
-}
-
-impl Server {
-    /// Waits until `/ready` answers 200: the first snapshot is built and the listeners are bound.
-    async fn wait_ready(&self) {
-        let client = reqwest::Client::builder().no_proxy().build().unwrap();
-        let deadline = tokio::time::Instant::now() + TIMEOUT;
-        loop {
-            let status = client.get(format!("http://{}/ready", self.admin)).send().await.map(|r| r.status().as_u16());
-            if status.as_ref().ok() == Some(&200) {
-                return;
-            }
-            assert!(tokio::time::Instant::now() < deadline, "server not ready: {status:?}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        // Listeners are bound before the first snapshot: wait for readiness, as a user would.
+        let ready = poll(Duration::from_secs(30), async || {
+            let url = format!("http://{}/ready", self.admin);
+            let status = reqwest::Client::builder().no_proxy().build().ok()?.get(url).send().await.ok()?.status();
+            (status.as_u16() == 200).then_some(())
+        })
+        .await;
+        assert!(ready.is_some(), "server not ready");
+        poll(Duration::from_secs(10), async || SimProxy::connect(spec.clone()).await.ok())
+            .await
+            .unwrap_or_else(|| panic!("cannot connect to {}", spec.xds_url))
     }
 }
 
@@ -174,10 +140,10 @@ impl Drop for Server {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_change_pushes_once_to_affected_proxies_only() {
     let dir = tempfile::tempdir().unwrap();
-    write(dir.path(), "a.yaml", &service("team-a", 80, &["10.0.0.1"]));
-    write(dir.path(), "b.yaml", &service("team-b", 80, &["10.0.1.1"]));
-    write(dir.path(), "sidecar-a.yaml", &sidecar("team-a", support::free_port()));
-    write(dir.path(), "sidecar-b.yaml", &sidecar("team-b", support::free_port()));
+    write_atomic(dir.path(), "a.yaml", &service("team-a", 80, &["10.0.0.1"]));
+    write_atomic(dir.path(), "b.yaml", &service("team-b", 80, &["10.0.1.1"]));
+    write_atomic(dir.path(), "sidecar-a.yaml", &sidecar("team-a", free_port()));
+    write_atomic(dir.path(), "sidecar-b.yaml", &sidecar("team-b", free_port()));
     let server = Server::start(dir.path());
     let admin = server.admin;
     let url = server.url();
@@ -210,7 +176,7 @@ async fn one_change_pushes_once_to_affected_proxies_only() {
     let before_b = counts(&team_b);
     let envoy_a_before = update_attempts(&envoy_a).await;
     let envoy_b_before = update_attempts(&envoy_b).await;
-    write(dir.path(), "b.yaml", &service("team-b", 80, &["10.0.1.1", "10.0.1.2"]));
+    write_atomic(dir.path(), "b.yaml", &service("team-b", 80, &["10.0.1.1", "10.0.1.2"]));
     let v2 = wait_new_version(admin, &v1).await;
     let push = admin_json(admin, "/debug/push_status").await;
     assert_eq!(push["endpoints_only"], true, "{push}");
@@ -251,7 +217,7 @@ async fn one_change_pushes_once_to_affected_proxies_only() {
     // 2. A service change in team-a (new port): team-a proxies get one push, team-b none.
     let before_a = counts(&team_a);
     let before_b = counts(&team_b);
-    write(dir.path(), "a.yaml", &service("team-a", 8080, &["10.0.0.1"]));
+    write_atomic(dir.path(), "a.yaml", &service("team-a", 8080, &["10.0.0.1"]));
     let v3 = wait_new_version(admin, &v2).await;
     wait_all_on(admin, &v3, 2 * PER_NAMESPACE + 2).await;
     for (p, before) in team_a.iter().zip(&before_a) {
@@ -268,7 +234,7 @@ async fn one_change_pushes_once_to_affected_proxies_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nacked_version_is_recorded_and_not_resent_until_config_changes() {
     let dir = tempfile::tempdir().unwrap();
-    write(dir.path(), "a.yaml", &service("team-a", 80, &["10.0.0.1"]));
+    write_atomic(dir.path(), "a.yaml", &service("team-a", 80, &["10.0.0.1"]));
     let server = Server::start(dir.path());
     let mut spec = SimProxySpec::sidecar(&server.url(), "team-a", "app", "10.9.0.1");
     spec.reject = Some(TypeUrl::Cluster);
@@ -285,13 +251,13 @@ async fn a_nacked_version_is_recorded_and_not_resent_until_config_changes() {
 
     // A change that leaves this proxy's clusters as they were: the rejected CDS is not resent.
     let cds_before = proxy.state().types[&TypeUrl::Cluster].responses;
-    write(dir.path(), "other.yaml", &service("team-z", 80, &["10.0.9.1"]));
+    write_atomic(dir.path(), "other.yaml", &service("team-z", 80, &["10.0.9.1"]));
     let v2 = wait_new_version(server.admin, &v1).await;
     wait_all_on(server.admin, &v2, 1).await;
     assert_eq!(proxy.state().types[&TypeUrl::Cluster].responses, cds_before);
 
     // A change to its clusters is sent (and rejected again).
-    write(dir.path(), "a.yaml", &service("team-a", 81, &["10.0.0.1"]));
+    write_atomic(dir.path(), "a.yaml", &service("team-a", 81, &["10.0.0.1"]));
     let v3 = wait_new_version(server.admin, &v2).await;
     assert!(proxy.wait_for(TIMEOUT, |s| s.types[&TypeUrl::Cluster].version == v3).await);
     assert_eq!(proxy.state().types[&TypeUrl::Cluster].responses, cds_before + 1);
@@ -300,7 +266,7 @@ async fn a_nacked_version_is_recorded_and_not_resent_until_config_changes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_is_not_an_istio_proxy_is_refused_with_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
-    write(dir.path(), "a.yaml", &service("team-a", 80, &["10.0.0.1"]));
+    write_atomic(dir.path(), "a.yaml", &service("team-a", 80, &["10.0.0.1"]));
     let server = Server::start(dir.path());
     let mut spec = SimProxySpec::sidecar(&server.url(), "team-a", "app", "10.9.0.1");
     spec.node_id = "just-an-envoy".into();

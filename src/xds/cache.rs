@@ -223,7 +223,9 @@ impl GenerationCache {
         let mut candidates: Vec<(u64, Key, usize)> = entries
             .iter()
             .filter(|(key, entry)| *key != keep && entry.cell.initialized())
-            .map(|(key, entry)| (entry.last_used.load(Ordering::Relaxed), key.clone(), entry.bytes.load(Ordering::Relaxed)))
+            .map(|(key, entry)| {
+                (entry.last_used.load(Ordering::Relaxed), key.clone(), entry.bytes.load(Ordering::Relaxed))
+            })
             .collect();
         candidates.sort_unstable_by_key(|(tick, _, _)| *tick);
         let mut total = generation.bytes.load(Ordering::Relaxed);
@@ -239,7 +241,11 @@ impl GenerationCache {
         generation.bytes.fetch_sub(freed, Ordering::Relaxed);
         drop(entries);
         if freed > 0 {
-            tracing::debug!(freed, budget = self.budget, "generation cache over budget; least recently used entries dropped");
+            tracing::debug!(
+                freed,
+                budget = self.budget,
+                "generation cache over budget; least recently used entries dropped"
+            );
         }
     }
 
@@ -281,7 +287,6 @@ impl Drop for ViewLease {
         self.cache.release(&self.view);
     }
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -335,10 +340,8 @@ spec: {hosts: [a.example.com], location: MESH_INTERNAL, resolution: STATIC, port
         cache.get(&snap, &views[3], TypeUrl::Cluster).await;
         assert_eq!(cache.entries(), 3);
         assert!(cache.bytes() <= one * 3 + one / 2);
-        let cached: Vec<bool> = views
-            .iter()
-            .map(|v| cache.current.load().lock().contains_key(&(v.clone(), TypeUrl::Cluster)))
-            .collect();
+        let cached: Vec<bool> =
+            views.iter().map(|v| cache.current.load().lock().contains_key(&(v.clone(), TypeUrl::Cluster))).collect();
         assert_eq!(cached, [true, false, true, true, false]);
     }
 }

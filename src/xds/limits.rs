@@ -84,7 +84,8 @@ impl RequestRate {
     /// Takes a token, first waiting as long as the rate asks.
     pub async fn acquire(&mut self) {
         let now = Instant::now();
-        self.tokens = (self.tokens + now.duration_since(self.last).as_secs_f64() * REQUESTS_PER_SECOND).min(REQUEST_BURST);
+        self.tokens =
+            (self.tokens + now.duration_since(self.last).as_secs_f64() * REQUESTS_PER_SECOND).min(REQUEST_BURST);
         self.last = now;
         if self.tokens < 1.0 {
             let wait = Duration::from_secs_f64((1.0 - self.tokens) / REQUESTS_PER_SECOND);

@@ -119,8 +119,16 @@ impl XdsMetrics {
                 &["type"],
             ),
             xds_write_timeout: counter(r, "pilot_xds_write_timeout", "Pilot XDS response write timeouts."),
-            cache_bytes: gauge(r, "meshpilot_xds_cache_bytes", "Bytes of generated resources held by the generation cache."),
-            cache_entries: gauge(r, "meshpilot_xds_cache_entries", "Entries (proxy view and type) held by the generation cache."),
+            cache_bytes: gauge(
+                r,
+                "meshpilot_xds_cache_bytes",
+                "Bytes of generated resources held by the generation cache.",
+            ),
+            cache_entries: gauge(
+                r,
+                "meshpilot_xds_cache_entries",
+                "Entries (proxy view and type) held by the generation cache.",
+            ),
             versions: Arc::default(),
         };
         for t in TypeUrl::PUSH_ORDER {

@@ -1,4 +1,48 @@
-//! Test harness shared by every integration test binary (declare `mod common;` at its root).
+//! The integration-test harness shared by every test binary (each declares `mod common;` at its
+//! root and uses the modules it needs, hence `dead_code` is allowed here).
+//!
+//! Everything a test starts listens on 127.0.0.1 (or another loopback address) on a port from
+//! [`ports`], and is stopped when dropped; processes print the tail of their log when dropped by
+//! a failing test. `MESHPILOT_KEEP_TEMP=1` keeps their temp dirs (bootstraps, logs).
 #![allow(dead_code)]
 
+/// HTTP backends (axum) that tell which backend answered and echo the request.
+pub mod backend;
+/// The scale-out system: etcd, ingest nodes, frontends, load balancer, Envoys, simulated proxies.
+pub mod cluster;
+/// Readers of Envoy's `/config_dump`.
+pub mod config_dump;
+/// The `deploy/` artefacts as the deploy tests read them.
+pub mod deploy;
+/// A stub DNS server.
+pub mod dns;
+/// A real Envoy: locator, bootstrap, admin API.
+pub mod envoy;
+/// A real etcd.
+pub mod etcd;
+/// Config files and how they are edited.
+pub mod files;
+/// HTTP clients and requests.
+pub mod http;
+/// A client aimed at one proxy listener.
+pub mod ingress;
+/// Istio YAML builders.
+pub mod istio;
+/// A standalone meshpilot with a gateway and a sidecar Envoy.
+pub mod mesh;
+/// The meshpilot binary in any mode.
+pub mod meshpilot;
+/// An in-test OTLP receiver.
+pub mod otlp;
+/// The one poll helper and the default timeouts.
+pub mod poll;
+/// The one port allocator.
 pub mod ports;
+/// The one process handle.
+pub mod process;
+/// Prometheus text and a real Prometheus.
+pub mod prometheus;
+/// In-process meshpilot parts in their own task, stopped gracefully or dropped.
+pub mod task;
+/// The hashing load balancer in front of the frontends.
+pub mod xds_lb;

@@ -34,3 +34,14 @@ pub fn free_port() -> u16 {
 pub fn free_addr() -> SocketAddr {
     SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), free_port())
 }
+
+/// A port from [`free_port`] that is also free on every one of `ips` (other loopback addresses).
+pub fn port_free_on(ips: &[Ipv4Addr]) -> u16 {
+    for _ in 0..100 {
+        let port = free_port();
+        if ips.iter().all(|ip| TcpListener::bind((*ip, port)).is_ok()) {
+            return port;
+        }
+    }
+    panic!("no port free on all of {ips:?}")
+}
