@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use arc_swap::ArcSwap;
-use tokio::sync::OnceCell;
+use tokio::sync::{OnceCell, Semaphore};
 
 use super::generate::{generate, Resource};
 use super::metrics::XdsMetrics;
@@ -118,6 +118,9 @@ pub struct GenerationCache {
     budget: usize,
     tick: AtomicU64,
     held: Mutex<HashMap<ProxyView, usize>>,
+    /// Generations running at once: each builds a whole proxy's config in memory, so a burst of
+    /// new views must queue here rather than hold hundreds of them (and blocking threads) at once.
+    generating: Arc<Semaphore>,
 }
 
 /// A connection's claim on its view: the view's entries are kept while a lease on it exists.
@@ -141,6 +144,7 @@ impl GenerationCache {
             budget,
             tick: AtomicU64::new(0),
             held: Mutex::default(),
+            generating: Arc::new(Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get()))),
         }
     }
 
@@ -167,10 +171,13 @@ impl GenerationCache {
         let internal_errors = self.metrics.xds_internal_errors.clone();
         let (snapshot, task_view) = (snapshot.clone(), view.clone());
         let mut generated_here = false;
+        let generating = self.generating.clone();
         let generated = entry
             .cell
             .get_or_init(|| async {
                 generated_here = true;
+                // Closed never: the semaphore lives as long as the cache.
+                let _permit = generating.acquire_owned().await.ok();
                 // Generation is CPU work: keep it off the async workers' hot path.
                 let started = std::time::Instant::now();
                 let generated =
