@@ -111,8 +111,13 @@ pub struct Rescan {
 
 /// One read of a file, compared with the next one to tell whether it is still being written.
 enum Read {
-    Text { text: String, hash: u64 },
+    Text {
+        text: String,
+        hash: u64,
+    },
     Failed(ReadError),
+    /// The same content as the last one used (the text is not kept: only changed files' are).
+    Unchanged,
 }
 
 impl Read {
@@ -130,6 +135,7 @@ impl Read {
         match (self, other) {
             (Read::Text { hash: a, text: ta }, Read::Text { hash: b, text: tb }) => a == b && ta.len() == tb.len(),
             (Read::Failed(a), Read::Failed(b)) => a.to_string() == b.to_string(),
+            (Read::Unchanged, Read::Unchanged) => true,
             _ => false,
         }
     }
@@ -141,6 +147,7 @@ impl Read {
             && match self {
                 Read::Text { text, .. } => text.trim().is_empty(),
                 Read::Failed(e) => matches!(e, ReadError::Vanished),
+                Read::Unchanged => false,
             }
     }
 }
@@ -210,6 +217,11 @@ impl DirState {
                         prev => parse(&path, &text, hash, prev.unwrap_or_default()),
                     };
                     files.insert(path, state);
+                }
+                Read::Unchanged => {
+                    if let Some(prev) = prev {
+                        files.insert(path, prev);
+                    }
                 }
                 Read::Failed(ReadError::Vanished) => {
                     if prev.is_some() {
@@ -331,17 +343,13 @@ fn settle(
     let mut pending: BTreeMap<PathBuf, (Read, usize)> = BTreeMap::new();
     for path in candidates {
         let read = Read::new(fs.read_file(&path));
-        let prev = previous.get(&path);
-        let unchanged = match (&read, prev) {
-            (Read::Text { hash, .. }, Some(prev)) => prev.content_hash == *hash,
+        match (&read, previous.get(&path)) {
+            (Read::Text { hash, .. }, Some(prev)) if prev.content_hash == *hash => reads.push((path, Read::Unchanged)),
             // Never seen and already gone: nothing to settle.
-            (Read::Failed(ReadError::Vanished), None) => true,
-            _ => false,
-        };
-        if unchanged {
-            reads.push((path, read));
-        } else {
-            pending.insert(path, (read, 1));
+            (Read::Failed(ReadError::Vanished), None) => reads.push((path, read)),
+            _ => {
+                pending.insert(path, (read, 1));
+            }
         }
     }
     let mut rounds = 0;

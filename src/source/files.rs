@@ -595,6 +595,23 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn directories_deeper_than_the_limit_are_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut deep = dir.path().to_path_buf();
+        for _ in 0..=MAX_DEPTH {
+            deep.push("d");
+        }
+        std::fs::create_dir_all(&deep).unwrap();
+        std::fs::write(deep.join("vs.yaml"), VS).unwrap();
+        std::fs::write(deep.parent().unwrap().join("vs.yaml"), VS).unwrap();
+        let listing = list_config_files(dir.path()).unwrap();
+        assert_eq!(listing.files, vec![deep.parent().unwrap().join("vs.yaml")]);
+        assert_eq!(listing.incomplete, vec![deep.clone()]);
+        assert!(matches!(listing.problems.as_slice(), [(p, ReadError::TooDeep { .. })] if *p == deep));
+        assert_eq!(listing.problems[0].1.reason(), "limit");
+    }
+
+    #[test]
     fn parse_documents_numbers_documents_as_parse_file_does() {
         let text = format!(
             "# leading comment\n---\n{VS}---\n\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: c}}\n---\n{}...\n{}",
