@@ -36,7 +36,8 @@ pub async fn start(
     let metrics = IngestMetrics::register(&process.registry);
     // Ingest runs first: the sources send their initial state before `start` returns.
     let task = tokio::spawn(ingest::run(events_rx, writer, settings, metrics, process.metrics.clone(), drain.clone()));
-    if let Err(e) = source::start(sources, events.clone(), drain.clone()).await {
+    let source_metrics = source::SourceMetrics::register(&process.registry);
+    if let Err(e) = source::start(sources, events.clone(), source_metrics, drain.clone()).await {
         task.abort();
         return Err(e);
     }

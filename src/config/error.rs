@@ -33,7 +33,8 @@ impl fmt::Display for FieldError {
 pub struct ConfigError {
     /// File the document came from.
     pub file: String,
-    /// 1-based index of the document within the file.
+    /// 1-based index of the document within the file; 0 for the file (or directory) as a whole,
+    /// e.g. when it cannot be read.
     pub document: usize,
     /// The object, when its kind/namespace/name could be read.
     pub object: Option<ConfigKey>,
@@ -43,11 +44,18 @@ pub struct ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: document {}", self.file, self.document)?;
+        write!(f, "{}", self.file)?;
+        if self.document > 0 {
+            write!(f, ": document {}", self.document)?;
+        }
         if let Some(key) = &self.object {
             write!(f, " ({key})")?;
         }
-        write!(f, ": {}", self.error)
+        if self.error.field.is_empty() {
+            write!(f, ": {}", self.error.reason)
+        } else {
+            write!(f, ": {}", self.error)
+        }
     }
 }
 

@@ -8,6 +8,7 @@ pub mod config_dir;
 pub mod files;
 pub mod fswatch;
 pub mod mesh_config;
+pub mod metrics;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -19,6 +20,8 @@ use crate::config::{ConfigError, ConfigKey, IgnoredObject, ValidConfig};
 use crate::drain::DrainWatcher;
 use crate::mesh::{MeshConfig, MeshConfigError};
 use crate::telemetry::trace::EventTrace;
+
+pub use metrics::SourceMetrics;
 
 /// Which source an event comes from; ingest publishes nothing until every started source is done
 /// with its initial state.
@@ -104,23 +107,28 @@ impl SourceSettings {
 
 /// Starts every configured source: each sends its initial state and `InitDone` to `events`, then
 /// keeps watching in a task that ends when `drain` starts. Start the consumer first: the initial
-/// state is sent before this returns.
+/// state is sent before this returns. What the sources cannot read is counted in `metrics`.
+///
+/// Only a missing config directory or an unusable mesh config at start-up is an error: later
+/// problems (a file that cannot be read, the directory vanishing) keep the last good config in
+/// force and are reported as config errors and in `metrics`, not by failing readiness.
 pub async fn start<E>(
     settings: &SourceSettings,
     events: mpsc::Sender<E>,
+    metrics: SourceMetrics,
     drain: DrainWatcher,
 ) -> Result<(), SourceError>
 where
     E: From<SourceEvent> + Send + 'static,
 {
     match &settings.mesh_config {
-        Some(path) => mesh_config::watch(path.clone(), events.clone(), drain.clone()).await?,
+        Some(path) => mesh_config::watch(path.clone(), events.clone(), metrics.clone(), drain.clone()).await?,
         None => {
             let _ = events.send(SourceEvent::Mesh(Arc::new(MeshConfig::default())).into()).await;
             let _ = events.send(SourceEvent::InitDone(SourceId::MeshConfig).into()).await;
         }
     }
-    config_dir::watch(settings.config_dir.clone(), events, drain)
+    config_dir::watch(settings.config_dir.clone(), events, metrics, drain)
         .await
         .map_err(|source| SourceError::ConfigDir { dir: display(&settings.config_dir), source })
 }
