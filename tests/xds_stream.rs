@@ -241,6 +241,8 @@ async fn a_nacked_version_is_recorded_and_not_resent_until_config_changes() {
     let proxy = server.connect(spec).await;
     let v1 = current_version(server.admin).await;
     assert!(proxy.wait_for(TIMEOUT, |s| s.types.get(&TypeUrl::Listener).is_some_and(|t| t.acked_version == v1)).await);
+    // A proxy that rejects everything: each cluster is tried alone and set aside, then nothing more is sent.
+    wait_cds_settled(&proxy).await;
 
     let syncz = admin_json(server.admin, "/debug/syncz").await;
     let cds = &syncz[0]["types"]["Cluster"];
@@ -256,11 +258,101 @@ async fn a_nacked_version_is_recorded_and_not_resent_until_config_changes() {
     wait_all_on(server.admin, &v2, 1).await;
     assert_eq!(proxy.state().types[&TypeUrl::Cluster].responses, cds_before);
 
-    // A change to its clusters is sent (and rejected again).
+    // A change to its clusters is sent (and rejected again): the new cluster, then once more
+    // without it, after which nothing is left to try.
     write_atomic(dir.path(), "a.yaml", &service("team-a", 81, &["10.0.0.1"]));
     let v3 = wait_new_version(server.admin, &v2).await;
     assert!(proxy.wait_for(TIMEOUT, |s| s.types[&TypeUrl::Cluster].version == v3).await);
-    assert_eq!(proxy.state().types[&TypeUrl::Cluster].responses, cds_before + 1);
+    wait_cds_settled(&proxy).await;
+    assert_eq!(proxy.state().types[&TypeUrl::Cluster].responses, cds_before + 2);
+}
+
+/// Waits until the proxy's CDS response count stays the same for 500 ms.
+async fn wait_cds_settled(proxy: &SimProxy) {
+    let count = || proxy.state().types.get(&TypeUrl::Cluster).map_or(0, |t| t.responses);
+    let mut last = count();
+    let settled = poll_every(Duration::from_millis(500), TIMEOUT, async || {
+        let now = count();
+        let same = now == last;
+        last = now;
+        same.then_some(())
+    })
+    .await;
+    assert!(settled.is_some(), "CDS responses never settle");
+}
+
+/// Three services in `ns`, one of which a proxy will reject.
+fn services(ns: &str, hosts: &[&str]) -> String {
+    hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            format!(
+                "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: {h}, namespace: {ns}}}\nspec:\n  hosts: [{h}.{ns}.svc.cluster.local]\n  location: MESH_INTERNAL\n  resolution: STATIC\n  ports: [{{number: 80, name: http, protocol: HTTP}}]\n  endpoints: [{{address: 10.1.0.{}}}]\n",
+                i + 1
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+fn cluster(ns: &str, host: &str) -> String {
+    format!("outbound|80||{host}.{ns}.svc.cluster.local")
+}
+
+/// One cluster a proxy rejects never blocks the rest: it is set aside (named by the NACK, or
+/// found by bisection when the NACK names nothing), reported, and later changes still arrive.
+async fn one_rejected_cluster_is_set_aside(name_rejected: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    write_atomic(dir.path(), "a.yaml", &services("team-a", &["good"]));
+    let server = Server::start(dir.path());
+    let mut spec = SimProxySpec::sidecar(&server.url(), "team-a", "app", "10.9.0.1");
+    spec.reject_resources = [cluster("team-a", "bad")].into_iter().collect();
+    spec.name_rejected = name_rejected;
+    let proxy = server.connect(spec).await;
+    let has = |names: &[String]| {
+        let names = names.to_vec();
+        move |s: &SimState| {
+            s.types.get(&TypeUrl::Cluster).is_some_and(|t| names.iter().all(|n| t.acked_names.contains(n)))
+        }
+    };
+    assert!(proxy.wait_for(TIMEOUT, has(&[cluster("team-a", "good")])).await);
+
+    // One change adds a cluster the proxy rejects beside five it accepts.
+    let added = ["bad", "c1", "c2", "c3", "c4", "c5"];
+    write_atomic(dir.path(), "a.yaml", &services("team-a", &[&["good"][..], &added[..]].concat()));
+    let fine: Vec<String> = ["good", "c1", "c2", "c3", "c4", "c5"].iter().map(|h| cluster("team-a", h)).collect();
+    assert!(
+        proxy.wait_for(TIMEOUT, has(&fine)).await,
+        "the accepted clusters arrive: {:?}",
+        proxy.state().types.get(&TypeUrl::Cluster)
+    );
+    let state = proxy.state();
+    assert!(!state.types[&TypeUrl::Cluster].acked_names.contains(&cluster("team-a", "bad")));
+
+    // Reported in /debug/syncz and the metric.
+    let syncz = admin_json(server.admin, "/debug/syncz").await;
+    let rejected = &syncz[0]["types"]["Cluster"]["rejected"];
+    assert!(rejected.get(cluster("team-a", "bad")).is_some(), "{syncz}");
+    assert_eq!(rejected.as_object().map(|o| o.len()), Some(1), "only the bad cluster is set aside: {syncz}");
+    let metrics = reqwest::Client::builder().no_proxy().build().unwrap();
+    let text = metrics.get(format!("http://{}/metrics", server.admin)).send().await.unwrap().text().await.unwrap();
+    assert!(text.contains("meshpilot_xds_rejected_resources{type=\"cds\"} 1"), "{text}");
+
+    // A later change still reaches the proxy, the bad cluster still held out.
+    write_atomic(dir.path(), "b.yaml", &services("team-a", &["later"]).replace("10.1.0.1", "10.2.0.1"));
+    assert!(proxy.wait_for(TIMEOUT, has(&[cluster("team-a", "later")])).await, "a later change is blocked");
+    assert!(!proxy.state().types[&TypeUrl::Cluster].acked_names.contains(&cluster("team-a", "bad")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_the_nack_names_is_set_aside_and_the_rest_is_served() {
+    one_rejected_cluster_is_set_aside(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_the_nack_does_not_name_is_found_by_bisection() {
+    one_rejected_cluster_is_set_aside(false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

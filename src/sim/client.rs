@@ -36,6 +36,10 @@ pub struct SimProxySpec {
     pub xds_url: String,
     /// NACK every response of this type (to test rejection handling).
     pub reject: Option<TypeUrl>,
+    /// NACK any response carrying a resource of one of these names, as Envoy does with a bad one.
+    pub reject_resources: BTreeSet<String>,
+    /// Whether those NACKs name the resource (Envoy's usually do) or say only that something failed.
+    pub name_rejected: bool,
 }
 
 impl SimProxySpec {
@@ -47,6 +51,8 @@ impl SimProxySpec {
             labels: [("app".to_string(), name.to_string())].into_iter().collect(),
             xds_url: xds_url.to_string(),
             reject: None,
+            reject_resources: BTreeSet::new(),
+            name_rejected: true,
         }
     }
 }
@@ -60,6 +66,8 @@ pub struct TypeState {
     pub version: String,
     /// Names of the resources in the last response.
     pub names: BTreeSet<String>,
+    /// Names of the resources in the last response it accepted (what an Envoy would hold).
+    pub acked_names: BTreeSet<String>,
     /// Last version ACKed.
     pub acked_version: String,
 }
@@ -202,14 +210,19 @@ async fn run(
         };
         let Some(type_url) = TypeUrl::parse(&resp.type_url) else { continue };
         let names: BTreeSet<String> = resp.resources.iter().filter_map(|r| resource_name(type_url, &r.value)).collect();
-        let reject = spec.reject == Some(type_url);
+        let bad: Vec<&String> = names.intersection(&spec.reject_resources).collect();
+        let reject = spec.reject == Some(type_url) || !bad.is_empty();
+        let message = match bad.first() {
+            Some(name) if spec.name_rejected => format!("Error adding/updating {type_url} {name}: simulated rejection"),
+            _ => "simulated rejection".to_string(),
+        };
         let names_for_ack = wanted.get(&type_url).cloned().unwrap_or_default();
         let ack = DiscoveryRequest {
             version_info: if reject { String::new() } else { resp.version_info.clone() },
             type_url: resp.type_url.clone(),
             response_nonce: resp.nonce.clone(),
             resource_names: names_for_ack.into_iter().collect(),
-            error_detail: reject.then(|| RpcStatus { code: 3, message: "simulated rejection".into(), details: vec![] }),
+            error_detail: reject.then(|| RpcStatus { code: 3, message, details: vec![] }),
             ..Default::default()
         };
         if tx.send(ack).await.is_err() {
@@ -225,6 +238,7 @@ async fn run(
             t.names = names.clone();
             if !reject {
                 t.acked_version = resp.version_info.clone();
+                t.acked_names = names.clone();
             }
         });
         // Like Envoy: clusters and listeners tell which endpoints and routes to ask for.

@@ -26,6 +26,21 @@ pub struct Generated {
 }
 
 impl Generated {
+    /// Resources sorted by name, with their hashes.
+    pub fn from_resources(resources: Vec<Resource>) -> Generated {
+        Generated::new(resources)
+    }
+
+    /// Indices of the resources whose names are in `names` (all when `None`), in name order.
+    pub fn select_indices(&self, names: Option<&std::collections::BTreeSet<String>>) -> Vec<usize> {
+        (0..self.resources.len()).filter(|&i| names.is_none_or(|n| n.contains(&self.resources[i].name))).collect()
+    }
+
+    /// Index of the resource named `name` (resources are sorted by name).
+    pub fn find(&self, name: &str) -> Option<usize> {
+        self.resources.binary_search_by(|r| r.name.as_str().cmp(name)).ok()
+    }
+
     fn new(mut resources: Vec<Resource>) -> Generated {
         resources.sort_by(|a, b| a.name.cmp(&b.name));
         let hashes = resources.iter().map(resource_hash).collect();
@@ -36,20 +51,6 @@ impl Generated {
     pub fn bytes(&self) -> usize {
         self.resources.iter().map(|r| r.body.value.len() + r.body.type_url.len() + r.name.len() * 2).sum::<usize>()
             + self.hashes.len() * 8
-    }
-
-    /// The resources whose names are in `names` (all when `names` is `None`), with a hash of the selection.
-    pub fn select(&self, names: Option<&std::collections::BTreeSet<String>>) -> (Vec<&Resource>, u64) {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        let mut out = Vec::new();
-        for (r, rh) in self.resources.iter().zip(&self.hashes) {
-            if names.is_none_or(|n| n.contains(&r.name)) {
-                rh.hash(&mut h);
-                out.push(r);
-            }
-        }
-        out.len().hash(&mut h);
-        (out, h.finish())
     }
 }
 

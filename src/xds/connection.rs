@@ -11,6 +11,7 @@ use tonic::Status;
 use tracing::{debug, info, warn};
 
 use super::cache::GenerationCache;
+use super::isolation::{Holding, Isolation, NackOutcome, Rejected};
 use super::limits::{self, RequestRate};
 use super::metrics::XdsMetrics;
 use super::proxy::{Proxy, ProxyView};
@@ -18,6 +19,7 @@ use super::status::{ConnectionRegistry, Nack, Registration};
 use super::TypeUrl;
 use crate::drain::DrainWatcher;
 use crate::snapshot::{Snapshot, SnapshotReader};
+use crate::telemetry::metrics::gauge_value;
 use crate::telemetry::trace::{self, PushTrace};
 
 /// How long a single response may wait for the stream before the proxy counts as stuck.
@@ -45,6 +47,8 @@ struct Watch {
     names: Option<BTreeSet<String>>,
     /// Last response sent: nonce and content hash.
     sent: Option<Sent>,
+    /// Resources this proxy rejected, kept out of its responses.
+    isolation: Isolation,
 }
 
 #[derive(Debug)]
@@ -52,6 +56,8 @@ struct Sent {
     nonce: String,
     hash: u64,
     names: Option<BTreeSet<String>>,
+    /// What the response carried.
+    holding: Holding,
 }
 
 /// Why a stream ended.
@@ -85,6 +91,8 @@ struct Connection {
     tx: mpsc::Sender<Result<DiscoveryResponse, Status>>,
     /// The traced push of the latest snapshot, until the proxy answered all of it.
     push_trace: PushTrace,
+    /// Rejected resources per type, as counted in `meshpilot_xds_rejected_resources`.
+    rejected_counts: BTreeMap<TypeUrl, usize>,
 }
 
 /// Serves one ADS stream until it ends.
@@ -122,6 +130,7 @@ where
         nonce_seq: 0,
         tx,
         push_trace: PushTrace::default(),
+        rejected_counts: BTreeMap::new(),
         ctx: ctx.clone(),
     };
     let mut snapshots = ctx.snapshots.clone();
@@ -168,6 +177,9 @@ where
         }
         _ => {}
     }
+    for (type_url, count) in &conn.rejected_counts {
+        conn.ctx.metrics.rejected_resources.with_label_values(&[type_url.short()]).sub(gauge_value(*count));
+    }
     info!(proxy = %conn.proxy.id, reason = %end, "proxy disconnected");
     end
 }
@@ -180,6 +192,14 @@ async fn refuse(tx: &mpsc::Sender<Result<DiscoveryResponse, Status>>, status: St
 }
 
 impl Connection {
+    /// Publishes the rejected resources of `type_url` to `/debug/syncz` and the metric.
+    fn set_rejected(&mut self, type_url: TypeUrl, rejected: BTreeMap<String, Rejected>) {
+        let before = self.rejected_counts.insert(type_url, rejected.len()).unwrap_or(0);
+        let gauge = self.ctx.metrics.rejected_resources.with_label_values(&[type_url.short()]);
+        gauge.add(gauge_value(rejected.len()) - gauge_value(before));
+        self.registration.update(|s| s.types.entry(type_url).or_default().rejected = rejected);
+    }
+
     async fn on_request(&mut self, req: DiscoveryRequest) -> Result<(), StreamEnd> {
         limits::check_names(req.resource_names.len())
             .map_err(|e| StreamEnd::Refused(Status::resource_exhausted(e.to_string())))?;
@@ -213,10 +233,24 @@ impl Connection {
                 self.registration.update(|s| {
                     s.types.entry(type_url).or_default().last_nack = Some(nack);
                 });
+                let outcome = watch.isolation.on_nack(&sent.holding, &capped(&err.message));
+                let rejected = watch.isolation.rejected().clone();
                 watch.names = requested_names;
-                return Ok(());
+                self.set_rejected(type_url, rejected);
+                return match outcome {
+                    NackOutcome::Stuck => Ok(()),
+                    NackOutcome::Isolated(names) => {
+                        warn!(proxy = %self.proxy.id, %type_url, resources = ?names, "rejected resources set aside; sending the rest");
+                        self.respond(type_url, false).await.map(|_| ())
+                    }
+                    NackOutcome::Bisecting => {
+                        info!(proxy = %self.proxy.id, %type_url, "NACK names no resource; bisecting the changed ones");
+                        self.respond(type_url, false).await.map(|_| ())
+                    }
+                };
             }
             let names_changed = type_url.is_named() && sent.names != requested_names;
+            let next_test = watch.isolation.on_ack(&sent.holding);
             self.push_trace.answered(&req.response_nonce, None);
             watch.names = requested_names;
             let (version, nonce) = (req.version_info.clone(), req.response_nonce.clone());
@@ -229,6 +263,9 @@ impl Connection {
             if names_changed {
                 return self.respond(type_url, true).await.map(|_| ());
             }
+            if next_test {
+                return self.respond(type_url, false).await.map(|_| ());
+            }
             return Ok(());
         }
         // First request for this type on this stream (or Envoy re-requesting after a restart of the watch).
@@ -240,6 +277,9 @@ impl Connection {
         let queued_at = Instant::now();
         self.snapshot = Some(snapshot.clone());
         self.push_trace.new_snapshot();
+        for watch in self.watches.values_mut() {
+            watch.isolation.on_new_snapshot();
+        }
         let mut pushed = false;
         for type_url in TypeUrl::PUSH_ORDER {
             if self.watches.contains_key(&type_url) {
@@ -273,7 +313,8 @@ impl Connection {
         let Some(watch) = self.watches.get_mut(&type_url) else {
             return Ok(false);
         };
-        let (resources, hash) = generated.select(watch.names.as_ref());
+        let holding = watch.isolation.compose(&generated, watch.names.as_ref());
+        let hash = holding.hash();
         if !force && watch.sent.as_ref().is_some_and(|s| s.hash == hash && s.names == watch.names) {
             return Ok(false);
         }
@@ -282,14 +323,14 @@ impl Connection {
         let nonce = format!("{version}-{}", self.nonce_seq);
         let response = DiscoveryResponse {
             version_info: version.clone(),
-            resources: resources.iter().map(|r| r.body.clone()).collect(),
+            resources: holding.bodies(),
             type_url: type_url.as_str().to_string(),
             nonce: nonce.clone(),
             ..Default::default()
         };
         let size: usize = response.resources.iter().map(|r| r.value.len()).sum();
         let count = response.resources.len();
-        watch.sent = Some(Sent { nonce: nonce.clone(), hash, names: watch.names.clone() });
+        watch.sent = Some(Sent { nonce: nonce.clone(), hash, names: watch.names.clone(), holding });
         let send_started = Instant::now();
         match tokio::time::timeout(SEND_TIMEOUT, self.tx.send(Ok(response))).await {
             Ok(Ok(())) => {}

@@ -38,6 +38,9 @@ pub struct XdsMetrics {
     pub xds_expired_nonce: IntCounterVec,
     /// `pilot_xds_write_timeout`: sends that timed out.
     pub xds_write_timeout: IntCounter,
+    /// `meshpilot_xds_rejected_resources{type}`: resources connected proxies rejected, kept out
+    /// of their updates while everything else still reaches them.
+    pub rejected_resources: IntGaugeVec,
     /// `meshpilot_xds_cache_bytes`: bytes of generated resources the generation cache holds.
     pub cache_bytes: IntGauge,
     /// `meshpilot_xds_cache_entries`: (view, type) entries the generation cache holds.
@@ -119,6 +122,12 @@ impl XdsMetrics {
                 &["type"],
             ),
             xds_write_timeout: counter(r, "pilot_xds_write_timeout", "Pilot XDS response write timeouts."),
+            rejected_resources: gauge_vec(
+                r,
+                "meshpilot_xds_rejected_resources",
+                "Resources connected proxies rejected (NACK), set aside while the rest of their config is served.",
+                &["type"],
+            ),
             cache_bytes: gauge(
                 r,
                 "meshpilot_xds_cache_bytes",
@@ -138,6 +147,7 @@ impl XdsMetrics {
             m.xds_rejects.with_label_values(&[short]);
             m.xds_expired_nonce.with_label_values(&[short]);
             m.xds_config_size_bytes.with_label_values(&[t.as_str()]);
+            m.rejected_resources.with_label_values(&[short]);
         }
         m
     }

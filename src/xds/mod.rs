@@ -3,6 +3,7 @@
 pub mod cache;
 pub mod connection;
 pub mod generate;
+pub mod isolation;
 pub mod limits;
 pub mod metrics;
 pub mod proxy;

@@ -8,6 +8,7 @@ use std::time::SystemTime;
 use arc_swap::ArcSwap;
 use serde::Serialize;
 
+use super::isolation::Rejected;
 use super::metrics::XdsMetrics;
 use super::proxy::Proxy;
 use super::TypeUrl;
@@ -29,6 +30,9 @@ pub struct TypeStatus {
     pub last_nack: Option<Nack>,
     /// Responses of this type sent on this connection.
     pub responses: u64,
+    /// Resources this proxy rejected, by name: kept out of its updates (it keeps the version it
+    /// holds) until they change, while every other change still reaches it.
+    pub rejected: BTreeMap<String, Rejected>,
 }
 
 /// A rejected response.
