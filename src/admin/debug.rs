@@ -24,6 +24,24 @@ fn unix_seconds(t: std::time::SystemTime) -> f64 {
 /// Config objects being served, rejected documents and ignored ones.
 pub async fn configz(State(state): State<AdminState>) -> Response {
     let Some(snap) = state.snapshots.current() else { return no_snapshot() };
+    let rejected = rejected_resources(&connections(&state));
+    render(&state, move || configz_json(&snap, rejected)).await
+}
+
+/// Resources connected proxies rejected (NACK) and that are kept out of their config.
+fn rejected_resources(connections: &[std::sync::Arc<crate::xds::status::ConnectionStatus>]) -> Vec<Value> {
+    let mut out = Vec::new();
+    for c in connections {
+        for (type_url, status) in &c.types {
+            for (name, r) in &status.rejected {
+                out.push(json!({"proxy": c.proxy.id, "type": type_url.short(), "name": name, "message": r.message}));
+            }
+        }
+    }
+    out
+}
+
+fn configz_json(snap: &Snapshot, rejected_by_proxies: Vec<Value>) -> Value {
     let configs: Vec<Value> = snap
         .configs
         .values()
@@ -38,7 +56,7 @@ pub async fn configz(State(state): State<AdminState>) -> Response {
             })
         })
         .collect();
-    Json(json!({
+    json!({
         "version": snap.version.to_string(),
         "configs": configs,
         "errors": snap.errors.iter().map(|e| json!({
@@ -52,13 +70,17 @@ pub async fn configz(State(state): State<AdminState>) -> Response {
             "message": e.to_string(),
         })).collect::<Vec<_>>(),
         "ignored": *snap.ignored,
-    }))
-    .into_response()
+        "rejected_by_proxies": rejected_by_proxies,
+    })
 }
 
 /// Services and their endpoints.
 pub async fn registryz(State(state): State<AdminState>) -> Response {
     let Some(snap) = state.snapshots.current() else { return no_snapshot() };
+    render(&state, move || registryz_json(&snap)).await
+}
+
+fn registryz_json(snap: &Snapshot) -> Value {
     let services: Vec<Value> = snap
         .registry
         .services
@@ -72,7 +94,7 @@ pub async fn registryz(State(state): State<AdminState>) -> Response {
             })
         })
         .collect();
-    Json(json!({"version": snap.version.to_string(), "services": services})).into_response()
+    json!({"version": snap.version.to_string(), "services": services})
 }
 
 /// The live connections, none where this process serves no proxies.
@@ -82,7 +104,8 @@ fn connections(state: &AdminState) -> Vec<std::sync::Arc<crate::xds::status::Con
 
 /// Per proxy and type: sent version and nonce, acked version, last NACK.
 pub async fn syncz(State(state): State<AdminState>) -> Response {
-    Json(connections(&state).iter().map(|c| json!(**c)).collect::<Vec<_>>()).into_response()
+    let connections = connections(&state);
+    render(&state, move || json!(connections.iter().map(|c| json!(**c)).collect::<Vec<_>>())).await
 }
 
 /// The latest push: version, what changed, and how many proxies are on it.
@@ -125,18 +148,37 @@ pub async fn config_dump(State(state): State<AdminState>, Query(q): Query<HashMa
             .into_response();
     };
     let view = conn.proxy.view();
-    let mut configs = serde_json::Map::new();
+    let mut generated = Vec::new();
     for type_url in TypeUrl::PUSH_ORDER {
-        let generated = xds.cache.get(&snap, &view, type_url).await;
-        configs.insert(type_url.short().to_string(), dump_resources(&snap, &generated.resources));
+        generated.push((type_url, xds.cache.get(&snap, &view, type_url).await));
     }
-    Json(json!({
-        "proxy": conn.proxy,
-        "version": snap.version.to_string(),
-        "sync": conn.types,
-        "configs": configs,
-    }))
-    .into_response()
+    let conn = conn.clone();
+    render(&state, move || {
+        let mut configs = serde_json::Map::new();
+        for (type_url, g) in &generated {
+            configs.insert(type_url.short().to_string(), dump_resources(&snap, &g.resources));
+        }
+        json!({
+            "proxy": conn.proxy,
+            "version": snap.version.to_string(),
+            "sync": conn.types,
+            "configs": configs,
+        })
+    })
+    .await
+}
+
+/// Builds and encodes a debug answer on the blocking pool, at most `DEBUG_RENDERS` at once, so
+/// rendering a large mesh never delays `/ready` or `/metrics` on the async workers.
+async fn render(state: &AdminState, build: impl FnOnce() -> Value + Send + 'static) -> Response {
+    let Ok(_permit) = state.renders.clone().acquire_owned().await else {
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"error": "shutting down"}))).into_response();
+    };
+    match tokio::task::spawn_blocking(move || serde_json::to_vec(&build())).await {
+        Ok(Ok(body)) => ([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Ok(Err(e)) => (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({"error": e.to_string()}))).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({"error": e.to_string()}))).into_response(),
+    }
 }
 
 fn dump_resources(_snap: &Snapshot, resources: &[crate::xds::generate::Resource]) -> Value {

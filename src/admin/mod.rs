@@ -31,6 +31,17 @@ pub struct AdminState {
     pub identity: String,
     /// Role-specific status for `/debug/node` (leadership, subscription, membership).
     pub node_status: Option<NodeStatus>,
+    /// Debug renders running at once (see [`DEBUG_RENDERS`]).
+    pub renders: Arc<tokio::sync::Semaphore>,
+}
+
+/// Debug answers rendered at once; more wait their turn. One at a time leaves the other core free
+/// for proxies even when a dashboard polls `/debug/config_dump` in a loop.
+pub const DEBUG_RENDERS: usize = 1;
+
+/// A fresh limit of [`DEBUG_RENDERS`] concurrent debug renders.
+pub fn render_limit() -> Arc<tokio::sync::Semaphore> {
+    Arc::new(tokio::sync::Semaphore::new(DEBUG_RENDERS))
 }
 
 /// The parts of an xDS server the debug endpoints show.

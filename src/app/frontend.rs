@@ -118,6 +118,7 @@ pub async fn run(settings: FrontendNodeSettings, process: Process, drain: DrainW
         metrics: process.registry.clone(),
         identity: format!("frontend/{}", settings.id),
         node_status: Some(node_status(settings.id.clone(), sub_status, registered, summary)),
+        renders: crate::admin::render_limit(),
     };
     info!(id = %settings.id, advertise = %settings.advertise_addr, "frontend started");
     tokio::try_join!(

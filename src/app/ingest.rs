@@ -85,6 +85,7 @@ pub async fn run(settings: IngestNodeSettings, process: Process, drain: DrainWat
         metrics: process.registry.clone(),
         identity: format!("ingest/{}", settings.id),
         node_status: Some(status),
+        renders: crate::admin::render_limit(),
     };
     let served = tokio::try_join!(
         servers::serve_snapshots(snapshot_listener, server, drain.clone()),

@@ -52,6 +52,7 @@ pub async fn run(settings: StandaloneSettings, process: Process, drain: DrainWat
         metrics: process.registry.clone(),
         identity: "standalone".into(),
         node_status: None,
+        renders: crate::admin::render_limit(),
     };
     info!(config_dir = %settings.sources.config_dir.display(), "standalone meshpilot started");
     drop(xds_bound);
