@@ -15,6 +15,12 @@ use meshpilot::source::SourceSettings;
 use meshpilot::telemetry::metrics::Registry;
 use meshpilot::telemetry::{init_logging, Role};
 
+/// mimalloc instead of glibc's malloc: memory freed after a burst of connections (the generation
+/// cache dropping a view, a closed stream's buffers) goes back to the OS instead of staying in
+/// per-thread arenas (measured: 1.17 GB kept idle after 200 distinct views with glibc).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// meshpilot: an Istio-compatible, horizontally scalable xDS control plane.
 #[derive(Parser)]
 #[command(name = "meshpilot", version)]

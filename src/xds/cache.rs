@@ -96,7 +96,8 @@ impl Generation {
     /// Removes the entries `remove` selects, returning the bytes freed.
     fn remove_where(&self, mut remove: impl FnMut(&Key) -> bool) -> usize {
         let mut freed = 0;
-        self.lock().retain(|key, entry| {
+        let mut entries = self.lock();
+        entries.retain(|key, entry| {
             let drop_it = remove(key);
             if drop_it {
                 freed += entry.bytes.load(Ordering::Relaxed);
@@ -197,10 +198,21 @@ impl GenerationCache {
         if generated_here {
             if let Some(generation) = generation {
                 let bytes = generated.bytes();
-                entry.bytes.store(bytes, Ordering::Relaxed);
-                let total = generation.bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
+                let key = (view.clone(), type_url);
+                {
+                    // The view may have been released while generating: then the entry is gone
+                    // from the map and its bytes must not count.
+                    let entries = generation.lock();
+                    if !entries.get(&key).is_some_and(|e| Arc::ptr_eq(e, &entry)) {
+                        return generated;
+                    }
+                    entry.bytes.store(bytes, Ordering::Relaxed);
+                    // Counted under the lock, as removals are: the total never goes below zero.
+                    generation.bytes.fetch_add(bytes, Ordering::Relaxed);
+                }
+                let total = generation.bytes.load(Ordering::Relaxed);
                 if total > self.budget {
-                    self.evict(&generation, &(view.clone(), type_url));
+                    self.evict(&generation, &key);
                 }
                 self.report(&generation);
             }
@@ -248,6 +260,7 @@ impl GenerationCache {
         }
         generation.bytes.fetch_sub(freed, Ordering::Relaxed);
         drop(entries);
+
         if freed > 0 {
             tracing::debug!(
                 freed,
