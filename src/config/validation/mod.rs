@@ -25,6 +25,8 @@ mod workload_entry;
 
 use std::fmt::{Debug, Display};
 
+pub use durations::{check_duration, check_duration_above};
+
 use super::error::FieldError;
 use super::object::{ConfigObject, Spec};
 
