@@ -70,7 +70,9 @@ pub fn re2_program_size(pattern: &str) -> Result<usize, Re2Error> {
     // Envoy's RE2 reads the pattern's bytes as Latin-1 characters.
     let latin1: String = pattern.bytes().map(char::from).collect();
     let ast = ast::parse::ParserBuilder::new()
-        .nest_limit(100)
+        // Every stage recurses over the tree; 64 levels keep a debug build well inside a 2 MiB
+        // thread stack (99 nested groups need about 1 MiB there). No real route regex nests deeper.
+        .nest_limit(64)
         .build()
         .parse(&latin1)
         .map_err(|e| Re2Error::Syntax(e.kind().to_string()))?;
@@ -136,6 +138,10 @@ enum Node {
     Quest(Box<Node>, u8),
     /// `{min,max}` (`max` `None`: unbounded).
     Repeat(Box<Node>, u32, Option<u32>, u8),
+    /// The optional tail of an expanded `x{n,m}`: `(x(x(x)?)?)?` for three copies, kept flat so
+    /// that `x{0,1000}` does not become a tree 2,000 levels deep (compiled and dropped by
+    /// recursion, that overflows the stack). Compiles exactly as the nested form.
+    QuestChain(Vec<Node>, u8),
 }
 
 /// Which of `*`, `+`, `?`.
@@ -151,7 +157,7 @@ impl Node {
         match self {
             Node::Star(_, g) => Some((Op::Star, *g)),
             Node::Plus(_, g) => Some((Op::Plus, *g)),
-            Node::Quest(_, g) => Some((Op::Quest, *g)),
+            Node::Quest(_, g) | Node::QuestChain(_, g) => Some((Op::Quest, *g)),
             _ => None,
         }
     }
@@ -173,10 +179,20 @@ impl Node {
                 }
                 match sub {
                     Node::Star(inner, _) | Node::Plus(inner, _) | Node::Quest(inner, _) => Node::Star(inner, f),
+                    Node::QuestChain(copies, chain_f) => Node::Star(Box::new(quest_chain_body(copies, chain_f)), f),
                     other => other,
                 }
             }
             _ => Node::unary(op, sub, f),
+        }
+    }
+
+    /// A chain of one copy is the squashed `x?` itself; longer ones stay flat.
+    fn quest_chain(mut copies: Vec<Node>, f: u8) -> Node {
+        match copies.len() {
+            0 => Node::Empty,
+            1 => Node::star_plus_quest(Op::Quest, copies.pop().unwrap_or(Node::Empty), f),
+            _ => Node::QuestChain(copies, f),
         }
     }
 
@@ -520,6 +536,13 @@ fn class_item(item: &ast::ClassSetItem, fold: bool) -> Result<Ranges, Re2Error> 
             from_class(&to_class(&all))
         }
     })
+}
+
+/// What the `?` of a quest chain applies to: the first copy followed by the rest of the chain.
+fn quest_chain_body(mut copies: Vec<Node>, f: u8) -> Node {
+    let rest = copies.split_off(1.min(copies.len()));
+    let first = copies.pop().unwrap_or(Node::Empty);
+    Node::Concat(vec![first, Node::quest_chain(rest, f)])
 }
 
 /// `DoConcatenation`: nested concatenations flattened, adjacent literals of one case mode merged.
@@ -1001,16 +1024,9 @@ impl Simplifier {
             return Ok(sub);
         }
         let prefix = (min > 0).then(|| copies(self, min).map(Node::Concat)).transpose()?;
-        let suffix = if max > min {
-            let mut suf = Node::star_plus_quest(Op::Quest, sub.clone(), f);
-            for _ in min + 1..max {
-                self.count()?;
-                suf = Node::star_plus_quest(Op::Quest, Node::Concat(vec![sub.clone(), suf]), f);
-            }
-            Some(suf)
-        } else {
-            None
-        };
+        // `(x(x(x)?)?)?`: only the innermost `x?` can squash (`(?:a*){0,3}`), the others wrap a
+        // concatenation.
+        let suffix = (max > min).then(|| copies(self, max - min).map(|c| Node::quest_chain(c, f))).transpose()?;
         Ok(match (prefix, suffix) {
             (Some(p), Some(s)) => Node::Concat(vec![p, s]),
             (Some(p), None) => p,
@@ -1290,6 +1306,20 @@ impl Compiler {
             Node::Quest(sub, f) => {
                 let a = self.node(sub)?;
                 self.quest(a, greedy(*f))
+            }
+            Node::QuestChain(copies, f) => {
+                let Some((last, rest)) = copies.split_last() else { return self.nop() };
+                // RE2's post-order: every copy's instructions first, then the Alts inside out.
+                let mut frags = Vec::with_capacity(rest.len());
+                for c in rest {
+                    frags.push(self.node(c)?);
+                }
+                let mut chain = self.node(&Node::star_plus_quest(Op::Quest, last.clone(), *f))?;
+                for frag in frags.into_iter().rev() {
+                    let both = self.cat(frag, chain);
+                    chain = self.quest(both, greedy(*f))?;
+                }
+                Ok(chain)
             }
             // Expanded by simplification; a leftover is compiled as its expansion would be.
             Node::Repeat(..) => {
@@ -1638,6 +1668,17 @@ mod tests {
         assert!(matches!(re2_program_size("\\p{Alphabetic}"), Err(Re2Error::Unsupported(_))));
         assert!(re2_program_size("\\p{Greek}").is_ok());
         assert!(matches!(re2_program_size("("), Err(Re2Error::Syntax(_))));
+    }
+
+    #[test]
+    fn long_optional_repeats_do_not_recurse_deeply() {
+        // 2,000 nested levels before the tail was kept flat: a stack overflow on a 2 MiB thread.
+        let run = |p: &'static str| {
+            std::thread::Builder::new().stack_size(512 * 1024).spawn(move || re2_program_size(p)).map(|h| h.join())
+        };
+        assert!(matches!(run("a{0,1000}"), Ok(Ok(Ok(_)))));
+        assert!(matches!(run("(?:(?:a{0,10}){0,10}){0,10}"), Ok(Ok(Ok(_)))));
+        assert_eq!(re2_program_size("a{0,1000}").ok(), Some(re2_program_size("a{0,999}").unwrap_or(0) + 2));
     }
 
     #[test]
