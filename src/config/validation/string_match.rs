@@ -48,7 +48,9 @@ pub(super) fn check_regex(pattern: &str) -> Result<(), String> {
     if pattern.len() > MAX_REGEX_LEN {
         return Err(invalid(pattern, format!("regex is too large, max length allowed is {MAX_REGEX_LEN}")));
     }
-    regex::Regex::new(pattern).map_err(|e| {
+    // Parsing is the syntax check; building a matcher (what `regex::Regex::new` adds) cost ~4 ms per
+    // regex in a debug build and nothing here matches with it: 2,400 regexes in one List took 12 s.
+    regex_syntax::Parser::new().parse(pattern).map_err(|e| {
         let message = e.to_string().split_whitespace().collect::<Vec<_>>().join(" ");
         invalid(
             pattern,
