@@ -251,8 +251,9 @@ spec:
         assert!(matches!(&docs[0], Document::Ignored { kind, .. } if kind == "ConfigMap"));
     }
 
-    /// A `kind: List` of `n` items: VirtualServices, every fifth a ConfigMap (an ignored kind, the
-    /// path that re-parsed the whole document per item), and item 3 with an invalid host.
+    /// A `kind: List` of `n` items: VirtualServices with a regex route (validation cost included),
+    /// every fifth a ConfigMap (an ignored kind, the path that re-parsed the whole document per
+    /// item), and item 3 with an invalid host.
     fn list_document(n: usize) -> String {
         let mut text = String::from("apiVersion: v1\nkind: List\nmetadata: {name: big}\nitems:\n");
         for i in 0..n {
@@ -261,7 +262,7 @@ spec:
             } else {
                 let host = if i == 3 { "bad host".to_string() } else { format!("svc-{i}.ns.svc.cluster.local") };
                 text.push_str(&format!(
-                    "- apiVersion: networking.istio.io/v1\n  kind: VirtualService\n  metadata: {{name: vs-{i}, namespace: ns-{}}}\n  spec:\n    hosts: [\"{host}\"]\n    http:\n    - route:\n      - destination: {{host: \"svc-{i}\"}}\n",
+                    "- apiVersion: networking.istio.io/v1\n  kind: VirtualService\n  metadata: {{name: vs-{i}, namespace: ns-{}}}\n  spec:\n    hosts: [\"{host}\"]\n    http:\n    - match: [{{uri: {{regex: \"/v[0-9]+/{i}/.*\"}}}}]\n      route:\n      - destination: {{host: \"svc-{i}\"}}\n",
                     i % 7
                 ));
             }
