@@ -308,6 +308,10 @@ spec:
         assert_eq!(fields, ["items[0].apiVersion", "items[1].spec.servers[0].port.number"]);
         let docs = parse_file("l.yaml", "kind: List\napiVersion: v1\nitems: {a: 1}\n");
         assert!(matches!(&docs[..], [Document::Invalid(e)] if e.error.field == "items"), "{docs:?}");
+        // A bare JSON array: items are `[i]`.
+        let docs = parse_file("a.json", r#"[{"apiVersion":"v1","kind":"ConfigMap"},{"kind":"Gateway"}]"#);
+        assert!(matches!(&docs[0], Document::Ignored { kind, .. } if kind == "ConfigMap"), "{docs:?}");
+        assert!(matches!(&docs[1], Document::Invalid(e) if e.error.field == "[1].apiVersion"), "{docs:?}");
     }
 
     #[test]
