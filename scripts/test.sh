@@ -31,7 +31,8 @@ for target in config ads wire; do
     fuzz_log="$(mktemp)"
     if ! RUSTC_BOOTSTRAP=1 cargo fuzz run --sanitizer address --release --debug-assertions "$target" -- \
         -max_total_time="$fuzz_seconds" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 >"$fuzz_log" 2>&1; then
-        cat "$fuzz_log"
+        # The report (panic message or sanitizer trace, and the input's path) is at the end.
+        tail -n 150 "$fuzz_log"
         echo "fuzz: $target FAILED; the input is in fuzz/artifacts/$target/" >&2
         exit 1
     fi
