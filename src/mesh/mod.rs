@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::api::sidecar::OutboundMode;
 use crate::config::api::Duration;
+use crate::config::validation::{check_duration, check_duration_above};
 
 /// The MeshConfig fields meshpilot uses; other fields of Istio's MeshConfig are accepted and ignored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -79,6 +80,16 @@ pub enum MeshConfigError {
         /// Cause, with the field path.
         reason: String,
     },
+    /// A field parsed but holds a value Envoy would refuse (so every cluster update would be NACKed).
+    #[error("mesh config {path}: {field}: {reason}")]
+    Field {
+        /// File.
+        path: String,
+        /// Field path, e.g. `connectTimeout` (`data.mesh.connectTimeout` in the ConfigMap shape).
+        field: String,
+        /// Why the value is refused.
+        reason: String,
+    },
 }
 
 impl MeshConfig {
@@ -91,16 +102,31 @@ impl MeshConfig {
             serde_saphyr::from_str(text).map_err(|e| invalid(e.to_string()))?
         };
         // Accept Istio's `istio` ConfigMap shape: `data.mesh` holds the MeshConfig as a string.
+        let mut prefix = "";
         if let Some(embedded) = value.pointer("/data/mesh").and_then(|v| v.as_str()) {
             value = serde_saphyr::from_str(embedded).map_err(|e| invalid(format!("data.mesh: {e}")))?;
+            prefix = "data.mesh.";
         }
         if value.is_null() {
             value = serde_json::Value::Object(Default::default());
         }
         let mut mesh: MeshConfig =
             serde_path_to_error::deserialize(value).map_err(|e| invalid(format!("{}: {}", e.path(), e.inner())))?;
+        if let Err((field, reason)) = mesh.validate() {
+            return Err(MeshConfigError::Field { path: path.to_string(), field: format!("{prefix}{field}"), reason });
+        }
         mesh.source_hash = fnv(text.as_bytes());
         Ok(mesh)
+    }
+
+    /// Checks the fields Envoy constrains, against the `(validate.rules)` of the Envoy field each
+    /// becomes (see `config::validation`'s duration table): the first offending field and why.
+    fn validate(&self) -> Result<(), (&'static str, String)> {
+        check_duration(self.connect_timeout).map_err(|reason| ("connectTimeout", reason))?;
+        // `Cluster.dns_refresh_rate` is `gt {nanos: 1000000}`: 1ms itself is refused.
+        check_duration_above(self.dns_refresh_rate, std::time::Duration::from_millis(1))
+            .map_err(|reason| ("dnsRefreshRate", reason))?;
+        Ok(())
     }
 
     /// Reads and parses a mesh config file.
@@ -145,6 +171,27 @@ mod tests {
     fn reports_the_bad_field() {
         let err = MeshConfig::parse("m.yaml", "connectTimeout: soon\n").unwrap_err().to_string();
         assert!(err.contains("m.yaml") && err.contains("connectTimeout"), "{err}");
+    }
+
+    #[test]
+    fn durations_envoy_refuses_are_rejected_with_their_field() {
+        for (text, field, reason) in [
+            ("connectTimeout: 0s\n", "connectTimeout", "greater than 1ms"),
+            ("connectTimeout: 0.5ms\n", "connectTimeout", "greater than 1ms"),
+            ("dnsRefreshRate: 0.5ms\n", "dnsRefreshRate", "greater than 1ms"),
+            ("dnsRefreshRate: 1ms\n", "dnsRefreshRate", "must be greater than 1ms"),
+            ("data:\n  mesh: |\n    connectTimeout: 0s\n", "data.mesh.connectTimeout", "greater than 1ms"),
+        ] {
+            match MeshConfig::parse("m.yaml", text) {
+                Err(MeshConfigError::Field { path, field: f, reason: r }) => {
+                    assert_eq!((path.as_str(), f.as_str()), ("m.yaml", field), "{text}");
+                    assert!(r.contains(reason), "{text}: {r}");
+                }
+                other => panic!("{text}: expected a field error, got {other:?}"),
+            }
+        }
+        let m = MeshConfig::parse("m", "connectTimeout: 1ms\ndnsRefreshRate: 2ms\n").unwrap();
+        assert_eq!(m.dns_refresh_rate.as_std().as_millis(), 2);
     }
 
     #[test]

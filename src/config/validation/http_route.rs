@@ -17,7 +17,7 @@ use super::headers::{
 use super::hosts::is_dns_label;
 use super::labels::check_labels;
 use super::ports::check_port;
-use super::string_match::{check_regex, check_string_match, EmptyPrefix};
+use super::string_match::{check_regex, check_string_match, variant, EmptyPrefix};
 use super::virtual_service::RouteContext;
 use super::{check_percent_range, forbidden, invalid, required, unsupported, Errors};
 
@@ -154,7 +154,7 @@ fn check_match(errors: &mut Errors, path: &str, m: &HttpMatchRequest, ctx: &Rout
         let field = format!("{path}.headers[{name}]");
         check_claim_allowed(errors, &field, name, ctx);
         errors.check(field.clone(), check_match_header_name(name));
-        errors.check(field, check_string_match(matcher, EmptyPrefix::Rejected));
+        errors.check(format!("{field}.{}", variant(matcher)), check_string_match(matcher, EmptyPrefix::Rejected));
     }
     for (name, matcher) in &m.without_headers {
         let field = format!("{path}.withoutHeaders[{name}]");
@@ -162,7 +162,7 @@ fn check_match(errors: &mut Errors, path: &str, m: &HttpMatchRequest, ctx: &Rout
         errors.check(field.clone(), check_match_header_name(name));
         // A regex of `*` means "header present", not an RE2 pattern.
         if !matches!(matcher, StringMatch::Regex(re) if re == "*") {
-            errors.check(field, check_string_match(matcher, EmptyPrefix::Rejected));
+            errors.check(format!("{field}.{}", variant(matcher)), check_string_match(matcher, EmptyPrefix::Rejected));
         }
     }
     let string_fields = [
@@ -173,11 +173,12 @@ fn check_match(errors: &mut Errors, path: &str, m: &HttpMatchRequest, ctx: &Rout
     ];
     for (name, matcher, empty_prefix) in string_fields {
         if let Some(matcher) = matcher {
-            errors.check(format!("{path}.{name}"), check_string_match(matcher, empty_prefix));
+            errors.check(format!("{path}.{name}.{}", variant(matcher)), check_string_match(matcher, empty_prefix));
         }
     }
     for (name, matcher) in &m.query_params {
-        errors.check(format!("{path}.queryParams[{name}]"), check_string_match(matcher, EmptyPrefix::Rejected));
+        let field = format!("{path}.queryParams[{name}].{}", variant(matcher));
+        errors.check(field, check_string_match(matcher, EmptyPrefix::Rejected));
     }
     if let Some(port) = m.port.filter(|p| *p != 0) {
         errors.check(format!("{path}.port"), check_port(port));
@@ -218,7 +219,7 @@ fn check_cors(errors: &mut Errors, path: &str, cors: &CorsPolicy) {
         if value.is_empty() {
             errors.add(field, invalid(value, "'' is not a valid match type for CORS allow origins"));
         } else {
-            errors.check(field, check_string_match(origin, EmptyPrefix::Rejected));
+            errors.check(format!("{field}.{}", variant(origin)), check_string_match(origin, EmptyPrefix::Rejected));
         }
     }
     for (i, method) in cors.allow_methods.iter().enumerate() {
@@ -617,34 +618,75 @@ rewrite: {uri: /v2}"#);
     fn string_matches_are_checked_per_field() {
         let route = "route: [{destination: {host: a}}]\n";
         ok(&format!("{route}match: [{{uri: {{prefix: \"\"}}}}]"));
-        err(&format!("{route}match: [{{uri: {{regex: \"(\"}}}}]"), "spec.http[0].match[0].uri", "RE2");
-        err(&format!("{route}match: [{{uri: {{regex: \"\"}}}}]"), "spec.http[0].match[0].uri", "should not be empty");
+        err(&format!("{route}match: [{{uri: {{regex: \"(\"}}}}]"), "spec.http[0].match[0].uri.regex", "RE2");
+        err(
+            &format!("{route}match: [{{uri: {{regex: \"\"}}}}]"),
+            "spec.http[0].match[0].uri.regex",
+            "should not be empty",
+        );
         err(
             &format!("{route}match: [{{scheme: {{prefix: \"\"}}}}]"),
-            "spec.http[0].match[0].scheme",
+            "spec.http[0].match[0].scheme.prefix",
             "prefix string match",
         );
-        err(&format!("{route}match: [{{method: {{regex: \"a(?!b)\"}}}}]"), "spec.http[0].match[0].method", "RE2");
+        err(&format!("{route}match: [{{method: {{regex: \"a(?!b)\"}}}}]"), "spec.http[0].match[0].method.regex", "RE2");
         err(
             &format!("{route}match: [{{authority: {{prefix: \"\"}}}}]"),
-            "spec.http[0].match[0].authority",
+            "spec.http[0].match[0].authority.prefix",
             "should not be empty",
         );
         err(
             &format!("{route}match: [{{queryParams: {{q: {{regex: \"[\"}}}}}}]"),
-            "spec.http[0].match[0].queryParams[q]",
+            "spec.http[0].match[0].queryParams[q].regex",
             "RE2",
         );
         err(
             &format!("{route}match: [{{headers: {{x-a: {{prefix: \"\"}}}}}}]"),
-            "spec.http[0].match[0].headers[x-a]",
+            "spec.http[0].match[0].headers[x-a].prefix",
             "should not be empty",
         );
         err(
             &format!("{route}match: [{{withoutHeaders: {{x-a: {{regex: \"(\"}}}}}}]"),
-            "spec.http[0].match[0].withoutHeaders[x-a]",
+            "spec.http[0].match[0].withoutHeaders[x-a].regex",
             "RE2",
         );
+    }
+
+    #[test]
+    fn every_regex_field_is_held_to_envoys_program_size() {
+        // [a-z]{500}: valid RE2, 504 instructions; Envoy refuses any regex above 100.
+        let big = "[a-z]{500}";
+        let route = "route: [{destination: {host: a}}]\n";
+        for (spec, field) in [
+            (format!("{route}match: [{{uri: {{regex: \"{big}\"}}}}]"), "spec.http[0].match[0].uri.regex"),
+            (format!("{route}match: [{{scheme: {{regex: \"{big}\"}}}}]"), "spec.http[0].match[0].scheme.regex"),
+            (format!("{route}match: [{{method: {{regex: \"{big}\"}}}}]"), "spec.http[0].match[0].method.regex"),
+            (format!("{route}match: [{{authority: {{regex: \"{big}\"}}}}]"), "spec.http[0].match[0].authority.regex"),
+            (
+                format!("{route}match: [{{headers: {{x-a: {{regex: \"{big}\"}}}}}}]"),
+                "spec.http[0].match[0].headers[x-a].regex",
+            ),
+            (
+                format!("{route}match: [{{withoutHeaders: {{x-a: {{regex: \"{big}\"}}}}}}]"),
+                "spec.http[0].match[0].withoutHeaders[x-a].regex",
+            ),
+            (
+                format!("{route}match: [{{queryParams: {{q: {{regex: \"{big}\"}}}}}}]"),
+                "spec.http[0].match[0].queryParams[q].regex",
+            ),
+            (
+                format!("{route}corsPolicy: {{allowOrigins: [{{regex: \"{big}\"}}]}}"),
+                "spec.http[0].corsPolicy.allowOrigins[0].regex",
+            ),
+            (
+                format!("{route}rewrite: {{uriRegexRewrite: {{match: \"{big}\", rewrite: /x}}}}"),
+                "spec.http[0].rewrite.uriRegexRewrite.match",
+            ),
+        ] {
+            err(&spec, field, "RE2 program size is 504, above Envoy's limit of 100");
+        }
+        // At the limit: accepted.
+        ok(&format!("{route}match: [{{uri: {{regex: \"x{{96}}\"}}}}]"));
     }
 
     #[test]
@@ -717,7 +759,7 @@ rewrite: {uri: /v2}"#);
             "spec.http[0].corsPolicy.allowOrigins[0]",
             "not a valid match type for CORS",
         );
-        err(&cors("{allowOrigins: [{regex: \"(\"}]}"), "spec.http[0].corsPolicy.allowOrigins[0]", "RE2");
+        err(&cors("{allowOrigins: [{regex: \"(\"}]}"), "spec.http[0].corsPolicy.allowOrigins[0].regex", "RE2");
         err(&cors("{allowMethods: [FETCH]}"), "spec.http[0].corsPolicy.allowMethods[0]", "Unsupported value");
         err(&cors("{allowHeaders: [\"a b\"]}"), "spec.http[0].corsPolicy.allowHeaders[0]", "not a valid header name");
         err(&cors("{exposeHeaders: [\"\"]}"), "spec.http[0].corsPolicy.exposeHeaders[0]", "cannot be empty");

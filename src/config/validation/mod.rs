@@ -16,6 +16,7 @@ mod hosts;
 mod http_route;
 mod labels;
 mod ports;
+mod re2;
 mod service_entry;
 mod sidecar;
 mod string_match;
@@ -24,6 +25,9 @@ mod virtual_service;
 mod workload_entry;
 
 use std::fmt::{Debug, Display};
+
+pub use durations::{check_duration, check_duration_above};
+pub use re2::{re2_program_size, Re2Error, ENVOY_MAX_PROGRAM_SIZE};
 
 use super::error::FieldError;
 use super::object::{ConfigObject, Spec};
