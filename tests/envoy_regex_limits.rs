@@ -9,15 +9,19 @@
 //!   `dns_refresh_rate` > 1ms) are Envoy's, checked in `--mode validate`.
 
 mod common;
-mod support;
 
 use std::process::Command;
 
+use common::backend::Backend;
+use common::config_dump::{dynamic_route_config, dynamic_route_config_names};
+use common::envoy::envoy_path;
+use common::files::{temp_dir_with, write_atomic};
+use common::istio::{gateway, service_entry, NS};
+use common::mesh::{assert_no_rejections, start_gateway, start_meshpilot};
+use common::ports::free_port;
 use meshpilot::config::parse::{parse_file, Document};
 use meshpilot::config::validation::{re2_program_size, ENVOY_MAX_PROGRAM_SIZE};
 use serde_json::{json, Value};
-use support::mesh::*;
-use support::*;
 
 /// Regexes of different kinds; `{PAD}` is replaced by `z{k}` to reach a given program size.
 const KINDS: [&str; 12] = [
@@ -158,7 +162,7 @@ async fn regexes_meshpilot_accepts_reach_envoy_and_the_ones_it_refuses_envoy_ref
     for re in &over {
         assert!(!held.contains(re), "meshpilot sent {re:?}, which Envoy refuses");
     }
-    let configz = admin_json(&cp, "/debug/configz").await;
+    let configz = cp.admin_json("/debug/configz").await;
     let reported = configz["errors"].as_array().map_or(0, |errors| {
         errors.iter().filter(|e| e["file"].as_str().is_some_and(|f| f.ends_with("over.yaml"))).count()
     });
