@@ -39,7 +39,7 @@ pub fn parse_file(file: &str, text: &str) -> Vec<Document> {
 }
 
 /// Splits YAML text at `---` separator lines, dropping documents with no content.
-fn split_documents(text: &str) -> Vec<&str> {
+pub fn split_documents(text: &str) -> Vec<&str> {
     let mut docs = Vec::new();
     let mut start = 0;
     let mut offset = 0;

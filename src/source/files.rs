@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use tracing::debug;
 
-use crate::config::parse::{parse_file, Document};
+use crate::config::parse::{parse_file, split_documents, Document};
 use crate::config::{ConfigError, FieldError};
 
 /// The largest config file read; a larger one is reported, not read (Kubernetes objects are
@@ -371,7 +371,7 @@ pub(crate) fn list_with(root: &Path, fs: &dyn Fs) -> Result<Listing, ReadError> 
 /// Parses `text` like [`parse_file`], with each document's 1-based index in the file.
 ///
 /// `parse_file` does not say which document a valid object came from; this splits the documents
-/// the way it does (at `---` and `...` lines, skipping empty ones) and parses them one by one.
+/// with its own splitter and parses them one by one.
 pub fn parse_documents(file: &str, text: &str) -> Vec<(usize, Document)> {
     split_documents(text)
         .into_iter()
@@ -394,30 +394,6 @@ fn renumber(doc: Document, index: usize) -> Document {
             Document::Invalid(err)
         }
     }
-}
-
-/// The same split as `config::parse`'s (a test checks they agree).
-fn split_documents(text: &str) -> Vec<&str> {
-    let mut docs = Vec::new();
-    let mut start = 0;
-    let mut offset = 0;
-    for line in text.split_inclusive('\n') {
-        let trimmed = line.trim_end();
-        if trimmed == "---" || trimmed.starts_with("--- ") || trimmed == "..." {
-            docs.push(&text[start..offset]);
-            start = offset + line.len();
-        }
-        offset += line.len();
-    }
-    docs.push(&text[start..]);
-    docs.into_iter()
-        .filter(|d| {
-            d.lines().any(|l| {
-                let t = l.trim();
-                !t.is_empty() && !t.starts_with('#')
-            })
-        })
-        .collect()
 }
 
 /// Parses every config file under `root` (for `validate`). A file or directory that cannot be
