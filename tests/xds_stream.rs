@@ -270,15 +270,17 @@ async fn a_nacked_version_is_recorded_and_not_resent_until_config_changes() {
 /// Waits until the proxy's CDS response count stays the same for 500 ms.
 async fn wait_cds_settled(proxy: &SimProxy) {
     let count = || proxy.state().types.get(&TypeUrl::Cluster).map_or(0, |t| t.responses);
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
     let mut last = count();
-    let settled = poll_every(Duration::from_millis(500), TIMEOUT, async || {
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
         let now = count();
-        let same = now == last;
+        if now == last {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "CDS responses never settle");
         last = now;
-        same.then_some(())
-    })
-    .await;
-    assert!(settled.is_some(), "CDS responses never settle");
+    }
 }
 
 /// Three services in `ns`, one of which a proxy will reject.
