@@ -16,7 +16,7 @@ use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
 use meshpilot::config::parse::{parse_file, Document};
 use meshpilot::snapshot::{ChangeSet, Snapshot, SnapshotWriter, SourceState, Version};
-use meshpilot::xds::cache::GenerationCache;
+use meshpilot::xds::cache::{GenerationCache, DEFAULT_BUDGET_BYTES};
 use meshpilot::xds::connection::{serve, ConnectionContext};
 use meshpilot::xds::metrics::XdsMetrics;
 use meshpilot::xds::status::ConnectionRegistry;
@@ -98,7 +98,7 @@ impl Harness {
         let metrics = XdsMetrics::default();
         let ctx = ConnectionContext {
             snapshots: reader,
-            cache: Arc::new(GenerationCache::new(metrics.xds_internal_errors.clone())),
+            cache: Arc::new(GenerationCache::new(metrics.clone(), DEFAULT_BUDGET_BYTES)),
             registry: Arc::new(ConnectionRegistry::new(metrics.clone())),
             metrics,
             drain,
