@@ -119,10 +119,11 @@ where
         Err(e) => return refuse(&tx, Status::invalid_argument(e.to_string())).await,
     };
     let registration = ctx.registry.register(proxy.clone());
-    let _view_lease = ctx.cache.hold(&proxy.view());
+    let view = proxy.view();
+    let _view_lease = ctx.cache.hold(&view);
     info!(proxy = %proxy.id, namespace = %proxy.namespace, "proxy connected");
     let mut conn = Connection {
-        view: proxy.view(),
+        view,
         proxy,
         registration,
         watches: BTreeMap::new(),

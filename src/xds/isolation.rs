@@ -82,17 +82,30 @@ impl Holding {
 
     /// The encoded resources to put in a response.
     pub fn bodies(&self) -> Vec<Any> {
-        self.pieces().iter().map(|p| p.body().clone()).collect()
+        match self {
+            // The common case, on every push: no pieces are built for a whole generation.
+            Holding::Whole { generated, names } => generated
+                .select_indices(names.as_ref())
+                .into_iter()
+                .map(|i| generated.resources[i].body.clone())
+                .collect(),
+            Holding::Pieces(pieces) => pieces.iter().map(|p| p.body().clone()).collect(),
+        }
     }
 
     /// A hash of the carried resources, to tell whether a response would change anything.
     pub fn hash(&self) -> u64 {
-        let pieces = self.pieces();
+        let hashes: Vec<u64> = match self {
+            Holding::Whole { generated, names } => {
+                generated.select_indices(names.as_ref()).into_iter().map(|i| generated.hashes[i]).collect()
+            }
+            Holding::Pieces(pieces) => pieces.iter().map(Piece::hash).collect(),
+        };
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        for p in &pieces {
-            p.hash().hash(&mut h);
+        for rh in &hashes {
+            rh.hash(&mut h);
         }
-        pieces.len().hash(&mut h);
+        hashes.len().hash(&mut h);
         h.finish()
     }
 }
