@@ -46,11 +46,6 @@ impl DrainTrigger {
         // `recv` returns `None` once every sender (held by watchers and blockers) is gone.
         let _ = self.released.recv().await;
     }
-
-    /// Whether the drain has started.
-    pub fn is_draining(&self) -> bool {
-        *self.signal.borrow()
-    }
 }
 
 impl DrainWatcher {
@@ -65,11 +60,6 @@ impl DrainWatcher {
     pub async fn draining(&self) {
         let mut signal = self.signal.clone();
         let _ = signal.wait_for(|draining| *draining).await;
-    }
-
-    /// Whether the drain has started.
-    pub fn is_draining(&self) -> bool {
-        *self.signal.borrow()
     }
 }
 

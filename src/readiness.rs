@@ -44,13 +44,6 @@ impl Ready {
     }
 }
 
-impl BlockReady {
-    /// Another condition registered with the same readiness.
-    pub fn subtask(&self, name: &str) -> BlockReady {
-        self.parent.register_task(name)
-    }
-}
-
 impl Drop for BlockReady {
     fn drop(&mut self) {
         self.parent.lock().remove(&self.name);
