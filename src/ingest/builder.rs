@@ -53,7 +53,7 @@ impl SnapshotBuilder {
     /// Builds the snapshot `version` from the current state, classifying `changes` against the
     /// last snapshot. The registry is built once and shared by the classification and the snapshot.
     pub fn build(&mut self, version: Version, changes: ChangeSet) -> Arc<Snapshot> {
-        let registry = crate::registry::build_registry(self.state.configs.values(), &self.state.mesh);
+        let registry = crate::registry::build_registry(self.state.configs.values(), &self.state.kube, &self.state.mesh);
         let changes = match &self.last {
             None => ChangeSet::full(),
             Some(last) => classify(last, changes, &registry),

@@ -30,6 +30,10 @@ pub struct MeshConfig {
     pub dns_refresh_rate: Duration,
     /// Access log file for proxies (empty: none).
     pub access_log_file: String,
+    /// DNS suffix of Kubernetes service names (`name.namespace.svc.<domain>`): pilot's `--domain`
+    /// flag, not a MeshConfig field, set by the sources.
+    #[serde(skip)]
+    pub domain: String,
     /// Hash of the mesh config document, set by the loader (part of the snapshot's identity).
     #[serde(skip)]
     pub source_hash: u64,
@@ -56,6 +60,7 @@ impl Default for MeshConfig {
             default_destination_rule_export_to: all(),
             dns_refresh_rate: Duration(std::time::Duration::from_secs(60)),
             access_log_file: String::new(),
+            domain: "cluster.local".into(),
             source_hash: 0,
         }
     }

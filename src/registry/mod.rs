@@ -1,6 +1,7 @@
-//! The service registry: services and endpoints, from ServiceEntry/WorkloadEntry.
+//! The service registry: services and endpoints, from ServiceEntry/WorkloadEntry and Kubernetes.
 
 mod hostname;
+pub mod kubernetes;
 mod service;
 mod service_entry;
 mod visibility;

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::service::{Endpoint, Resolution, Service, ServiceKey, ServicePort};
+use super::kubernetes::KubeObjects;
 use super::{Hostname, Registry, Visibility};
 use crate::config::api::service_entry::{Location, Resolution as SeResolution};
 use crate::config::api::{Protocol, ServiceEntry, WorkloadEntry};
@@ -11,7 +12,11 @@ use crate::config::{Spec, ValidConfig};
 use crate::mesh::MeshConfig;
 
 /// Builds the registry from every ServiceEntry and WorkloadEntry.
-pub fn build_registry<'a>(configs: impl Iterator<Item = &'a ValidConfig> + Clone, mesh: &MeshConfig) -> Registry {
+pub fn build_registry<'a>(
+    configs: impl Iterator<Item = &'a ValidConfig> + Clone,
+    _kube: &KubeObjects,
+    mesh: &MeshConfig,
+) -> Registry {
     let workload_entries: Vec<(&str, &WorkloadEntry)> = configs
         .clone()
         .filter_map(|c| match &c.spec {
@@ -143,7 +148,7 @@ metadata: {name: other, namespace: shop}
 spec: {address: 10.0.0.2, labels: {app: other}}
 "#,
         );
-        let reg = build_registry(cfg.iter(), &MeshConfig::default());
+        let reg = build_registry(cfg.iter(), &KubeObjects::new(), &MeshConfig::default());
         let key = ServiceKey { hostname: Hostname::new("ratings.shop.svc.cluster.local"), namespace: "shop".into() };
         let svc = &reg.services[&key];
         assert_eq!(svc.ports[0].protocol, Protocol::Http);

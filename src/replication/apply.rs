@@ -36,6 +36,7 @@ impl Held {
                 errors: s.errors.clone(),
                 ignored: s.ignored.clone(),
                 mesh: s.mesh.clone(),
+                kube: s.kube.clone(),
             },
             highest_term: s.version.term,
         }

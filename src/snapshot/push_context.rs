@@ -8,6 +8,7 @@ use super::{ChangeSet, Version};
 use crate::config::api::{DestinationRule, Gateway, Labels, Sidecar, VirtualService};
 use crate::config::{ConfigError, ConfigKey, IgnoredObject, Kind, Spec, ValidConfig};
 use crate::mesh::MeshConfig;
+use crate::registry::kubernetes::KubeObjects;
 use crate::registry::{host_matches, Endpoints, Hostname, Registry, Service, ServiceKey, Visibility};
 
 /// Everything the sources currently hold, as ingest hands it to the snapshot builder.
@@ -21,6 +22,8 @@ pub struct SourceState {
     pub ignored: Arc<Vec<IgnoredObject>>,
     /// Mesh config.
     pub mesh: Arc<MeshConfig>,
+    /// Kubernetes registry objects (Services, EndpointSlices, Pods, Nodes, Namespaces).
+    pub kube: KubeObjects,
 }
 
 /// An immutable PushContext snapshot. Readers hold an `Arc<Snapshot>`; nobody mutates it.
@@ -42,6 +45,8 @@ pub struct Snapshot {
     pub errors: Arc<Vec<ConfigError>>,
     /// Documents of other kinds.
     pub ignored: Arc<Vec<IgnoredObject>>,
+    /// Kubernetes registry objects the registry was built from.
+    pub kube: KubeObjects,
     virtual_services: Vec<Indexed<VirtualService>>,
     destination_rules: Vec<Indexed<DestinationRule>>,
 }
@@ -61,7 +66,7 @@ pub struct Indexed<T> {
 impl Snapshot {
     /// Builds a snapshot from the sources' state.
     pub fn build(version: Version, changes: ChangeSet, state: &SourceState) -> Snapshot {
-        let registry = crate::registry::build_registry(state.configs.values(), &state.mesh);
+        let registry = crate::registry::build_registry(state.configs.values(), &state.kube, &state.mesh);
         Snapshot::build_with_registry(version, changes, state, registry)
     }
 
@@ -103,6 +108,7 @@ impl Snapshot {
             configs: state.configs.clone(),
             errors: state.errors.clone(),
             ignored: state.ignored.clone(),
+            kube: state.kube.clone(),
             virtual_services,
             destination_rules,
         }

@@ -115,6 +115,7 @@ pub fn decode_full(payload: &[u8]) -> Result<FullUpdate, WireError> {
             errors: Arc::new(full.errors),
             ignored: Arc::new(full.ignored),
             mesh: full.mesh.into_mesh(),
+            kube: Default::default(),
         },
         changes: full.changes,
     })
