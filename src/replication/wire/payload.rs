@@ -265,6 +265,7 @@ pub(crate) mod tests {
             errors: s1.errors.clone(),
             ignored: s1.ignored.clone(),
             mesh: s1.mesh.clone(),
+            kube: s1.kube.clone(),
         };
         decoded.apply_to(&mut frontend);
         assert_same(&s2, &Snapshot::build(s2.version, decoded.changes, &frontend));
