@@ -11,7 +11,8 @@ use meshpilot::app::{self, Process};
 use meshpilot::config::parse::Document;
 use meshpilot::ingest::DebounceSettings;
 use meshpilot::source::files::parse_tree;
-use meshpilot::source::SourceSettings;
+use meshpilot::source::kubernetes::ClusterChoice;
+use meshpilot::source::{KubeSettings, SourceSettings};
 use meshpilot::telemetry::metrics::Registry;
 use meshpilot::telemetry::{init_logging, Role};
 
@@ -31,7 +32,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run ingest and an xDS frontend in one process, from a directory of Istio YAML.
+    /// Run ingest and an xDS frontend in one process, from a directory of Istio YAML and/or Kubernetes.
     Standalone(StandaloneArgs),
     /// Run an ingest node: watch the config, build snapshots, and serve them to frontends while leader.
     Ingest(IngestArgs),
@@ -67,12 +68,9 @@ enum Command {
 
 #[derive(Parser)]
 struct StandaloneArgs {
-    /// Directory of Istio config (YAML or JSON, watched).
-    #[arg(long)]
-    config_dir: PathBuf,
-    /// MeshConfig file (watched).
-    #[arg(long)]
-    mesh_config: Option<PathBuf>,
+    /// Where the config comes from.
+    #[command(flatten)]
+    sources: SourceArgs,
     /// ADS (gRPC) listen address.
     #[arg(long, default_value = "127.0.0.1:15010")]
     xds_addr: SocketAddr,
@@ -87,17 +85,55 @@ struct StandaloneArgs {
     debounce_max: Duration,
 }
 
+/// The config sources of a building role: a directory, Kubernetes, or both.
+#[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("config").required(true).multiple(true).args(["config_dir", "kubernetes", "kubeconfig"])))]
+struct SourceArgs {
+    /// Directory of Istio config (YAML or JSON, watched).
+    #[arg(long)]
+    config_dir: Option<PathBuf>,
+    /// MeshConfig file (watched); default: the `istio` ConfigMap with Kubernetes, else the defaults.
+    #[arg(long)]
+    mesh_config: Option<PathBuf>,
+    /// Watch the Kubernetes cluster found as kubectl finds it: in-cluster service account, then
+    /// KUBECONFIG, then ~/.kube/config.
+    #[arg(long, conflicts_with = "kubeconfig")]
+    kubernetes: bool,
+    /// Watch the Kubernetes cluster of this kubeconfig file (its current context).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// meshpilot's namespace, whose `istio` ConfigMap holds the mesh config.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "istio-system")]
+    namespace: String,
+    /// DNS suffix of Kubernetes services: NAME.NAMESPACE.svc.DOMAIN.
+    #[arg(long, default_value = meshpilot::source::DEFAULT_DOMAIN)]
+    domain: String,
+}
+
+impl SourceArgs {
+    fn settings(self) -> SourceSettings {
+        let cluster = match (self.kubeconfig, self.kubernetes) {
+            (Some(file), _) => Some(ClusterChoice::Kubeconfig(file)),
+            (None, true) => Some(ClusterChoice::Infer),
+            (None, false) => None,
+        };
+        SourceSettings {
+            config_dir: self.config_dir,
+            mesh_config: self.mesh_config,
+            kubernetes: cluster.map(|cluster| KubeSettings { cluster, namespace: self.namespace }),
+            domain: self.domain,
+        }
+    }
+}
+
 #[derive(Parser)]
 struct IngestArgs {
     /// etcd endpoints (comma separated URLs).
     #[arg(long, value_delimiter = ',', required = true)]
     etcd_endpoints: Vec<String>,
-    /// Directory of Istio config (YAML or JSON, watched).
-    #[arg(long)]
-    config_dir: PathBuf,
-    /// MeshConfig file (watched).
-    #[arg(long)]
-    mesh_config: Option<PathBuf>,
+    /// Where the config comes from.
+    #[command(flatten)]
+    sources: SourceArgs,
     /// Snapshot server listen address.
     #[arg(long, default_value = "127.0.0.1:15020")]
     snapshot_addr: SocketAddr,
@@ -212,7 +248,7 @@ fn run_ingest(args: IngestArgs) -> anyhow::Result<()> {
     let (process, _telemetry) = serving_process(Role::Ingest, &id);
     let settings = app::ingest::IngestNodeSettings {
         etcd_endpoints: args.etcd_endpoints,
-        sources: SourceSettings { config_dir: args.config_dir, mesh_config: args.mesh_config },
+        sources: args.sources.settings(),
         snapshot_addr: args.snapshot_addr,
         advertise_addr: args.advertise_addr.unwrap_or_else(|| args.snapshot_addr.to_string()),
         admin_addr: args.admin_addr,
@@ -244,7 +280,7 @@ fn run_frontend(args: FrontendArgs) -> anyhow::Result<()> {
 fn run_standalone(args: StandaloneArgs) -> anyhow::Result<()> {
     let (process, _telemetry) = serving_process(Role::Standalone, &default_id("standalone"));
     let settings = app::standalone::StandaloneSettings {
-        sources: SourceSettings { config_dir: args.config_dir, mesh_config: args.mesh_config },
+        sources: args.sources.settings(),
         debounce: DebounceSettings { after: args.debounce_after, max: args.debounce_max },
         xds_addr: args.xds_addr,
         admin_addr: args.admin_addr,

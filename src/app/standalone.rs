@@ -54,7 +54,7 @@ pub async fn run(settings: StandaloneSettings, process: Process, drain: DrainWat
         node_status: None,
         renders: crate::admin::render_limit(),
     };
-    info!(config_dir = %settings.sources.config_dir.display(), "standalone meshpilot started");
+    info!(config_dir = ?settings.sources.config_dir, kubernetes = settings.sources.kubernetes.is_some(), "standalone meshpilot started");
     drop(xds_bound);
     let served = tokio::try_join!(
         servers::serve_xds(xds_listener, ads, drain.clone()),

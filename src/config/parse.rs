@@ -93,6 +93,12 @@ fn parse_document(file: &str, index: usize, text: &str) -> Vec<Document> {
     }
 }
 
+/// Parses and validates one object read from an API (not from a file): errors name `source` and
+/// document 0.
+pub fn parse_object(source: &str, value: Value) -> Document {
+    parse_item(source, 0, "", value)
+}
+
 /// Parses and validates one object; `path` locates it in its document (`items[3]` in a List,
 /// empty for a document that is the object), and prefixes the field paths of its errors.
 fn parse_item(file: &str, index: usize, path: &str, item: Value) -> Document {

@@ -1,16 +1,19 @@
 //! Applying source events to the ingest state and building the next snapshot.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::config::Kind;
+use crate::config::{ConfigError, IgnoredObject, Kind};
 use crate::registry::Registry;
 use crate::snapshot::{ChangeSet, ChangedKey, Snapshot, SourceState, Version};
-use crate::source::SourceEvent;
+use crate::source::{SourceEvent, SourceId};
 
 /// Holds the sources' current state and the last snapshot built from it.
 #[derive(Debug, Default)]
 pub struct SnapshotBuilder {
     state: SourceState,
+    /// Each config source's rejected and ignored documents; `state` holds them all.
+    statuses: BTreeMap<SourceId, (Arc<Vec<ConfigError>>, Arc<Vec<IgnoredObject>>)>,
     last: Option<Arc<Snapshot>>,
 }
 
@@ -33,9 +36,20 @@ impl SnapshotBuilder {
                         changes.keys.insert(ChangedKey::Config(key));
                     }
                 }
-                SourceEvent::Status { errors, ignored } => {
-                    self.state.errors = errors;
-                    self.state.ignored = ignored;
+                SourceEvent::Kube(objects) => {
+                    for (key, object) in objects {
+                        match object {
+                            Some(obj) => self.state.kube.insert(key, obj),
+                            None => self.state.kube.remove(&key),
+                        };
+                    }
+                    changes.full = true;
+                }
+                SourceEvent::Status { source, errors, ignored } => {
+                    self.statuses.insert(source, (errors, ignored));
+                    let lists = self.statuses.values();
+                    self.state.errors = Arc::new(lists.clone().flat_map(|(e, _)| e.iter().cloned()).collect());
+                    self.state.ignored = Arc::new(lists.flat_map(|(_, i)| i.iter().cloned()).collect());
                 }
                 SourceEvent::Mesh(mesh) => {
                     if *self.state.mesh != *mesh {

@@ -551,7 +551,8 @@ async fn rescan_blocking(mut state: DirState, root: PathBuf) -> (DirState, Resca
 
 async fn send<E: From<SourceEvent>>(events: &mpsc::Sender<E>, rescan: Rescan, state: &DirState) -> bool {
     if rescan.status_changed {
-        let status = SourceEvent::Status { errors: state.errors(), ignored: state.ignored() };
+        let status =
+            SourceEvent::Status { source: SourceId::ConfigDir, errors: state.errors(), ignored: state.ignored() };
         if events.send(status.into()).await.is_err() {
             return false;
         }

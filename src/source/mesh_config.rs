@@ -76,6 +76,7 @@ impl LoadError {
 /// reported and the previous mesh config stays in force. Watches in a task that ends with the drain.
 pub async fn watch<E>(
     path: PathBuf,
+    domain: String,
     events: mpsc::Sender<E>,
     metrics: SourceMetrics,
     drain: DrainWatcher,
@@ -95,7 +96,7 @@ where
         Err(e) => return Err(e.into_start_error()),
     };
     let mut current_hash = first.source_hash;
-    let _ = events.send(SourceEvent::Mesh(Arc::new(first)).into()).await;
+    let _ = events.send(SourceEvent::Mesh(Arc::new(MeshConfig { domain: domain.clone(), ..first })).into()).await;
     let _ = events.send(SourceEvent::InitDone(SourceId::MeshConfig).into()).await;
     let (tx, mut rx) = mpsc::channel(1);
     // Watch the directory (editors replace files by renaming over them), but not below it: it may
@@ -130,6 +131,7 @@ where
                     let (span, cause) = crate::telemetry::trace::config_event("mesh", 1);
                     span.in_scope(|| info!(path = %path.display(), "mesh config changed"));
                     let _ = events.send(SourceEvent::Cause(cause).into()).await;
+                    let mesh = MeshConfig { domain: domain.clone(), ..mesh };
                     if events.send(SourceEvent::Mesh(Arc::new(mesh)).into()).await.is_err() {
                         return;
                     }
@@ -238,7 +240,7 @@ mod tests {
         let metrics = SourceMetrics::register(&registry);
         let (events, mut rx) = mpsc::channel::<SourceEvent>(16);
         let (_trigger, drain) = crate::drain::new();
-        watch(file.clone(), events, metrics.clone(), drain).await.unwrap();
+        watch(file.clone(), "cluster.local".into(), events, metrics.clone(), drain).await.unwrap();
         assert!(matches!(rx.recv().await, Some(SourceEvent::Mesh(m)) if m.trust_domain == "example.org"));
         assert!(matches!(rx.recv().await, Some(SourceEvent::InitDone(SourceId::MeshConfig))));
 

@@ -14,6 +14,8 @@ use crate::telemetry::metrics::{gauge_value, gauge_vec, Registry};
 
 /// Mesh config problems that are not read problems: an empty file, and one that does not parse.
 pub const MESH_REASONS: &[&str] = &["empty", "invalid"];
+/// Why a Kubernetes kind is not being read: RBAC, a missing CRD, or the API server.
+pub const KUBE_REASONS: &[&str] = &["forbidden", "not_installed", "unreachable"];
 
 /// Metrics of the config sources.
 #[derive(Clone, Debug)]
@@ -42,12 +44,13 @@ impl SourceMetrics {
 
     /// Sets the counts of `source`'s current problems by reason; reasons not in `counts` go to 0.
     pub fn set_problems(&self, source: SourceId, counts: &BTreeMap<&'static str, usize>) {
-        let extra: &[&str] = match source {
-            SourceId::MeshConfig => MESH_REASONS,
-            SourceId::ConfigDir => &[],
+        let (files, extra): (&[&str], &[&str]) = match source {
+            SourceId::MeshConfig => (REASONS, MESH_REASONS),
+            SourceId::ConfigDir => (REASONS, &[]),
+            SourceId::Kubernetes => (&[], KUBE_REASONS),
         };
         let source = source.to_string();
-        for reason in REASONS.iter().chain(extra) {
+        for reason in files.iter().chain(extra) {
             let count = counts.get(reason).copied().unwrap_or(0);
             self.source_errors.with_label_values(&[source.as_str(), *reason]).set(gauge_value(count));
         }

@@ -7,6 +7,7 @@
 pub mod config_dir;
 pub mod files;
 pub mod fswatch;
+pub mod kubernetes;
 pub mod mesh_config;
 pub mod metrics;
 
@@ -19,8 +20,10 @@ use tokio::sync::mpsc;
 use crate::config::{ConfigError, ConfigKey, IgnoredObject, ValidConfig};
 use crate::drain::DrainWatcher;
 use crate::mesh::{MeshConfig, MeshConfigError};
+use crate::registry::kubernetes::{KubeKey, KubeObject};
 use crate::telemetry::trace::EventTrace;
 
+pub use kubernetes::{KubeError, KubeSettings};
 pub use metrics::SourceMetrics;
 
 /// Which source an event comes from; ingest publishes nothing until every started source is done
@@ -29,8 +32,10 @@ pub use metrics::SourceMetrics;
 pub enum SourceId {
     /// The watched config directory.
     ConfigDir,
-    /// The watched mesh config file (or the defaults).
+    /// The watched mesh config file, the `istio` ConfigMap, or the defaults.
     MeshConfig,
+    /// The Kubernetes API server.
+    Kubernetes,
 }
 
 impl fmt::Display for SourceId {
@@ -38,6 +43,7 @@ impl fmt::Display for SourceId {
         f.write_str(match self {
             SourceId::ConfigDir => "config-dir",
             SourceId::MeshConfig => "mesh-config",
+            SourceId::Kubernetes => "kubernetes",
         })
     }
 }
@@ -47,8 +53,12 @@ impl fmt::Display for SourceId {
 pub enum SourceEvent {
     /// Config objects changed: `Some` is the new valid version, `None` a deletion.
     Config(Vec<(ConfigKey, Option<ValidConfig>)>),
-    /// The current list of rejected and ignored documents of a config source.
+    /// Kubernetes registry objects changed: `Some` is the new version, `None` a deletion.
+    Kube(Vec<(KubeKey, Option<Arc<KubeObject>>)>),
+    /// The current list of rejected and ignored documents of one config source.
     Status {
+        /// The source whose lists these are (each source's replace only its own).
+        source: SourceId,
         /// Rejected documents.
         errors: Arc<Vec<ConfigError>>,
         /// Documents of kinds meshpilot does not serve.
@@ -67,6 +77,7 @@ impl SourceEvent {
     pub fn config_updates(&self) -> usize {
         match self {
             SourceEvent::Config(objects) => objects.len(),
+            SourceEvent::Kube(objects) => objects.len(),
             SourceEvent::Mesh(_) => 1,
             SourceEvent::Status { .. } | SourceEvent::InitDone(_) | SourceEvent::Cause(_) => 0,
         }
@@ -87,31 +98,61 @@ pub enum SourceError {
     /// The mesh config is unusable.
     #[error(transparent)]
     Mesh(#[from] MeshConfigError),
+    /// The Kubernetes client cannot be configured.
+    #[error(transparent)]
+    Kubernetes(#[from] KubeError),
 }
 
-/// The sources of one ingest node: a config directory and an optional mesh config file.
+/// The sources of one ingest node: a config directory, the Kubernetes API server, or both, and
+/// the mesh config from a file, the `istio` ConfigMap, or the defaults.
 #[derive(Debug, Clone)]
 pub struct SourceSettings {
     /// Directory of Istio YAML/JSON.
-    pub config_dir: PathBuf,
-    /// Mesh config file (defaults apply without one).
+    pub config_dir: Option<PathBuf>,
+    /// Mesh config file; without one the `istio` ConfigMap (with Kubernetes) or the defaults apply.
     pub mesh_config: Option<PathBuf>,
+    /// The Kubernetes API server to watch.
+    pub kubernetes: Option<KubeSettings>,
+    /// DNS suffix of Kubernetes service names (pilot's `--domain`).
+    pub domain: String,
 }
 
 impl SourceSettings {
+    /// Settings for a config directory alone, with the default domain.
+    pub fn config_dir(dir: impl Into<PathBuf>) -> SourceSettings {
+        SourceSettings {
+            config_dir: Some(dir.into()),
+            mesh_config: None,
+            kubernetes: None,
+            domain: DEFAULT_DOMAIN.into(),
+        }
+    }
+
     /// The sources [`start`] starts: ingest waits for each one's `InitDone` before it publishes.
     pub fn ids(&self) -> Vec<SourceId> {
-        vec![SourceId::MeshConfig, SourceId::ConfigDir]
+        let mut ids = vec![SourceId::MeshConfig];
+        if self.config_dir.is_some() {
+            ids.push(SourceId::ConfigDir);
+        }
+        if self.kubernetes.is_some() {
+            ids.push(SourceId::Kubernetes);
+        }
+        ids
     }
 }
 
+/// Istio's default DNS suffix of Kubernetes services.
+pub const DEFAULT_DOMAIN: &str = "cluster.local";
+
 /// Starts every configured source: each sends its initial state and `InitDone` to `events`, then
-/// keeps watching in a task that ends when `drain` starts. Start the consumer first: the initial
-/// state is sent before this returns. What the sources cannot read is counted in `metrics`.
+/// keeps watching in a task that ends when `drain` starts. Start the consumer first: a file
+/// source's initial state is sent before this returns; Kubernetes sends its own when every kind
+/// has listed. What the sources cannot read is counted in `metrics`.
 ///
-/// Only a missing config directory or an unusable mesh config at start-up is an error: later
-/// problems (a file that cannot be read, the directory vanishing) keep the last good config in
-/// force and are reported as config errors and in `metrics`, not by failing readiness.
+/// Only a missing config directory, an unusable mesh config file or Kubernetes client
+/// configuration at start-up is an error: later problems (a file that cannot be read, the
+/// directory vanishing, the API server unreachable) keep the last good config in force and are
+/// reported as config errors and in `metrics`, not by failing readiness.
 pub async fn start<E>(
     settings: &SourceSettings,
     events: mpsc::Sender<E>,
@@ -121,16 +162,29 @@ pub async fn start<E>(
 where
     E: From<SourceEvent> + Send + 'static,
 {
-    match &settings.mesh_config {
-        Some(path) => mesh_config::watch(path.clone(), events.clone(), metrics.clone(), drain.clone()).await?,
-        None => {
-            let _ = events.send(SourceEvent::Mesh(Arc::new(MeshConfig::default())).into()).await;
+    let domain = settings.domain.clone();
+    match (&settings.mesh_config, &settings.kubernetes) {
+        (Some(path), _) => {
+            mesh_config::watch(path.clone(), domain.clone(), events.clone(), metrics.clone(), drain.clone()).await?
+        }
+        // The `istio` ConfigMap: the Kubernetes source sends the mesh config and its InitDone.
+        (None, Some(_)) => {}
+        (None, None) => {
+            let mesh = MeshConfig { domain: domain.clone(), ..MeshConfig::default() };
+            let _ = events.send(SourceEvent::Mesh(Arc::new(mesh)).into()).await;
             let _ = events.send(SourceEvent::InitDone(SourceId::MeshConfig).into()).await;
         }
     }
-    config_dir::watch(settings.config_dir.clone(), events, metrics, drain)
-        .await
-        .map_err(|source| SourceError::ConfigDir { dir: display(&settings.config_dir), source })
+    if let Some(kube) = &settings.kubernetes {
+        let owns_mesh = settings.mesh_config.is_none();
+        kubernetes::watch(kube, owns_mesh, domain, events.clone(), metrics.clone(), drain.clone()).await?;
+    }
+    if let Some(dir) = &settings.config_dir {
+        config_dir::watch(dir.clone(), events, metrics, drain)
+            .await
+            .map_err(|source| SourceError::ConfigDir { dir: display(dir), source })?;
+    }
+    Ok(())
 }
 
 fn display(path: &Path) -> String {

@@ -1,0 +1,152 @@
+//! The kinds the Kubernetes source watches, and how each becomes an [`Item`].
+
+use std::fmt;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::DynamicObject;
+use serde_json::Value;
+
+use super::watch::Item;
+use crate::config::parse::parse_object;
+use crate::mesh::MeshConfig;
+use crate::registry::kubernetes::KubeKind;
+
+/// An Istio CRD kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct IstioKind {
+    /// API group.
+    pub group: &'static str,
+    /// Kind.
+    pub kind: &'static str,
+}
+
+/// Istio's networking API group.
+pub const NETWORKING: &str = "networking.istio.io";
+/// Istio's security API group.
+pub const SECURITY: &str = "security.istio.io";
+
+/// The Istio kinds watched, read at the version the API server prefers.
+pub const ISTIO_KINDS: [IstioKind; 10] = [
+    IstioKind { group: NETWORKING, kind: "VirtualService" },
+    IstioKind { group: NETWORKING, kind: "DestinationRule" },
+    IstioKind { group: NETWORKING, kind: "Gateway" },
+    IstioKind { group: NETWORKING, kind: "ServiceEntry" },
+    IstioKind { group: NETWORKING, kind: "WorkloadEntry" },
+    IstioKind { group: NETWORKING, kind: "WorkloadGroup" },
+    IstioKind { group: NETWORKING, kind: "Sidecar" },
+    IstioKind { group: SECURITY, kind: "AuthorizationPolicy" },
+    IstioKind { group: SECURITY, kind: "PeerAuthentication" },
+    IstioKind { group: SECURITY, kind: "RequestAuthentication" },
+];
+
+/// The registry kinds watched.
+pub const REGISTRY_KINDS: [KubeKind; 5] =
+    [KubeKind::Namespace, KubeKind::Node, KubeKind::Pod, KubeKind::Service, KubeKind::EndpointSlice];
+
+/// One watched kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Watched {
+    /// A core registry kind.
+    Registry(KubeKind),
+    /// An Istio CRD kind.
+    Istio(IstioKind),
+    /// The `istio` ConfigMap in meshpilot's namespace.
+    MeshConfigMap,
+}
+
+impl fmt::Display for Watched {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Watched::Registry(k) => write!(f, "{k}"),
+            Watched::Istio(k) => write!(f, "{}.{}", k.kind, k.group),
+            Watched::MeshConfigMap => f.write_str("ConfigMap istio"),
+        }
+    }
+}
+
+/// Where errors about Kubernetes objects say they come from.
+pub const SOURCE_NAME: &str = "kubernetes";
+
+/// The name of Istio's mesh config ConfigMap.
+pub const MESH_CONFIG_MAP: &str = "istio";
+
+/// An Istio object: parsed and validated exactly as a file's document is.
+pub fn istio_object(watched: &Watched, obj: DynamicObject) -> Item {
+    let (group, kind) = match watched {
+        Watched::Istio(k) => (k.group, k.kind),
+        _ => ("", ""),
+    };
+    let types = obj.types.clone();
+    let mut value = match serde_json::to_value(obj) {
+        Ok(v) => v,
+        Err(e) => Value::String(e.to_string()),
+    };
+    // List items of custom resources carry apiVersion and kind; watch events too. Fill them in
+    // if a server leaves them out, so the object is still identified.
+    if let Value::Object(map) = &mut value {
+        let api_version = types.as_ref().map(|t| t.api_version.clone()).filter(|v| !v.is_empty());
+        map.insert("apiVersion".into(), Value::String(api_version.unwrap_or_else(|| format!("{group}/v1"))));
+        let kind_name = types.map(|t| t.kind).filter(|k| !k.is_empty());
+        map.insert("kind".into(), Value::String(kind_name.unwrap_or_else(|| kind.to_string())));
+        // Server-side bookkeeping that is no part of the Istio object.
+        if let Some(Value::Object(meta)) = map.get_mut("metadata") {
+            meta.remove("managedFields");
+        }
+        map.remove("status");
+    }
+    Item::Config(parse_object(SOURCE_NAME, value))
+}
+
+/// The mesh config from the `mesh` key of the `istio` ConfigMap (defaults without one).
+pub fn mesh_config_map(_: &Watched, cm: ConfigMap) -> Item {
+    let namespace = cm.metadata.namespace.unwrap_or_default();
+    let text = cm.data.and_then(|mut d| d.remove("mesh")).unwrap_or_default();
+    Item::Mesh(MeshConfig::parse(&format!("ConfigMap {namespace}/{MESH_CONFIG_MAP} key mesh"), &text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse::Document;
+    use serde_json::json;
+
+    fn dynamic(v: Value) -> DynamicObject {
+        serde_json::from_value(v).unwrap()
+    }
+
+    const VS: Watched = Watched::Istio(IstioKind { group: NETWORKING, kind: "VirtualService" });
+
+    #[test]
+    fn istio_object_validates_like_a_file() {
+        let ok = dynamic(json!({"apiVersion": "networking.istio.io/v1beta1", "kind": "VirtualService",
+            "metadata": {"name": "r", "namespace": "shop", "resourceVersion": "7", "managedFields": [{"manager": "kubectl"}]},
+            "spec": {"hosts": ["r"], "http": [{"route": [{"destination": {"host": "r"}}]}]}}));
+        assert!(matches!(istio_object(&VS, ok), Item::Config(Document::Valid(o)) if o.key.namespace == "shop"));
+        let bad = dynamic(json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+            "metadata": {"name": "r", "namespace": "shop"},
+            "spec": {"hosts": ["r"], "http": [{"route": [{"destination": {"host": "r"}, "weight": -1}]}]}}));
+        let Item::Config(Document::Invalid(e)) = istio_object(&VS, bad) else { panic!("expected invalid") };
+        assert_eq!(e.file, "kubernetes");
+        assert_eq!(e.object.map(|k| k.to_string()).as_deref(), Some("VirtualService shop/r"));
+        assert!(e.error.field.starts_with("spec.http[0].route[0]"), "{}", e.error.field);
+    }
+
+    #[test]
+    fn security_kinds_go_through_the_same_path() {
+        let ap = dynamic(json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+            "metadata": {"name": "deny", "namespace": "shop"}, "spec": {"action": "DENY"}}));
+        let w = Watched::Istio(IstioKind { group: SECURITY, kind: "AuthorizationPolicy" });
+        assert!(
+            matches!(istio_object(&w, ap), Item::Config(Document::Ignored { kind, .. }) if kind == "AuthorizationPolicy")
+        );
+    }
+
+    #[test]
+    fn mesh_from_config_map() {
+        let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "istio", "namespace": "istio-system"},
+            "data": {"mesh": "trustDomain: example.org\n"}}))
+        .unwrap();
+        let Item::Mesh(Ok(m)) = mesh_config_map(&Watched::MeshConfigMap, cm) else { panic!() };
+        assert_eq!(m.trust_domain, "example.org");
+    }
+}

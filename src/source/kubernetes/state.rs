@@ -1,0 +1,311 @@
+//! The one owner of the Kubernetes source's state: what each watched object last became, which
+//! kinds have listed, and what is wrong. It turns watch updates into `SourceEvent`s.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use tracing::{info, warn};
+
+use super::kinds::{Watched, SOURCE_NAME};
+use super::watch::{Change, Failure, Item, ObjectName, Update};
+use crate::config::parse::Document;
+use crate::config::{ConfigError, ConfigKey, FieldError, IgnoredObject, ValidConfig};
+use crate::mesh::MeshConfig;
+use crate::registry::kubernetes::{KubeKey, KubeObject};
+use crate::source::{SourceEvent, SourceId};
+
+/// What a watched object last became.
+#[derive(Debug)]
+enum Held {
+    /// A registry object, as last sent.
+    Kube(KubeKey, Arc<KubeObject>),
+    /// An Istio object: its last valid version (still served while a newer one is invalid).
+    Config(ConfigKey, ValidConfig),
+    /// An object of a kind meshpilot does not serve, or one never valid.
+    Other,
+}
+
+/// The events one update produces, in the order they must be sent.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// Events for ingest.
+    pub events: Vec<SourceEvent>,
+}
+
+/// The Kubernetes source's state.
+#[derive(Debug)]
+pub struct KubeState {
+    held: BTreeMap<(Watched, ObjectName), Held>,
+    /// Kinds that have not listed yet: nothing is complete before each has.
+    pending: BTreeSet<Watched>,
+    init_done: bool,
+    /// Whether this source owns the mesh config (no mesh config file given).
+    owns_mesh: bool,
+    mesh: Option<Arc<MeshConfig>>,
+    domain: String,
+    failures: BTreeMap<Watched, Failure>,
+    errors: BTreeMap<(Watched, ObjectName), ConfigError>,
+    ignored: BTreeMap<(Watched, ObjectName), IgnoredObject>,
+    status_dirty: bool,
+}
+
+impl KubeState {
+    /// A state waiting for `kinds` to list. With `owns_mesh`, the ConfigMap is one of them and the
+    /// mesh config (stamped with `domain`) comes from it.
+    pub fn new(kinds: impl IntoIterator<Item = Watched>, owns_mesh: bool, domain: String) -> KubeState {
+        KubeState {
+            held: BTreeMap::new(),
+            pending: kinds.into_iter().collect(),
+            init_done: false,
+            owns_mesh,
+            mesh: None,
+            domain,
+            failures: BTreeMap::new(),
+            errors: BTreeMap::new(),
+            ignored: BTreeMap::new(),
+            status_dirty: true,
+        }
+    }
+
+    /// Current problems by metric reason.
+    pub fn problem_counts(&self) -> BTreeMap<&'static str, usize> {
+        let mut counts = BTreeMap::new();
+        for failure in self.failures.values() {
+            *counts.entry(failure.reason()).or_insert(0) += 1;
+        }
+        counts
+    }
+
+    /// Applies one update; returns the events to send.
+    pub fn apply(&mut self, update: Update) -> Outcome {
+        let watched = update.watched;
+        let mut kube = Vec::new();
+        let mut configs = Vec::new();
+        let mut mesh = None;
+        match update.change {
+            Change::Relisted(items) => {
+                self.clear_failure(watched);
+                let listed: BTreeSet<&ObjectName> = items.iter().map(|(n, _)| n).collect();
+                let gone: Vec<ObjectName> = self
+                    .held
+                    .range((watched, ObjectName::min())..)
+                    .take_while(|((w, _), _)| *w == watched)
+                    .filter(|((_, n), _)| !listed.contains(n))
+                    .map(|((_, n), _)| n.clone())
+                    .collect();
+                for name in gone {
+                    self.delete(watched, name, &mut kube, &mut configs);
+                }
+                if watched == Watched::MeshConfigMap && items.is_empty() {
+                    mesh = self.set_mesh(Ok(MeshConfig::default()));
+                }
+                for (name, item) in items {
+                    if let Some(m) = self.upsert(watched, name, item, &mut kube, &mut configs) {
+                        mesh = Some(m);
+                    }
+                }
+                if self.pending.remove(&watched) {
+                    info!(kind = %watched, objects = self.count(watched), "kubernetes: listed");
+                }
+            }
+            Change::Applied(name, item) => {
+                self.clear_failure(watched);
+                mesh = self.upsert(watched, name, item, &mut kube, &mut configs);
+            }
+            Change::Deleted(name) => {
+                if watched == Watched::MeshConfigMap {
+                    mesh = self.set_mesh(Ok(MeshConfig::default()));
+                }
+                self.delete(watched, name, &mut kube, &mut configs);
+            }
+            Change::Failed(failure) => {
+                warn!(kind = %watched, error = %failure, "kubernetes: watch failing");
+                if failure.is_permanent() && self.pending.remove(&watched) {
+                    // A kind this node may not read must not hold back the rest of the mesh.
+                    warn!(kind = %watched, "kubernetes: serving without this kind until it can be listed");
+                    if watched == Watched::MeshConfigMap {
+                        mesh = self.set_mesh(Ok(MeshConfig::default()));
+                    }
+                }
+                if self.failures.get(&watched) != Some(&failure) {
+                    self.failures.insert(watched, failure);
+                    self.status_dirty = true;
+                }
+            }
+        }
+        let mut out = Outcome::default();
+        if let Some(m) = mesh {
+            out.events.push(SourceEvent::Mesh(m));
+        }
+        if !configs.is_empty() {
+            out.events.push(SourceEvent::Config(configs));
+        }
+        if !kube.is_empty() {
+            out.events.push(SourceEvent::Kube(kube));
+        }
+        if self.status_dirty {
+            self.status_dirty = false;
+            out.events.push(self.status());
+        }
+        if !self.init_done && self.pending.is_empty() {
+            self.init_done = true;
+            if self.owns_mesh {
+                out.events.push(SourceEvent::InitDone(SourceId::MeshConfig));
+            }
+            out.events.push(SourceEvent::InitDone(SourceId::Kubernetes));
+            info!("kubernetes: every watched kind has listed");
+        }
+        out
+    }
+
+    fn count(&self, watched: Watched) -> usize {
+        self.held.range((watched, ObjectName::min())..).take_while(|((w, _), _)| *w == watched).count()
+    }
+
+    fn clear_failure(&mut self, watched: Watched) {
+        if self.failures.remove(&watched).is_some() {
+            info!(kind = %watched, "kubernetes: watch recovered");
+            self.status_dirty = true;
+        }
+    }
+
+    fn set_mesh(&mut self, mesh: Result<MeshConfig, crate::mesh::MeshConfigError>) -> Option<Arc<MeshConfig>> {
+        if !self.owns_mesh {
+            return None;
+        }
+        let key = (Watched::MeshConfigMap, ObjectName { namespace: String::new(), name: "mesh".into() });
+        match mesh {
+            Ok(mut m) => {
+                if self.errors.remove(&key).is_some() {
+                    self.status_dirty = true;
+                }
+                m.domain = self.domain.clone();
+                if self.mesh.as_deref() == Some(&m) {
+                    return None;
+                }
+                let m = Arc::new(m);
+                self.mesh = Some(m.clone());
+                Some(m)
+            }
+            Err(e) => {
+                warn!(error = %e, "kubernetes: invalid mesh config; the previous one stays in force");
+                let error = ConfigError {
+                    file: SOURCE_NAME.into(),
+                    document: 0,
+                    object: None,
+                    error: FieldError::new("", e.to_string()),
+                };
+                self.errors.insert(key, error);
+                self.status_dirty = true;
+                // Before any valid mesh config, the defaults apply (as with an empty file).
+                if self.mesh.is_none() {
+                    return self.set_mesh(Ok(MeshConfig::default()));
+                }
+                None
+            }
+        }
+    }
+
+    fn upsert(
+        &mut self,
+        watched: Watched,
+        name: ObjectName,
+        item: Item,
+        kube: &mut Vec<(KubeKey, Option<Arc<KubeObject>>)>,
+        configs: &mut Vec<(ConfigKey, Option<ValidConfig>)>,
+    ) -> Option<Arc<MeshConfig>> {
+        let slot = (watched, name);
+        match item {
+            Item::Mesh(mesh) => return self.set_mesh(mesh),
+            Item::Kube(obj) => {
+                let key = obj.key();
+                if let Some(Held::Kube(_, old)) = self.held.get(&slot) {
+                    if **old == obj {
+                        return None;
+                    }
+                }
+                let obj = Arc::new(obj);
+                kube.push((key.clone(), Some(obj.clone())));
+                self.held.insert(slot, Held::Kube(key, obj));
+            }
+            Item::Config(Document::Valid(obj)) => {
+                let key = obj.key.clone();
+                self.clear_object_status(&slot);
+                if let Some(Held::Config(_, old)) = self.held.get(&slot) {
+                    if **old == obj {
+                        return None;
+                    }
+                }
+                let obj: ValidConfig = Arc::new(obj);
+                configs.push((key.clone(), Some(obj.clone())));
+                self.held.insert(slot, Held::Config(key, obj));
+            }
+            Item::Config(Document::Invalid(error)) => {
+                warn!(
+                    object = ?error.object.as_ref().map(ToString::to_string),
+                    field = %error.error.field,
+                    reason = %error.error.reason,
+                    "kubernetes: invalid object skipped; its last valid version stays in force"
+                );
+                self.ignored.remove(&slot);
+                self.errors.insert(slot.clone(), error);
+                self.status_dirty = true;
+                self.held.entry(slot).or_insert(Held::Other);
+            }
+            Item::Config(Document::Ignored { api_version, kind, name, .. }) => {
+                self.errors.remove(&slot);
+                let ignored = IgnoredObject { file: SOURCE_NAME.into(), document: 0, api_version, kind, name };
+                if self.ignored.get(&slot) != Some(&ignored) {
+                    self.ignored.insert(slot.clone(), ignored);
+                    self.status_dirty = true;
+                }
+                self.held.insert(slot, Held::Other);
+            }
+        }
+        None
+    }
+
+    fn clear_object_status(&mut self, slot: &(Watched, ObjectName)) {
+        if self.errors.remove(slot).is_some() | self.ignored.remove(slot).is_some() {
+            self.status_dirty = true;
+        }
+    }
+
+    fn delete(
+        &mut self,
+        watched: Watched,
+        name: ObjectName,
+        kube: &mut Vec<(KubeKey, Option<Arc<KubeObject>>)>,
+        configs: &mut Vec<(ConfigKey, Option<ValidConfig>)>,
+    ) {
+        let slot = (watched, name);
+        self.clear_object_status(&slot);
+        match self.held.remove(&slot) {
+            Some(Held::Kube(key, _)) => kube.push((key, None)),
+            Some(Held::Config(key, _)) => configs.push((key, None)),
+            Some(Held::Other) | None => {}
+        }
+    }
+
+    fn status(&self) -> SourceEvent {
+        let failures = self.failures.iter().map(|(watched, failure)| ConfigError {
+            file: SOURCE_NAME.into(),
+            document: 0,
+            object: None,
+            error: FieldError::new("", format!("{watched}: {failure}")),
+        });
+        let errors: Vec<ConfigError> = failures.chain(self.errors.values().cloned()).collect();
+        SourceEvent::Status {
+            source: SourceId::Kubernetes,
+            errors: Arc::new(errors),
+            ignored: Arc::new(self.ignored.values().cloned().collect()),
+        }
+    }
+}
+
+impl ObjectName {
+    /// The smallest name: the start of a kind's range.
+    fn min() -> ObjectName {
+        ObjectName { namespace: String::new(), name: String::new() }
+    }
+}

@@ -1,0 +1,189 @@
+//! One list/watch per kind: kube-runtime's watcher (relists on 410 Gone and on a dropped watch,
+//! backs off while the API server is unreachable) pumped into the source's one state owner.
+
+use std::fmt;
+
+use futures::StreamExt;
+use kube::runtime::watcher::{self, watcher, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+
+use super::kinds::Watched;
+use crate::config::parse::Document;
+use crate::drain::DrainWatcher;
+use crate::mesh::{MeshConfig, MeshConfigError};
+use crate::registry::kubernetes::KubeObject;
+
+/// Namespace and name of a watched object (namespace empty for cluster-scoped kinds).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectName {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+impl fmt::Display for ObjectName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.namespace.is_empty() {
+            f.write_str(&self.name)
+        } else {
+            write!(f, "{}/{}", self.namespace, self.name)
+        }
+    }
+}
+
+/// What one watched object became.
+#[derive(Debug)]
+pub enum Item {
+    /// A registry object.
+    Kube(KubeObject),
+    /// An Istio config object: valid, of a kind not served, or rejected.
+    Config(Document),
+    /// The mesh config ConfigMap's `mesh` key.
+    Mesh(Result<MeshConfig, MeshConfigError>),
+}
+
+/// Why a watch is not delivering.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// The service account may not list or watch this kind (403).
+    Forbidden(String),
+    /// The API server does not serve this kind (404: its CRD is not installed).
+    NotInstalled(String),
+    /// The API server is unreachable or failing; the watcher retries with backoff.
+    Unreachable(String),
+}
+
+impl Failure {
+    /// The metric label of this failure.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Failure::Forbidden(_) => "forbidden",
+            Failure::NotInstalled(_) => "not_installed",
+            Failure::Unreachable(_) => "unreachable",
+        }
+    }
+
+    /// Whether retrying cannot help until someone changes the cluster (RBAC, CRDs): the kind
+    /// then counts as listed (empty) so that the other kinds are served.
+    pub fn is_permanent(&self) -> bool {
+        !matches!(self, Failure::Unreachable(_))
+    }
+
+    fn from_watcher(error: &watcher::Error) -> Failure {
+        let api_code = match error {
+            watcher::Error::InitialListFailed(kube::Error::Api(s))
+            | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+            | watcher::Error::WatchFailed(kube::Error::Api(s)) => Some(s.code),
+            watcher::Error::WatchError(s) => Some(s.code),
+            _ => None,
+        };
+        let text = error.to_string();
+        match api_code {
+            Some(401 | 403) => Failure::Forbidden(text),
+            Some(404) => Failure::NotInstalled(text),
+            _ => Failure::Unreachable(text),
+        }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::Forbidden(e) => write!(f, "forbidden: the service account may not list/watch it ({e})"),
+            Failure::NotInstalled(e) => write!(f, "not served by the API server; is its CRD installed? ({e})"),
+            Failure::Unreachable(e) => write!(f, "API server unreachable; retrying, last state kept ({e})"),
+        }
+    }
+}
+
+/// What a watch reports to the state owner.
+#[derive(Debug)]
+pub enum Change {
+    /// A complete list (first, or after a 410/relist): objects not in it are gone.
+    Relisted(Vec<(ObjectName, Item)>),
+    /// An object was added or modified.
+    Applied(ObjectName, Item),
+    /// An object was deleted.
+    Deleted(ObjectName),
+    /// The watch is failing.
+    Failed(Failure),
+}
+
+/// A change of one watched kind.
+#[derive(Debug)]
+pub struct Update {
+    /// The kind.
+    pub watched: Watched,
+    /// The change.
+    pub change: Change,
+}
+
+/// Converts a watched object into an [`Item`].
+pub type Convert<K> = fn(&Watched, K) -> Item;
+
+/// Watches `api` until the drain, converting each object with `convert` on the blocking pool
+/// (Istio objects are validated: regexes compiled, routes checked) and sending updates to `tx`.
+pub async fn pump<K>(
+    watched: Watched,
+    api: Api<K>,
+    config: watcher::Config,
+    convert: Convert<K>,
+    tx: mpsc::Sender<Update>,
+    drain: DrainWatcher,
+) where
+    K: Resource + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static,
+{
+    let stream = watcher(api, config).default_backoff();
+    futures::pin_mut!(stream);
+    let mut listing: Vec<K> = Vec::new();
+    loop {
+        let event = tokio::select! {
+            _ = drain.draining() => return,
+            event = stream.next() => event,
+        };
+        let change = match event {
+            None => return,
+            Some(Ok(Event::Init)) => {
+                listing.clear();
+                continue;
+            }
+            Some(Ok(Event::InitApply(obj))) => {
+                listing.push(obj);
+                continue;
+            }
+            Some(Ok(Event::InitDone)) => {
+                let objects = std::mem::take(&mut listing);
+                let w = watched.clone();
+                let converted = tokio::task::spawn_blocking(move || {
+                    objects.into_iter().map(|o| (name_of(&o), convert(&w, o))).collect::<Vec<_>>()
+                })
+                .await;
+                match converted {
+                    Ok(items) => Change::Relisted(items),
+                    Err(e) => Change::Failed(Failure::Unreachable(format!("converting the list: {e}"))),
+                }
+            }
+            Some(Ok(Event::Apply(obj))) => {
+                let name = name_of(&obj);
+                let w = watched.clone();
+                match tokio::task::spawn_blocking(move || convert(&w, obj)).await {
+                    Ok(item) => Change::Applied(name, item),
+                    Err(e) => Change::Failed(Failure::Unreachable(format!("converting {name}: {e}"))),
+                }
+            }
+            Some(Ok(Event::Delete(obj))) => Change::Deleted(name_of(&obj)),
+            Some(Err(e)) => Change::Failed(Failure::from_watcher(&e)),
+        };
+        if tx.send(Update { watched: watched.clone(), change }).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn name_of<K: Resource>(obj: &K) -> ObjectName {
+    ObjectName { namespace: obj.namespace().unwrap_or_default(), name: obj.name_any() }
+}
