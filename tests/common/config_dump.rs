@@ -73,6 +73,46 @@ pub fn endpoint_ports(dump: &Value, cluster: &str) -> Option<Vec<u64>> {
     Some(ports)
 }
 
+/// The load assignment Envoy holds for EDS cluster `cluster`.
+fn load_assignment<'a>(dump: &'a Value, cluster: &str) -> Option<&'a Value> {
+    section_list(dump, "EndpointsConfigDump", "dynamic_endpoint_configs")
+        .into_iter()
+        .find(|e| e["endpoint_config"]["cluster_name"] == cluster)
+        .map(|e| &e["endpoint_config"])
+}
+
+/// `IP:PORT` of each endpoint Envoy holds for EDS cluster `cluster`, sorted (empty without an
+/// assignment).
+pub fn endpoint_addresses(dump: &Value, cluster: &str) -> Vec<String> {
+    let mut out: Vec<String> = load_assignment(dump, cluster)
+        .and_then(|cla| cla["endpoints"].as_array())
+        .into_iter()
+        .flatten()
+        .flat_map(|l| l["lb_endpoints"].as_array().into_iter().flatten())
+        .map(|e| {
+            let a = &e["endpoint"]["address"]["socket_address"];
+            format!("{}:{}", a["address"].as_str().unwrap_or_default(), a["port_value"])
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// `region/zone/sub_zone` of each locality of EDS cluster `cluster`, sorted.
+pub fn endpoint_localities(dump: &Value, cluster: &str) -> Vec<String> {
+    let mut out: Vec<String> = load_assignment(dump, cluster)
+        .and_then(|cla| cla["endpoints"].as_array())
+        .into_iter()
+        .flatten()
+        .map(|l| {
+            let s = |k: &str| l["locality"][k].as_str().unwrap_or_default().to_string();
+            format!("{}/{}/{}", s("region"), s("zone"), s("sub_zone"))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 /// The `version_info` of the last accepted CDS, LDS and route configuration `route` responses.
 pub fn xds_versions(dump: &Value, route: &str) -> (String, String, String) {
     let v = |x: &Value| x.as_str().unwrap_or_default().to_string();

@@ -76,6 +76,12 @@ impl MeshpilotBuilder {
         assert!(modes.contains(&self.mode), "meshpilot {:?} has no {flag}", self.mode);
     }
 
+    /// `--kubeconfig FILE` (standalone, ingest): watch that cluster, beside any config dir.
+    pub fn kubeconfig(mut self, path: impl AsRef<Path>) -> Self {
+        self.only("--kubeconfig", &[Mode::Standalone, Mode::Ingest]);
+        self.args.extend(["--kubeconfig".to_string(), path.as_ref().display().to_string()]);
+        self
+    }
     /// `--mesh-config FILE` (standalone, ingest).
     pub fn mesh_config(mut self, path: impl AsRef<Path>) -> Self {
         self.only("--mesh-config", &[Mode::Standalone, Mode::Ingest]);
@@ -214,6 +220,11 @@ impl Meshpilot {
     }
 
     /// `meshpilot ingest --etcd-endpoints ENDPOINTS --config-dir DIR`.
+    /// `meshpilot standalone --kubeconfig FILE` (no config dir).
+    pub fn standalone_on_kubernetes(kubeconfig: impl AsRef<Path>) -> MeshpilotBuilder {
+        MeshpilotBuilder::new(Mode::Standalone, None, None).kubeconfig(kubeconfig)
+    }
+
     pub fn ingest(etcd_endpoints: &str, config_dir: impl AsRef<Path>) -> MeshpilotBuilder {
         MeshpilotBuilder::new(Mode::Ingest, Some(etcd_endpoints), Some(config_dir.as_ref()))
     }

@@ -28,6 +28,8 @@ pub mod http;
 pub mod ingress;
 /// Istio YAML builders.
 pub mod istio;
+/// A real kube-apiserver on a real etcd, and applying objects to it.
+pub mod kube;
 /// A standalone meshpilot with a gateway and a sidecar Envoy.
 pub mod mesh;
 /// The meshpilot binary in any mode.
