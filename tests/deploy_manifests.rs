@@ -18,7 +18,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use common::deploy::cli::{is_meshpilot, parse_cli};
-use common::deploy::kube::{expected_ingest_grants, grants_by_account, ISTIO_KINDS, MESH_CONFIG_MAP, MESH_KEY};
+use common::deploy::kube::{
+    expected_ingest_grants, grants_by_account, show_grant, ISTIO_KINDS, MESH_CONFIG_MAP, MESH_KEY,
+};
 use common::deploy::workloads::{config_maps, container_ports, selects, var_refs, workloads, Workload};
 use common::deploy::*;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
@@ -583,12 +585,14 @@ fn rbac_grants_ingest_exactly_what_the_kubernetes_source_uses_and_nobody_else_an
         let mut granted = grants_by_account(&build);
         let ingest = granted.remove("meshpilot-ingest").unwrap_or_default();
         let expected = expected_ingest_grants();
-        let missing: Vec<_> = expected.difference(&ingest).collect();
-        let extra: Vec<_> = ingest.difference(&expected).collect();
+        let missing: Vec<String> = expected.difference(&ingest).map(show_grant).collect();
+        let extra: Vec<String> = ingest.difference(&expected).map(show_grant).collect();
         assert!(
             missing.is_empty() && extra.is_empty(),
-            "{}: meshpilot-ingest's grants differ from what the Kubernetes source uses\n  missing: {missing:#?}\n  extra: {extra:#?}",
-            build.name
+            "{}: meshpilot-ingest's grants differ from what the Kubernetes source uses\n  missing:\n    {}\n  extra:\n    {}",
+            build.name,
+            missing.join("\n    "),
+            extra.join("\n    ")
         );
         assert!(granted.is_empty(), "{}: only meshpilot-ingest may be granted anything: {granted:#?}", build.name);
     }

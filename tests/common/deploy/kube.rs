@@ -75,6 +75,13 @@ pub enum Scope {
 /// expanded to one resource.
 pub type Grant = (Scope, String, String, BTreeSet<String>, BTreeSet<String>);
 
+/// `grant` on one line, for messages.
+pub fn show_grant((scope, group, resource, names, verbs): &Grant) -> String {
+    let group = if group.is_empty() { "core" } else { group };
+    let names = if names.is_empty() { String::new() } else { format!(" names {names:?}") };
+    format!("{scope:?}: {group} {resource}{names} verbs {verbs:?}")
+}
+
 fn grant(scope: Scope, group: &str, resource: &str, names: &[&str], verbs: &[&str]) -> Grant {
     let set = |items: &[&str]| items.iter().map(|s| s.to_string()).collect();
     (scope, group.to_string(), resource.to_string(), set(names), set(verbs))
