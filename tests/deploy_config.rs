@@ -7,26 +7,30 @@ use std::path::Path;
 use std::process::Command;
 
 use common::deploy::bootstraps::envoy_bootstraps;
+use common::deploy::kube::{MESH_CONFIG_MAP, MESH_KEY};
 use common::deploy::*;
 use common::envoy::envoy_path;
 use meshpilot::config::parse::Document;
 
 #[test]
 fn shipped_istio_and_mesh_config_are_the_examples_and_valid() {
-    let base = load_base();
+    // The build with every generator: the base's mesh config and the component's config dir.
+    let build = build(&config_dir_overlay());
     let mut problems = Vec::new();
-    for generator in &base.kustomization.config_map_generator {
-        for (key, file) in generator.entries() {
-            let (original, is_istio) = match generator.name.as_str() {
-                "meshpilot-istio-config" => (repo().join("examples/bookinfo").join(&key), true),
-                "meshpilot-mesh" => (repo().join("examples/mesh.yaml"), false),
+    let mut checked = Vec::new();
+    for generator in &build.generators {
+        for (key, _) in generator.entries() {
+            let (original, is_istio) = match (generator.name.as_str(), key.as_str()) {
+                ("meshpilot-istio-config", _) => (repo().join("examples/bookinfo").join(&key), true),
+                (MESH_CONFIG_MAP, MESH_KEY) => (repo().join("examples/mesh.yaml"), false),
                 _ => continue,
             };
-            let copy = base_dir().join(&file);
-            if read(&copy) != read(&original) {
+            checked.push(generator.name.as_str());
+            let copy = generator.file(&key).expect("an entry's file");
+            let text = read(&copy);
+            if text != read(&original) {
                 problems.push(format!("{} differs from {} (copy it again)", shown(&copy), shown(&original)));
             }
-            let text = read(&copy);
             if is_istio {
                 for doc in meshpilot::config::parse::parse_file(&shown(&copy), &text) {
                     if let Document::Invalid(e) = doc {
@@ -36,6 +40,11 @@ fn shipped_istio_and_mesh_config_are_the_examples_and_valid() {
             } else if let Err(e) = meshpilot::mesh::MeshConfig::parse(&shown(&copy), &text) {
                 problems.push(format!("{}: invalid mesh config: {e}", shown(&copy)));
             }
+        }
+    }
+    for name in ["meshpilot-istio-config", MESH_CONFIG_MAP] {
+        if !checked.contains(&name) {
+            problems.push(format!("{}: no ConfigMap {name} to check", build.name));
         }
     }
     assert_no_problems("shipped config", &problems);

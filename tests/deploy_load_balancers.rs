@@ -27,7 +27,7 @@ use serde_json::json;
 fn kubernetes_load_balancer_hashes_frontends_by_address_as_they_name_themselves() {
     let base = load_base();
     let workloads = workloads(&base.manifests);
-    let ns = &base.kustomization.namespace;
+    let ns = &base.namespace;
     let (frontend, container, cli) = frontend_container(&workloads);
     let mut problems = Vec::new();
 

@@ -1,9 +1,13 @@
-//! The Kubernetes manifests under `deploy/kustomize` hold together:
+//! The Kubernetes manifests under `deploy/` hold together, in both builds (the kustomize base,
+//! and the base with the config-dir component):
 //! - every document parses into its k8s-openapi type, with no field the type does not know
 //!   (k8s-openapi ignores unknown fields, so a typo would pass silently);
 //! - references resolve: kustomization files, selectors, Service ports, mounted ConfigMaps and
 //!   their keys, service accounts, RBAC, the HPA target;
-//! - meshpilot containers use only the CLI's flags, and pods meet the restricted standard.
+//! - meshpilot containers use only the CLI's flags, and pods meet the restricted standard;
+//! - ingest runs on the Kubernetes source with exactly the RBAC it needs; nothing else talks to
+//!   the API server;
+//! - `deploy/crds/istio-crds.yaml` defines the ten Istio kinds as valid v1 CRDs.
 //!
 //! `deploy_config.rs` checks the config the deployment ships, `deploy_load_balancers.rs` how the
 //! load balancers hash proxies onto frontends.
@@ -14,35 +18,59 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use common::deploy::cli::{is_meshpilot, parse_cli};
+use common::deploy::kube::{
+    expected_ingest_grants, grants_by_account, show_grant, ISTIO_KINDS, MESH_CONFIG_MAP, MESH_KEY,
+};
 use common::deploy::workloads::{config_maps, container_ports, selects, var_refs, workloads, Workload};
 use common::deploy::*;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{Container, ServicePort};
 use k8s_openapi::api::rbac::v1::PolicyRule;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::json;
 
 #[test]
-fn kustomization_lists_every_file_and_every_listed_file_exists() {
-    let k = kustomization();
+fn kustomizations_list_every_file_and_every_listed_file_exists() {
     let mut problems = Vec::new();
-    if k.api_version != "kustomize.config.k8s.io/v1beta1" || k.kind != "Kustomization" {
-        problems.push(format!("apiVersion/kind {}/{} is not a Kustomization", k.api_version, k.kind));
+    for dir in kustomize_dirs() {
+        let at = shown(&dir.join("kustomization.yaml"));
+        problems.extend(kustomization_problems(&dir).into_iter().map(|p| format!("{at}: {p}")));
     }
+    assert_no_problems("kustomizations", &problems);
+}
+
+fn kustomization_problems(dir: &Path) -> Vec<String> {
+    let k = kustomization_in(dir);
+    let mut problems = Vec::new();
+    let expected = if dir == config_dir_component() {
+        ("kustomize.config.k8s.io/v1alpha1", "Component")
+    } else {
+        ("kustomize.config.k8s.io/v1beta1", "Kustomization")
+    };
+    if (k.api_version.as_str(), k.kind.as_str()) != expected {
+        problems.push(format!("apiVersion/kind {}/{}, expected {expected:?}", k.api_version, k.kind));
+    }
+    // Files this kustomization names (directories: other kustomizations, which list their own).
     let mut listed = BTreeSet::new();
     let generated = k.config_map_generator.iter().flat_map(|g| g.entries().map(|(_, file)| file));
-    for file in k.resources.iter().cloned().chain(generated) {
-        if !base_dir().join(&file).is_file() {
-            problems.push(format!("{file}: listed in kustomization.yaml but missing"));
+    let patches = k.patches.iter().map(|p| p.path.clone());
+    for entry in k.resources.iter().chain(&k.components).cloned().chain(generated).chain(patches) {
+        let path = dir.join(&entry);
+        if path.is_dir() && path.join("kustomization.yaml").is_file() {
+            continue;
         }
-        if !listed.insert(file.clone()) {
-            problems.push(format!("{file}: listed twice"));
+        if !path.is_file() {
+            problems.push(format!("{entry}: listed but missing"));
+        }
+        if !listed.insert(entry.clone()) {
+            problems.push(format!("{entry}: listed twice"));
         }
     }
-    for file in files_under(&base_dir(), Path::new("")) {
+    for file in files_under(dir, Path::new("")) {
         if file != "kustomization.yaml" && !listed.contains(&file) {
-            problems.push(format!("{file}: in {} but not listed in kustomization.yaml", shown(&base_dir())));
+            problems.push(format!("{file}: in the directory but not listed"));
         }
     }
     let base = load_base();
@@ -57,7 +85,7 @@ fn kustomization_lists_every_file_and_every_listed_file_exists() {
             problems.push(format!("images: {} needs newName and newTag", image.name));
         }
     }
-    assert_no_problems("kustomization.yaml", &problems);
+    problems
 }
 
 /// Files below `dir` (recursively), as paths relative to it with `/` separators.
@@ -79,8 +107,10 @@ fn files_under(dir: &Path, prefix: &Path) -> Vec<String> {
 
 #[test]
 fn every_manifest_parses_into_its_kubernetes_type_without_unknown_fields() {
+    for build in builds() {
+        assert_no_problems(&format!("Kubernetes manifests of {}", build.name), &build.parse_problems);
+    }
     let base = load_base();
-    assert_no_problems("Kubernetes manifests", &base.parse_problems);
     let kinds: BTreeSet<&str> = base
         .manifests
         .iter()
@@ -119,8 +149,16 @@ fn the_unknown_field_check_catches_a_typo() {
 #[test]
 fn namespaced_objects_live_in_the_kustomization_namespace() {
     let base = load_base();
-    let ns = &base.kustomization.namespace;
+    let ns = &base.namespace;
     let mut problems = Vec::new();
+    if ns.is_empty() {
+        problems.push("the base's kustomization sets no namespace".to_string());
+    }
+    for build in builds() {
+        if build.namespace != *ns {
+            problems.push(format!("{} puts objects in {:?}, not the base's {ns:?}", build.name, build.namespace));
+        }
+    }
     let mut namespace_defined = false;
     for m in &base.manifests {
         let meta = match &m.object {
@@ -280,12 +318,13 @@ fn hpa_problems(hpa: &HorizontalPodAutoscaler, workloads: &[Workload]) -> Vec<St
 
 #[test]
 fn mounted_config_maps_keys_and_paths_exist() {
-    let base = load_base();
-    let maps = config_maps(&base);
     let mut problems = Vec::new();
-    for w in workloads(&base.manifests) {
-        problems
-            .extend(mount_problems(&w, &maps).into_iter().map(|p| format!("{} ({} {}): {p}", w.at, w.kind, w.name)));
+    for build in builds() {
+        let maps = config_maps(&build);
+        for w in workloads(&build.manifests) {
+            let at = format!("{}: {} ({} {})", build.name, w.at, w.kind, w.name);
+            problems.extend(mount_problems(&w, &maps).into_iter().map(|p| format!("{at}: {p}")));
+        }
     }
     assert_no_problems("volumes and mounts", &problems);
 }
@@ -295,9 +334,16 @@ fn watched_config_maps_update_in_place_and_envoy_bootstraps_roll() {
     // meshpilot watches its mounted config and applies edits live: a name hash would instead
     // replace the ConfigMap and roll every ingest node. Envoy reads its bootstrap only at start:
     // there the hash is what makes a change take effect.
-    let base = load_base();
     let mut problems = Vec::new();
-    for w in workloads(&base.manifests) {
+    for build in builds() {
+        problems.extend(name_hash_problems(&build));
+    }
+    assert_no_problems("ConfigMap name hashes", &problems);
+}
+
+fn name_hash_problems(build: &Build) -> Vec<String> {
+    let mut problems = Vec::new();
+    for w in workloads(&build.manifests) {
         let mounted: BTreeMap<&str, &str> = w
             .volumes()
             .iter()
@@ -306,9 +352,7 @@ fn watched_config_maps_update_in_place_and_envoy_bootstraps_roll() {
         for c in w.containers() {
             for vm in c.volume_mounts.iter().flatten() {
                 let Some(name) = mounted.get(vm.name.as_str()) else { continue };
-                let Some(generator) = base.kustomization.config_map_generator.iter().find(|g| g.name == *name) else {
-                    continue;
-                };
+                let Some(generator) = build.generator(name) else { continue };
                 if is_meshpilot(c) == generator.hashed() {
                     let want = if is_meshpilot(c) { "disableNameSuffixHash: true" } else { "a name hash" };
                     problems.push(format!("{}: container {} mounts {name}, which needs {want}", w.at, c.name));
@@ -316,7 +360,7 @@ fn watched_config_maps_update_in_place_and_envoy_bootstraps_roll() {
             }
         }
     }
-    assert_no_problems("ConfigMap name hashes", &problems);
+    problems
 }
 
 /// What one mount provides: a directory from a volume, and the files a ConfigMap volume holds.
@@ -399,12 +443,17 @@ fn provided(path: &str, mounts: &[Mount]) -> Result<(), String> {
 
 #[test]
 fn containers_use_only_defined_flags_and_variables() {
-    let base = load_base();
+    for build in builds() {
+        command_line_checks(&build);
+    }
+}
+
+fn command_line_checks(build: &Build) {
     let mut problems = Vec::new();
     let mut seen = BTreeSet::new();
-    for w in workloads(&base.manifests) {
+    for w in workloads(&build.manifests) {
         for c in w.containers() {
-            let at = format!("{} ({} {}, container {})", w.at, w.kind, w.name, c.name);
+            let at = format!("{}: {} ({} {}, container {})", build.name, w.at, w.kind, w.name, c.name);
             problems.extend(undefined_variables(c).into_iter().map(|p| format!("{at}: {p}")));
             if !is_meshpilot(c) {
                 continue;
@@ -447,8 +496,14 @@ fn undefined_variables(c: &Container) -> Vec<String> {
 }
 
 #[test]
-fn service_accounts_and_rbac_references_resolve_and_only_read() {
-    let base = load_base();
+fn service_accounts_and_rbac_references_resolve_and_only_read_or_post_events() {
+    for build in builds() {
+        let problems = rbac_reference_problems(&build);
+        assert_no_problems(&format!("service accounts and RBAC of {}", build.name), &problems);
+    }
+}
+
+fn rbac_reference_problems(base: &Build) -> Vec<String> {
     let mut accounts = BTreeSet::new();
     let mut roles = BTreeSet::new();
     let mut cluster_roles = BTreeSet::new();
@@ -502,23 +557,228 @@ fn service_accounts_and_rbac_references_resolve_and_only_read() {
         }
     }
     for (at, rule) in rules {
-        for verb in rule.verbs.iter().filter(|v| !["get", "list", "watch"].contains(&v.as_str())) {
-            problems.push(format!("{at}: verb {verb:?}: meshpilot only reads"));
+        // Reads, and the one write: posting Events about invalid objects.
+        let events_only = rule.resources.iter().flatten().all(|r| r == "events");
+        for verb in &rule.verbs {
+            let read = ["get", "list", "watch"].contains(&verb.as_str());
+            let event_write = events_only && ["create", "patch"].contains(&verb.as_str());
+            if !read && !event_write {
+                problems.push(format!("{at}: verb {verb:?}: meshpilot only reads, and writes only Events"));
+            }
         }
-        if rule.resources.iter().flatten().chain(rule.api_groups.iter().flatten()).any(|r| r == "*") {
-            problems.push(format!("{at}: wildcard resources or API groups"));
+        let names = [&rule.resources, &rule.api_groups, &rule.resource_names, &rule.non_resource_urls];
+        if names.iter().flat_map(|n| n.iter().flatten()).chain(&rule.verbs).any(|r| r.contains('*')) {
+            problems.push(format!("{at}: a wildcard"));
+        }
+        if rule.non_resource_urls.is_some() {
+            problems.push(format!("{at}: nonResourceURLs (API discovery needs none)"));
         }
     }
-    assert_no_problems("service accounts and RBAC", &problems);
+    problems
+}
+
+#[test]
+fn rbac_grants_ingest_exactly_what_the_kubernetes_source_uses_and_nobody_else_anything() {
+    // The whole expected set: a grant added for a kind nobody watches, a missing one, a `get`
+    // the source does not do, or a binding for another account all fail here.
+    for build in builds() {
+        let mut granted = grants_by_account(&build);
+        let ingest = granted.remove("meshpilot-ingest").unwrap_or_default();
+        let expected = expected_ingest_grants();
+        let missing: Vec<String> = expected.difference(&ingest).map(show_grant).collect();
+        let extra: Vec<String> = ingest.difference(&expected).map(show_grant).collect();
+        assert!(
+            missing.is_empty() && extra.is_empty(),
+            "{}: meshpilot-ingest's grants differ from what the Kubernetes source uses\n  missing:\n    {}\n  extra:\n    {}",
+            build.name,
+            missing.join("\n    "),
+            extra.join("\n    ")
+        );
+        assert!(granted.is_empty(), "{}: only meshpilot-ingest may be granted anything: {granted:#?}", build.name);
+    }
+}
+
+#[test]
+fn ingest_runs_on_the_kubernetes_source_and_only_ingest_mounts_an_api_token() {
+    for build in builds() {
+        let mut problems = Vec::new();
+        let automount: BTreeMap<String, Option<bool>> = build
+            .manifests
+            .iter()
+            .filter_map(|m| match &m.object {
+                Object::ServiceAccount(sa) => {
+                    Some((sa.metadata.name.clone().unwrap_or_default(), sa.automount_service_account_token))
+                }
+                _ => None,
+            })
+            .collect();
+        let mut ingest_found = false;
+        for w in workloads(&build.manifests) {
+            let spec = w.template.spec.as_ref();
+            let account = spec.and_then(|s| s.service_account_name.clone()).unwrap_or_default();
+            // The pod's setting wins over its ServiceAccount's; both unset means mounted.
+            let pod = spec.and_then(|s| s.automount_service_account_token);
+            let token = pod.or(automount.get(&account).copied().flatten()) != Some(false);
+            let is_ingest = w.name == "meshpilot-ingest";
+            if token != is_ingest {
+                let why = if is_ingest { "needs its token for the Kubernetes API" } else { "never calls the API" };
+                problems.push(format!("{} {}: token mounted: {token}, but it {why}", w.kind, w.name));
+            }
+            if !is_ingest {
+                continue;
+            }
+            ingest_found = true;
+            let config_dir = build.generator(CONFIG_DIR_MAP).is_some();
+            for c in w.containers().iter().filter(|c| is_meshpilot(c)) {
+                problems.extend(ingest_source_problems(c, &build.namespace, config_dir));
+            }
+        }
+        if !ingest_found {
+            problems.push("no Deployment meshpilot-ingest".into());
+        }
+        // The mesh config is Istio's ConfigMap, found by name: no name hash.
+        match build.generator(MESH_CONFIG_MAP) {
+            Some(g) if g.entries().any(|(key, _)| key == MESH_KEY) && !g.hashed() => {}
+            _ => problems
+                .push(format!("no ConfigMap {MESH_CONFIG_MAP} with key {MESH_KEY} generated without a name hash")),
+        }
+        assert_no_problems(&format!("the Kubernetes source in {}", build.name), &problems);
+    }
+}
+
+/// The ConfigMap the config-dir component mounts as `--config-dir`.
+const CONFIG_DIR_MAP: &str = "meshpilot-istio-config";
+
+/// The ingest container reads the cluster it runs in, in the namespace it runs in (where the
+/// Role and the `istio` ConfigMap are), and a config directory exactly when the build ships one.
+fn ingest_source_problems(c: &Container, namespace: &str, config_dir: bool) -> Vec<String> {
+    let mut problems = Vec::new();
+    let Ok(cli) = parse_cli(c.args.as_deref().unwrap_or_default()) else {
+        return problems; // reported by the command-line test
+    };
+    if cli.has("--config-dir") != config_dir {
+        problems.push(format!(
+            "container {}: --config-dir given: {}, but the build ships {CONFIG_DIR_MAP}: {config_dir}",
+            c.name,
+            cli.has("--config-dir")
+        ));
+    }
+    if !cli.switches.contains("--kubernetes") {
+        problems.push(format!("container {}: no --kubernetes (the in-cluster config)", c.name));
+    }
+    let from_env = c.env.iter().flatten().any(|e| {
+        e.name == "POD_NAMESPACE"
+            && e.value_from.as_ref().and_then(|v| v.field_ref.as_ref()).map(|f| f.field_path.as_str())
+                == Some("metadata.namespace")
+    });
+    match cli.flags.get("--namespace") {
+        Some(ns) if ns == namespace => {}
+        Some(ns) => problems.push(format!("container {}: --namespace {ns}, but it runs in {namespace}", c.name)),
+        None if from_env => {}
+        None => problems.push(format!(
+            "container {}: neither --namespace nor POD_NAMESPACE from metadata.namespace: it would look in istio-system",
+            c.name
+        )),
+    }
+    problems
+}
+
+#[test]
+fn istio_crds_are_valid_v1_crds_for_the_ten_kinds() {
+    let path = istio_crds_file();
+    let mut problems = Vec::new();
+    let mut kinds = BTreeSet::new();
+    for (doc, value) in yaml_documents(&path) {
+        let at = format!("{} document {doc}", shown(&path));
+        let crd: CustomResourceDefinition = match typed(&value) {
+            Ok(crd) => crd,
+            Err(e) => {
+                problems.push(format!("{at}: {e}"));
+                continue;
+            }
+        };
+        if value["apiVersion"] != "apiextensions.k8s.io/v1" || value["kind"] != "CustomResourceDefinition" {
+            problems.push(format!("{at}: not an apiextensions.k8s.io/v1 CustomResourceDefinition"));
+        }
+        kinds.insert(crd.spec.names.kind.clone());
+        problems.extend(crd_problems(&crd).into_iter().map(|p| format!("{at} ({}): {p}", crd.spec.names.kind)));
+    }
+    let expected: BTreeSet<String> = ISTIO_KINDS.iter().map(|k| k.kind.to_string()).collect();
+    if kinds != expected {
+        problems.push(format!("kinds {kinds:?}, expected exactly {expected:?}"));
+    }
+    assert_no_problems("Istio CRDs", &problems);
+}
+
+fn crd_problems(crd: &CustomResourceDefinition) -> Vec<String> {
+    let spec = &crd.spec;
+    let names = &spec.names;
+    let Some(kind) = ISTIO_KINDS.iter().find(|k| k.kind == names.kind) else {
+        return vec!["not a kind meshpilot watches".into()];
+    };
+    let mut problems = Vec::new();
+    let got = (
+        spec.group.as_str(),
+        names.plural.as_str(),
+        names.singular.clone(),
+        names.list_kind.clone(),
+        names.short_names.clone().unwrap_or_default(),
+        spec.scope.as_str(),
+        crd.metadata.name.clone(),
+    );
+    let want = (
+        kind.group,
+        kind.plural,
+        Some(kind.kind.to_lowercase()),
+        Some(format!("{}List", kind.kind)),
+        kind.short_names.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        "Namespaced",
+        Some(format!("{}.{}", kind.plural, kind.group)),
+    );
+    if got != want {
+        problems.push(format!(
+            "(group, plural, singular, listKind, shortNames, scope, metadata.name) {got:?}, expected {want:?}"
+        ));
+    }
+    let versions: Vec<&str> = spec.versions.iter().map(|v| v.name.as_str()).collect();
+    if versions != kind.versions() {
+        problems.push(format!("versions {versions:?}, expected {:?} (those Istio serves)", kind.versions()));
+    }
+    let stored: Vec<&str> = spec.versions.iter().filter(|v| v.storage).map(|v| v.name.as_str()).collect();
+    if stored != ["v1"] {
+        problems.push(format!("stored versions {stored:?}: exactly one, v1"));
+    }
+    for v in &spec.versions {
+        if !v.served {
+            problems.push(format!("{}: not served", v.name));
+        }
+        if v.subresources.as_ref().and_then(|s| s.status.as_ref()).is_none() {
+            problems.push(format!("{}: no status subresource", v.name));
+        }
+        let schema = v.schema.as_ref().and_then(|s| s.open_api_v3_schema.as_ref());
+        let open_object = |field: &str| {
+            schema.and_then(|s| s.properties.as_ref()).and_then(|p| p.get(field)).is_some_and(|p| {
+                p.type_.as_deref() == Some("object") && p.x_kubernetes_preserve_unknown_fields == Some(true)
+            })
+        };
+        if schema.and_then(|s| s.type_.as_deref()) != Some("object") || !open_object("spec") || !open_object("status") {
+            problems.push(format!(
+                "{}: the schema must be an object whose spec and status are objects preserving unknown fields",
+                v.name
+            ));
+        }
+    }
+    problems
 }
 
 #[test]
 fn pods_meet_the_restricted_pod_security_standard_and_are_probed_and_sized() {
-    let base = load_base();
     let mut problems = Vec::new();
-    for w in workloads(&base.manifests) {
-        let at = format!("{} ({} {})", w.at, w.kind, w.name);
-        problems.extend(pod_problems(&w).into_iter().map(|p| format!("{at}: {p}")));
+    for build in builds() {
+        for w in workloads(&build.manifests) {
+            let at = format!("{}: {} ({} {})", build.name, w.at, w.kind, w.name);
+            problems.extend(pod_problems(&w).into_iter().map(|p| format!("{at}: {p}")));
+        }
     }
     assert_no_problems("pod security, probes and resources", &problems);
 }

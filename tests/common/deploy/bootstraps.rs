@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use super::cli::{is_meshpilot, parse_cli, Cli};
 use super::workloads::Workload;
-use super::{base_dir, kustomization, local_dir};
+use super::{kustomization, local_dir};
 
 /// Every Envoy bootstrap under deploy/: the kustomize ones (generator files under envoy/) and
 /// deploy/local's YAML files.
@@ -18,9 +18,8 @@ pub fn envoy_bootstraps() -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = k
         .config_map_generator
         .iter()
-        .flat_map(|g| g.entries().map(|(_, file)| file))
-        .filter(|file| file.starts_with("envoy/"))
-        .map(|file| base_dir().join(file))
+        .flat_map(|g| g.entries().map(|(_, file)| g.dir.join(file)))
+        .filter(|file| file.parent().is_some_and(|dir| dir.ends_with("envoy")))
         .collect();
     let local = std::fs::read_dir(local_dir()).unwrap_or_else(|e| panic!("list deploy/local: {e}"));
     for entry in local {

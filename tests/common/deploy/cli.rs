@@ -1,7 +1,8 @@
 //! meshpilot command lines in the deployment (container args, `deploy/local/run-local.sh`),
-//! checked against the CLI's flags.
+//! checked against the CLI's flags. The flags are listed here, as src/main.rs (clap) defines
+//! them: a flag renamed there must be renamed here and in the deployment.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Container;
 
@@ -10,6 +11,10 @@ use super::{local_dir, read};
 /// Flags of `meshpilot ingest` the deployment may use.
 pub const INGEST_FLAGS: &[&str] = &[
     "--etcd-endpoints",
+    "--kubernetes",
+    "--kubeconfig",
+    "--domain",
+    "--namespace",
     "--config-dir",
     "--mesh-config",
     "--snapshot-addr",
@@ -21,6 +26,12 @@ pub const INGEST_FLAGS: &[&str] = &[
 /// Flags of `meshpilot frontend` the deployment may use.
 pub const FRONTEND_FLAGS: &[&str] =
     &["--etcd-endpoints", "--xds-addr", "--advertise-addr", "--admin-addr", "--id", "--proxy-key"];
+/// Flags that take no value (clap `SetTrue`: `--flag`, never `--flag=VALUE`).
+pub const SWITCHES: &[&str] = &["--kubernetes"];
+/// Where `meshpilot ingest` reads config from: at least one is required.
+pub const INGEST_SOURCES: &[&str] = &["--kubernetes", "--kubeconfig", "--config-dir"];
+/// Two ways to name the cluster: at most one of them.
+pub const CLUSTER_FLAGS: &[&str] = &["--kubernetes", "--kubeconfig"];
 /// Values of `meshpilot frontend --proxy-key`.
 pub const PROXY_KEYS: &[&str] = &["namespace-service-account", "node-id"];
 /// The image name meshpilot containers use in the manifests (kustomize `images` rewrites it).
@@ -33,9 +44,20 @@ pub struct Cli {
     pub subcommand: String,
     /// Flag → value.
     pub flags: BTreeMap<String, String>,
+    /// The switches given ([`SWITCHES`]).
+    pub switches: BTreeSet<String>,
 }
 
-/// Parses `args` (subcommand first; `--flag value` or `--flag=value`) against the CLI contract.
+impl Cli {
+    /// Whether `flag` is given, as a switch or with a value.
+    pub fn has(&self, flag: &str) -> bool {
+        self.switches.contains(flag) || self.flags.contains_key(flag)
+    }
+}
+
+/// Parses `args` (subcommand first; `--flag value`, `--flag=value`, or a bare switch) against
+/// the CLI contract: known flags only, once each; `meshpilot ingest` needs a config source and
+/// names the cluster at most one way.
 pub fn parse_cli(args: &[String]) -> Result<Cli, Vec<String>> {
     let Some((subcommand, rest)) = args.split_first() else {
         return Err(vec!["no arguments: the subcommand (ingest or frontend) is missing".into()]);
@@ -47,12 +69,26 @@ pub fn parse_cli(args: &[String]) -> Result<Cli, Vec<String>> {
     };
     let mut problems = Vec::new();
     let mut flags = BTreeMap::new();
+    let mut switches = BTreeSet::new();
     let mut i = 0;
     while i < rest.len() {
         let arg = &rest[i];
         i += 1;
         if !arg.starts_with("--") {
             problems.push(format!("unexpected argument {arg:?}"));
+            continue;
+        }
+        if SWITCHES.contains(&arg.as_str()) || SWITCHES.iter().any(|s| arg.starts_with(&format!("{s}="))) {
+            let (flag, value) = arg.split_once('=').unwrap_or((arg, ""));
+            if !allowed.contains(&flag) {
+                problems.push(format!("`meshpilot {subcommand}` has no flag {flag}"));
+            }
+            if !value.is_empty() {
+                problems.push(format!("{flag} takes no value (got {value:?})"));
+            }
+            if !switches.insert(flag.to_string()) {
+                problems.push(format!("{flag} given twice"));
+            }
             continue;
         }
         let (flag, value) = match arg.split_once('=') {
@@ -79,15 +115,20 @@ pub fn parse_cli(args: &[String]) -> Result<Cli, Vec<String>> {
             problems.push(format!("{flag} given twice"));
         }
     }
-    let required: &[&str] =
-        if subcommand == "ingest" { &["--etcd-endpoints", "--config-dir"] } else { &["--etcd-endpoints"] };
-    for flag in required {
-        if !flags.contains_key(*flag) {
-            problems.push(format!("`meshpilot {subcommand}` needs {flag}"));
+    let cli = Cli { subcommand: subcommand.clone(), flags, switches };
+    if !cli.has("--etcd-endpoints") {
+        problems.push(format!("`meshpilot {subcommand}` needs --etcd-endpoints"));
+    }
+    if subcommand == "ingest" {
+        if !INGEST_SOURCES.iter().any(|f| cli.has(f)) {
+            problems.push(format!("`meshpilot ingest` needs a config source: one of {INGEST_SOURCES:?}"));
+        }
+        if CLUSTER_FLAGS.iter().all(|f| cli.has(f)) {
+            problems.push(format!("{CLUSTER_FLAGS:?} exclude each other"));
         }
     }
     if problems.is_empty() {
-        Ok(Cli { subcommand: subcommand.clone(), flags })
+        Ok(cli)
     } else {
         Err(problems)
     }

@@ -1,11 +1,14 @@
-//! The deployment artefacts under `deploy/` as the deploy tests read them: the kustomize base's
+//! The deployment artefacts under `deploy/` as the deploy tests read them: the kustomize builds'
 //! documents parsed into their k8s-openapi types (refusing fields the types do not know), views
-//! over the workloads, meshpilot command lines, and the Envoy bootstraps.
+//! over the workloads, RBAC and the Istio CRDs, meshpilot command lines, and the Envoy
+//! bootstraps.
 
 /// The Envoy bootstraps and the load balancers' hashing.
 pub mod bootstraps;
 /// meshpilot command lines.
 pub mod cli;
+/// What the Kubernetes source reads and writes: the Istio CRDs, RBAC grants.
+pub mod kube;
 /// Workloads, selectors and ConfigMaps.
 pub mod workloads;
 
@@ -28,6 +31,26 @@ pub fn repo() -> PathBuf {
 /// `deploy/kustomize/base`.
 pub fn base_dir() -> PathBuf {
     repo().join("deploy/kustomize/base")
+}
+
+/// `deploy/kustomize/components/config-dir`: the optional config directory.
+pub fn config_dir_component() -> PathBuf {
+    repo().join("deploy/kustomize/components/config-dir")
+}
+
+/// `deploy/kustomize/overlays/config-dir`: the base with that component.
+pub fn config_dir_overlay() -> PathBuf {
+    repo().join("deploy/kustomize/overlays/config-dir")
+}
+
+/// Every kustomization directory under `deploy/kustomize`.
+pub fn kustomize_dirs() -> Vec<PathBuf> {
+    vec![base_dir(), config_dir_component(), config_dir_overlay()]
+}
+
+/// `deploy/crds/istio-crds.yaml`.
+pub fn istio_crds_file() -> PathBuf {
+    repo().join("deploy/crds/istio-crds.yaml")
 }
 
 /// `deploy/local`.
@@ -66,7 +89,8 @@ pub fn assert_no_problems(what: &str, problems: &[String]) {
     assert!(problems.is_empty(), "{what}: {} problem(s):\n  {}", problems.len(), problems.join("\n  "));
 }
 
-/// The parts of kustomization.yaml this deployment uses; anything else is refused (typos).
+/// The parts of kustomization.yaml (a Kustomization or a Component) this deployment uses;
+/// anything else is refused (typos).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Kustomization {
@@ -75,16 +99,58 @@ pub struct Kustomization {
     /// `kind`.
     pub kind: String,
     /// The namespace every object goes to.
-    pub namespace: String,
-    /// The manifest files.
+    pub namespace: Option<String>,
+    /// Manifest files and kustomization directories.
     #[serde(default)]
     pub resources: Vec<String>,
+    /// Component directories.
+    #[serde(default)]
+    pub components: Vec<String>,
     /// Image rewrites.
     #[serde(default)]
     pub images: Vec<Image>,
     /// Generated ConfigMaps.
     #[serde(default)]
     pub config_map_generator: Vec<ConfigMapGenerator>,
+    /// Patches.
+    #[serde(default)]
+    pub patches: Vec<Patch>,
+}
+
+/// A `patches` entry: a JSON patch file applied to the objects `target` names.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Patch {
+    /// The patch file, relative to the kustomization.
+    pub path: String,
+    /// What it patches.
+    pub target: PatchTarget,
+}
+
+/// A patch's `target`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PatchTarget {
+    /// API group (`""` or absent: core).
+    #[serde(default)]
+    pub group: String,
+    /// API version.
+    pub version: String,
+    /// Kind.
+    pub kind: String,
+    /// Object name.
+    pub name: String,
+}
+
+impl PatchTarget {
+    /// Whether `doc` is the target.
+    fn matches(&self, doc: &Value) -> bool {
+        let api_version =
+            if self.group.is_empty() { self.version.clone() } else { format!("{}/{}", self.group, self.version) };
+        doc["apiVersion"] == api_version.as_str()
+            && doc["kind"] == self.kind.as_str()
+            && doc["metadata"]["name"] == self.name.as_str()
+    }
 }
 
 /// An `images` entry.
@@ -103,6 +169,9 @@ pub struct Image {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConfigMapGenerator {
+    /// The directory of its kustomization (its files are relative to it); set when loaded.
+    #[serde(skip)]
+    pub dir: PathBuf,
     /// The ConfigMap's name.
     pub name: String,
     /// Its options.
@@ -134,12 +203,26 @@ impl ConfigMapGenerator {
             None => (entry.rsplit('/').next().unwrap_or(entry).to_string(), entry.clone()),
         })
     }
+
+    /// The file of key `key`.
+    pub fn file(&self, key: &str) -> Option<PathBuf> {
+        self.entries().find(|(k, _)| k == key).map(|(_, file)| self.dir.join(file))
+    }
+}
+
+/// `dir/kustomization.yaml`, parsed.
+pub fn kustomization_in(dir: &Path) -> Kustomization {
+    let path = dir.join("kustomization.yaml");
+    let mut k: Kustomization = serde_saphyr::from_str(&read(&path)).unwrap_or_else(|e| panic!("{}: {e}", shown(&path)));
+    for generator in &mut k.config_map_generator {
+        generator.dir = dir.to_path_buf();
+    }
+    k
 }
 
 /// `deploy/kustomize/base/kustomization.yaml`, parsed.
 pub fn kustomization() -> Kustomization {
-    let path = base_dir().join("kustomization.yaml");
-    serde_saphyr::from_str(&read(&path)).unwrap_or_else(|e| panic!("{}: {e}", shown(&path)))
+    kustomization_in(&base_dir())
 }
 
 /// A Kubernetes object of the deployment, typed.
@@ -187,34 +270,148 @@ impl Manifest {
     }
 }
 
-/// The kustomize base: its parsed resources, and the documents that failed to parse.
-pub struct Base {
-    /// kustomization.yaml.
-    pub kustomization: Kustomization,
-    /// Every document that parsed.
+/// A kustomize build as the tests see it: the parsed resources, generators and namespace.
+pub struct Build {
+    /// The kustomization directory, relative to the repository.
+    pub name: String,
+    /// The namespace everything goes to.
+    pub namespace: String,
+    /// Every ConfigMap generator, the components' included.
+    pub generators: Vec<ConfigMapGenerator>,
+    /// Every document that parsed (patched as kustomize would).
     pub manifests: Vec<Manifest>,
-    /// Why the others did not.
+    /// Why the others did not, and patches that did not apply.
     pub parse_problems: Vec<String>,
 }
 
-/// Loads every resource of the kustomize base.
-pub fn load_base() -> Base {
-    let kustomization = kustomization();
+impl Build {
+    /// The generator of ConfigMap `name`.
+    pub fn generator(&self, name: &str) -> Option<&ConfigMapGenerator> {
+        self.generators.iter().find(|g| g.name == name)
+    }
+}
+
+/// Builds the kustomize base.
+pub fn load_base() -> Build {
+    build(&base_dir())
+}
+
+/// Every way the deployment is shipped: the base, and the base with a config directory.
+pub fn builds() -> Vec<Build> {
+    vec![load_base(), build(&config_dir_overlay())]
+}
+
+/// Builds the kustomization in `dir` as kustomize would for what this deployment uses: its
+/// resources (files, or kustomization directories built in turn), then each component's
+/// generators and JSON patches, then its own; each document parsed into its type.
+pub fn build(dir: &Path) -> Build {
+    let mut raw = Raw::default();
+    let namespace = raw_build(dir, &mut raw).unwrap_or_default();
     let mut manifests = Vec::new();
-    let mut parse_problems = Vec::new();
-    for file in &kustomization.resources {
-        let path = base_dir().join(file);
-        if !path.is_file() {
-            continue; // reported by the kustomization test
+    for (file, doc, value) in raw.docs {
+        match parse_object(&value) {
+            Ok(object) => manifests.push(Manifest { file, doc, object }),
+            Err(e) => raw.problems.push(format!("{file} document {doc}: {e}")),
         }
-        for (doc, value) in yaml_documents(&path) {
-            match parse_object(&value) {
-                Ok(object) => manifests.push(Manifest { file: shown(&path), doc, object }),
-                Err(e) => parse_problems.push(format!("{} document {doc}: {e}", shown(&path))),
+    }
+    Build { name: shown(dir), namespace, generators: raw.generators, manifests, parse_problems: raw.problems }
+}
+
+/// A build before its documents are typed.
+#[derive(Default)]
+struct Raw {
+    /// (file, 1-based document index, document).
+    docs: Vec<(String, usize, Value)>,
+    generators: Vec<ConfigMapGenerator>,
+    problems: Vec<String>,
+}
+
+/// Adds what `dir`'s kustomization produces to `raw`; returns its namespace (or the one of
+/// the first resource directory that sets one).
+fn raw_build(dir: &Path, raw: &mut Raw) -> Option<String> {
+    let k = kustomization_in(dir);
+    let mut namespace = k.namespace.clone();
+    for resource in &k.resources {
+        let path = dir.join(resource);
+        if path.is_dir() {
+            let inner = raw_build(&path, raw);
+            namespace = namespace.or(inner);
+        } else if path.is_file() {
+            raw.docs.extend(yaml_documents(&path).into_iter().map(|(doc, value)| (shown(&path), doc, value)));
+        } // else: reported by the kustomization test
+    }
+    for component in &k.components {
+        let component = dir.join(component);
+        let c = kustomization_in(&component);
+        apply_kustomization_parts(&component, c, raw);
+    }
+    apply_kustomization_parts(dir, k, raw);
+    namespace
+}
+
+/// A kustomization's own generators and patches.
+fn apply_kustomization_parts(dir: &Path, k: Kustomization, raw: &mut Raw) {
+    raw.generators.extend(k.config_map_generator);
+    for patch in &k.patches {
+        let path = dir.join(&patch.path);
+        let at = shown(&path);
+        let ops: Vec<JsonPatchOp> = serde_saphyr::from_str(&read(&path))
+            .unwrap_or_else(|e| panic!("{at}: not a JSON patch (a list of `add` operations): {e}"));
+        let mut targets = raw.docs.iter_mut().filter(|(_, _, doc)| patch.target.matches(doc)).peekable();
+        if targets.peek().is_none() {
+            raw.problems.push(format!("{at}: its target {:?} matches no object", patch.target));
+        }
+        for (_, _, doc) in targets {
+            for op in &ops {
+                if let Err(e) = op.apply(doc) {
+                    raw.problems.push(format!("{at}: {} {}: {e}", op.op, op.path));
+                }
             }
         }
     }
-    Base { kustomization, manifests, parse_problems }
+}
+
+/// One operation of an RFC 6902 JSON patch; only `add`, the one the deployment uses.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonPatchOp {
+    op: String,
+    path: String,
+    value: Value,
+}
+
+impl JsonPatchOp {
+    /// Applies the operation to `doc`. `add` sets an object member (creating it), or inserts into
+    /// an array at an index or at its end (`-`); the parent must exist.
+    fn apply(&self, doc: &mut Value) -> Result<(), String> {
+        if self.op != "add" {
+            return Err("only `add` is supported by this test".into());
+        }
+        let tokens: Vec<String> =
+            self.path.split('/').skip(1).map(|t| t.replace("~1", "/").replace("~0", "~")).collect();
+        let Some((last, parents)) = tokens.split_last() else { return Err("empty path".into()) };
+        let mut at = doc;
+        for token in parents {
+            at = match at {
+                Value::Object(map) => map.get_mut(token),
+                Value::Array(items) => token.parse::<usize>().ok().and_then(|i| items.get_mut(i)),
+                _ => None,
+            }
+            .ok_or_else(|| format!("{token}: no such member"))?;
+        }
+        match at {
+            Value::Object(map) => {
+                map.insert(last.clone(), self.value.clone());
+            }
+            Value::Array(items) if last == "-" => items.push(self.value.clone()),
+            Value::Array(items) => match last.parse::<usize>() {
+                Ok(i) if i <= items.len() => items.insert(i, self.value.clone()),
+                _ => return Err(format!("{last}: not an index of the array")),
+            },
+            _ => return Err("the parent is neither an object nor an array".into()),
+        }
+        Ok(())
+    }
 }
 
 /// Deserializes `doc` into the k8s-openapi type its apiVersion and kind name.
@@ -240,7 +437,7 @@ pub fn parse_object(doc: &Value) -> Result<Object, String> {
 
 /// `doc` as a `T`, refusing keys `T` drops: the typed value, serialized back, must keep every
 /// key of the input.
-fn typed<T: DeserializeOwned + Serialize>(doc: &Value) -> Result<T, String> {
+pub fn typed<T: DeserializeOwned + Serialize>(doc: &Value) -> Result<T, String> {
     let object: T = serde_path_to_error::deserialize(doc).map_err(|e| format!("at {}: {}", e.path(), e.inner()))?;
     let back = serde_json::to_value(&object).map_err(|e| format!("serializing back: {e}"))?;
     let mut dropped = Vec::new();

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use k8s_openapi::api::core::v1::{Container, PodTemplateSpec, Volume};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use super::{base_dir, Base, Manifest, Object};
+use super::{Build, Manifest, Object};
 
 /// A Deployment or StatefulSet.
 pub struct Workload<'a> {
@@ -100,9 +100,9 @@ pub fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> R
 }
 
 /// ConfigMap name → keys, from manifests and the kustomization's generators.
-pub fn config_maps(base: &Base) -> BTreeMap<String, BTreeSet<String>> {
+pub fn config_maps(base: &Build) -> BTreeMap<String, BTreeSet<String>> {
     let mut maps = BTreeMap::new();
-    for generator in &base.kustomization.config_map_generator {
+    for generator in &base.generators {
         maps.insert(generator.name.clone(), generator.entries().map(|(key, _)| key).collect());
     }
     for m in &base.manifests {
@@ -116,18 +116,9 @@ pub fn config_maps(base: &Base) -> BTreeMap<String, BTreeSet<String>> {
 }
 
 /// The generator file of ConfigMap `name`, key `key`.
-pub fn generated_file(base: &Base, name: &str, key: &str) -> PathBuf {
-    let generator = base
-        .kustomization
-        .config_map_generator
-        .iter()
-        .find(|g| g.name == name)
-        .unwrap_or_else(|| panic!("kustomization.yaml: no configMapGenerator {name}"));
-    let (_, file) = generator
-        .entries()
-        .find(|(k, _)| k == key)
-        .unwrap_or_else(|| panic!("kustomization.yaml: configMapGenerator {name} has no key {key}"));
-    base_dir().join(file)
+pub fn generated_file(build: &Build, name: &str, key: &str) -> PathBuf {
+    let generator = build.generator(name).unwrap_or_else(|| panic!("{}: no configMapGenerator {name}", build.name));
+    generator.file(key).unwrap_or_else(|| panic!("{}: configMapGenerator {name} has no key {key}", build.name))
 }
 
 /// (name, number) of each port a container declares.
