@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::net::Ipv4Addr;
+use std::net::SocketAddr;
 
 use common::backend::Backend;
 use common::config_dump::*;
@@ -15,6 +15,7 @@ use common::ingress::Ingress;
 use common::istio::{destination_rule, gateway, NS};
 use common::kube::{apply, delete, KubeApi, MESHPILOT_TOKEN};
 use common::mesh::{assert_no_rejections, start_gateway};
+use common::netns::NetNs;
 use common::meshpilot::Meshpilot;
 use common::poll::{poll, CONVERGE_TIMEOUT, STARTUP_TIMEOUT};
 use common::ports::free_port;
@@ -106,13 +107,17 @@ fn route_to(subset: &str) -> String {
     )
 }
 
-/// Two reviews backends on two loopback addresses with one port (a Service's pods share their
-/// container port).
-fn backends() -> (Backend, Backend) {
+/// Two reviews backends at two pod addresses with one port (a Service's pods share their
+/// container port). The API server refuses loopback addresses in EndpointSlices, so the pods
+/// live in a network namespace the test makes, routed from the host.
+fn backends() -> Option<(NetNs, Backend, Backend)> {
+    let ns = NetNs::create(2)?;
     let port = free_port();
-    let v1 = Backend::builder("reviews-v1").ip(Ipv4Addr::new(127, 0, 0, 2)).port(port).start();
-    let v2 = Backend::builder("reviews-v2").ip(Ipv4Addr::new(127, 0, 0, 3)).port(port).start();
-    (v1, v2)
+    let start = |name: &str, i: u8| {
+        Backend::builder(name).listener(ns.listen(SocketAddr::from((ns.addr(i), port)))).start()
+    };
+    let (v1, v2) = (start("reviews-v1", 0), start("reviews-v2", 1));
+    Some((ns, v1, v2))
 }
 
 /// The API server with the shop mesh applied, meshpilot on it, and the gateway Envoy.
@@ -125,13 +130,14 @@ struct Live {
     port: u16,
     v1: Backend,
     v2: Backend,
+    _pods: NetNs,
 }
 
 impl Live {
     async fn start() -> Option<Live> {
+        let (pods, v1, v2) = backends()?;
         let api = KubeApi::start().await?;
         let client = api.admin().await;
-        let (v1, v2) = backends();
         let port = free_port();
         apply(&client, &cluster_basics()).await;
         apply(&client, &pod("reviews-v1", "v1", &v1)).await;
@@ -145,7 +151,7 @@ impl Live {
         let cp = Meshpilot::standalone_on_kubernetes(kubeconfig).debounce_after("50ms").start();
         cp.wait_ready(STARTUP_TIMEOUT).await;
         let envoy = start_gateway(&cp).await;
-        Some(Live { api, client, cp, envoy, ingress: Ingress::new(port, HOST), port, v1, v2 })
+        Some(Live { api, client, cp, envoy, ingress: Ingress::new(port, HOST), port, v1, v2, _pods: pods })
     }
 
     async fn configz(&self) -> Value {
@@ -256,13 +262,12 @@ async fn invalid_crd_object_is_skipped_and_reported_while_the_rest_is_served() {
 
 #[tokio::test]
 async fn a_kind_the_service_account_may_not_list_is_reported_and_the_rest_served() {
+    let Some((_pods, v1, _)) = backends() else { return };
     let Some(api) = KubeApi::start().await else { return };
     let client = api.admin().await;
-    let (v1, v2) = backends();
     apply(&client, &cluster_basics()).await;
     apply(&client, &pod("reviews-v1", "v1", &v1)).await;
     apply(&client, &slice(&[("reviews-v1", &v1)])).await;
-    drop(v2);
     // User `meshpilot` may read everything meshpilot watches except WorkloadGroups.
     apply(
         &client,

@@ -46,6 +46,7 @@ pub struct BackendBuilder {
     ip: Ipv4Addr,
     port: Option<u16>,
     behavior: Behavior,
+    listener: Option<StdTcpListener>,
 }
 
 impl BackendBuilder {
@@ -58,6 +59,12 @@ impl BackendBuilder {
     /// Bind this port instead of one from [`super::ports::free_port`].
     pub fn port(mut self, port: u16) -> Self {
         self.port = Some(port);
+        self
+    }
+    /// Serve on this listener (e.g. one opened inside a test's network namespace) instead of
+    /// binding one.
+    pub fn listener(mut self, listener: StdTcpListener) -> Self {
+        self.listener = Some(listener);
         self
     }
     /// Always answer with this status.
@@ -78,9 +85,14 @@ impl BackendBuilder {
 
     /// Binds the port and starts serving.
     pub fn start(self) -> Backend {
-        let port = self.port.unwrap_or_else(super::ports::free_port);
-        let listener = StdTcpListener::bind((self.ip, port))
-            .unwrap_or_else(|e| panic!("backend {}: bind {}:{port}: {e}", self.name, self.ip));
+        let listener = match self.listener {
+            Some(l) => l,
+            None => {
+                let port = self.port.unwrap_or_else(super::ports::free_port);
+                StdTcpListener::bind((self.ip, port))
+                    .unwrap_or_else(|e| panic!("backend {}: bind {}:{port}: {e}", self.name, self.ip))
+            }
+        };
         listener.set_nonblocking(true).expect("non-blocking listener");
         let addr = listener.local_addr().expect("backend address");
         let requests = Arc::new(AtomicU64::new(0));
@@ -113,7 +125,7 @@ impl BackendBuilder {
 impl Backend {
     /// A builder for a backend named `name` (200 to everything, 127.0.0.1, a free port).
     pub fn builder(name: &str) -> BackendBuilder {
-        BackendBuilder { name: name.to_string(), ip: Ipv4Addr::LOCALHOST, port: None, behavior: Behavior::Ok }
+        BackendBuilder { name: name.to_string(), ip: Ipv4Addr::LOCALHOST, port: None, behavior: Behavior::Ok, listener: None }
     }
     /// Answers 200 to everything.
     pub fn new(name: &str) -> Backend {

@@ -32,6 +32,8 @@ pub mod istio;
 pub mod kube;
 /// A standalone meshpilot with a gateway and a sidecar Envoy.
 pub mod mesh;
+/// A network namespace with routable pod addresses.
+pub mod netns;
 /// The meshpilot binary in any mode.
 pub mod meshpilot;
 /// An in-test OTLP receiver.
