@@ -70,7 +70,7 @@ fn main() {
         write(dir.path(), "route.yaml", &route(90));
         let (xds, admin) = (free_addr(), free_addr());
         let settings = StandaloneSettings {
-            sources: SourceSettings { config_dir: dir.path().to_path_buf(), mesh_config: None },
+            sources: SourceSettings::new(dir.path().to_path_buf(), None),
             debounce: DebounceSettings::default(),
             xds_addr: xds,
             admin_addr: admin,

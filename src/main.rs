@@ -212,7 +212,7 @@ fn run_ingest(args: IngestArgs) -> anyhow::Result<()> {
     let (process, _telemetry) = serving_process(Role::Ingest, &id);
     let settings = app::ingest::IngestNodeSettings {
         etcd_endpoints: args.etcd_endpoints,
-        sources: SourceSettings { config_dir: args.config_dir, mesh_config: args.mesh_config },
+        sources: SourceSettings::new(args.config_dir, args.mesh_config),
         snapshot_addr: args.snapshot_addr,
         advertise_addr: args.advertise_addr.unwrap_or_else(|| args.snapshot_addr.to_string()),
         admin_addr: args.admin_addr,
@@ -244,7 +244,7 @@ fn run_frontend(args: FrontendArgs) -> anyhow::Result<()> {
 fn run_standalone(args: StandaloneArgs) -> anyhow::Result<()> {
     let (process, _telemetry) = serving_process(Role::Standalone, &default_id("standalone"));
     let settings = app::standalone::StandaloneSettings {
-        sources: SourceSettings { config_dir: args.config_dir, mesh_config: args.mesh_config },
+        sources: SourceSettings::new(args.config_dir, args.mesh_config),
         debounce: DebounceSettings { after: args.debounce_after, max: args.debounce_max },
         xds_addr: args.xds_addr,
         admin_addr: args.admin_addr,

@@ -100,7 +100,7 @@ impl Server {
     fn start(dir: &Path) -> Server {
         let (xds, admin) = (free_addr(), free_addr());
         let settings = StandaloneSettings {
-            sources: SourceSettings { config_dir: dir.to_path_buf(), mesh_config: None },
+            sources: SourceSettings::new(dir.to_path_buf(), None),
             debounce: DebounceSettings { after: Duration::from_millis(50), max: Duration::from_secs(1) },
             xds_addr: xds,
             admin_addr: admin,

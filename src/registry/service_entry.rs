@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::service::{Endpoint, Resolution, Service, ServiceKey, ServicePort};
 use super::kubernetes::KubeObjects;
+use super::service::{Endpoint, Resolution, Service, ServiceKey, ServicePort};
 use super::{Hostname, Registry, Visibility};
 use crate::config::api::service_entry::{Location, Resolution as SeResolution};
 use crate::config::api::{Protocol, ServiceEntry, WorkloadEntry};

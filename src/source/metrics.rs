@@ -45,6 +45,8 @@ impl SourceMetrics {
         let extra: &[&str] = match source {
             SourceId::MeshConfig => MESH_REASONS,
             SourceId::ConfigDir => &[],
+            // Not a file source: the Kubernetes watchers report their problems elsewhere.
+            SourceId::Kubernetes => &[],
         };
         let source = source.to_string();
         for reason in REASONS.iter().chain(extra) {

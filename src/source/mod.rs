@@ -18,7 +18,8 @@ use tokio::sync::mpsc;
 
 use crate::config::{ConfigError, ConfigKey, IgnoredObject, ValidConfig};
 use crate::drain::DrainWatcher;
-use crate::mesh::{MeshConfig, MeshConfigError};
+use crate::mesh::{MeshConfig, MeshConfigError, DEFAULT_DOMAIN};
+use crate::registry::kubernetes::{KubeKey, KubeObject};
 use crate::telemetry::trace::EventTrace;
 
 pub use metrics::SourceMetrics;
@@ -31,6 +32,8 @@ pub enum SourceId {
     ConfigDir,
     /// The watched mesh config file (or the defaults).
     MeshConfig,
+    /// The Kubernetes API server's Services, EndpointSlices, Pods, Nodes and Namespaces.
+    Kubernetes,
 }
 
 impl fmt::Display for SourceId {
@@ -38,6 +41,7 @@ impl fmt::Display for SourceId {
         f.write_str(match self {
             SourceId::ConfigDir => "config-dir",
             SourceId::MeshConfig => "mesh-config",
+            SourceId::Kubernetes => "kubernetes",
         })
     }
 }
@@ -47,6 +51,8 @@ impl fmt::Display for SourceId {
 pub enum SourceEvent {
     /// Config objects changed: `Some` is the new valid version, `None` a deletion.
     Config(Vec<(ConfigKey, Option<ValidConfig>)>),
+    /// Kubernetes registry objects changed: `Some` is the new version, `None` a deletion.
+    Kube(Vec<(KubeKey, Option<Arc<KubeObject>>)>),
     /// The current list of rejected and ignored documents of a config source.
     Status {
         /// Rejected documents.
@@ -67,6 +73,7 @@ impl SourceEvent {
     pub fn config_updates(&self) -> usize {
         match self {
             SourceEvent::Config(objects) => objects.len(),
+            SourceEvent::Kube(objects) => objects.len(),
             SourceEvent::Mesh(_) => 1,
             SourceEvent::Status { .. } | SourceEvent::InitDone(_) | SourceEvent::Cause(_) => 0,
         }
@@ -96,9 +103,16 @@ pub struct SourceSettings {
     pub config_dir: PathBuf,
     /// Mesh config file (defaults apply without one).
     pub mesh_config: Option<PathBuf>,
+    /// DNS suffix of Kubernetes service names (pilot's `--domain`); every mesh config sent carries it.
+    pub domain: String,
 }
 
 impl SourceSettings {
+    /// Settings for `config_dir` and `mesh_config` with the default domain ([`DEFAULT_DOMAIN`]).
+    pub fn new(config_dir: PathBuf, mesh_config: Option<PathBuf>) -> Self {
+        SourceSettings { config_dir, mesh_config, domain: DEFAULT_DOMAIN.to_string() }
+    }
+
     /// The sources [`start`] starts: ingest waits for each one's `InitDone` before it publishes.
     pub fn ids(&self) -> Vec<SourceId> {
         vec![SourceId::MeshConfig, SourceId::ConfigDir]
@@ -122,9 +136,13 @@ where
     E: From<SourceEvent> + Send + 'static,
 {
     match &settings.mesh_config {
-        Some(path) => mesh_config::watch(path.clone(), events.clone(), metrics.clone(), drain.clone()).await?,
+        Some(path) => {
+            mesh_config::watch(path.clone(), settings.domain.clone(), events.clone(), metrics.clone(), drain.clone())
+                .await?
+        }
         None => {
-            let _ = events.send(SourceEvent::Mesh(Arc::new(MeshConfig::default())).into()).await;
+            let mesh = MeshConfig { domain: settings.domain.clone(), ..MeshConfig::default() };
+            let _ = events.send(SourceEvent::Mesh(Arc::new(mesh)).into()).await;
             let _ = events.send(SourceEvent::InitDone(SourceId::MeshConfig).into()).await;
         }
     }
@@ -135,4 +153,30 @@ where
 
 fn display(path: &Path) -> String {
     path.display().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::kubernetes::{KubeKind, KubeNamespace};
+
+    #[tokio::test]
+    async fn the_default_mesh_config_carries_the_domain() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings =
+            SourceSettings { domain: "corp.internal".into(), ..SourceSettings::new(dir.path().into(), None) };
+        let (events, mut rx) = mpsc::channel::<SourceEvent>(16);
+        let (_trigger, drain) = crate::drain::new();
+        start(&settings, events, SourceMetrics::default(), drain).await.unwrap();
+        assert!(matches!(rx.recv().await, Some(SourceEvent::Mesh(m)) if m.domain == "corp.internal"));
+    }
+
+    #[test]
+    fn kubernetes_objects_count_as_config_updates() {
+        let ns = KubeObject::Namespace(KubeNamespace { name: "shop".into(), labels: Default::default() });
+        let gone = KubeKey { kind: KubeKind::Namespace, namespace: String::new(), name: "old".into() };
+        let event = SourceEvent::Kube(vec![(ns.key(), Some(Arc::new(ns))), (gone, None)]);
+        assert_eq!(event.config_updates(), 2);
+        assert_eq!(SourceId::Kubernetes.to_string(), "kubernetes");
+    }
 }
