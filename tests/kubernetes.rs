@@ -15,8 +15,8 @@ use common::ingress::Ingress;
 use common::istio::{destination_rule, gateway, NS};
 use common::kube::{apply, delete, KubeApi, MESHPILOT_TOKEN};
 use common::mesh::{assert_no_rejections, start_gateway};
-use common::netns::NetNs;
 use common::meshpilot::Meshpilot;
+use common::netns::NetNs;
 use common::poll::{poll, CONVERGE_TIMEOUT, STARTUP_TIMEOUT};
 use common::ports::free_port;
 use kube::Client;
@@ -113,9 +113,8 @@ fn route_to(subset: &str) -> String {
 fn backends() -> Option<(NetNs, Backend, Backend)> {
     let ns = NetNs::create(2)?;
     let port = free_port();
-    let start = |name: &str, i: u8| {
-        Backend::builder(name).listener(ns.listen(SocketAddr::from((ns.addr(i), port)))).start()
-    };
+    let start =
+        |name: &str, i: u8| Backend::builder(name).listener(ns.listen(SocketAddr::from((ns.addr(i), port)))).start();
     let (v1, v2) = (start("reviews-v1", 0), start("reviews-v2", 1));
     Some((ns, v1, v2))
 }
@@ -307,7 +306,10 @@ subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: meshpilot}]
     let registry = cp.admin_json("/debug/registryz").await.to_string();
     assert!(registry.contains("reviews.shop.svc.cluster.local"), "the other kinds are served: {registry}");
     let metrics = cp.metrics().await;
-    assert_eq!(metrics.value("meshpilot_config_source_errors", &[("source", "kubernetes"), ("reason", "forbidden")]), 1.0);
+    assert_eq!(
+        metrics.value("meshpilot_config_source_errors", &[("source", "kubernetes"), ("reason", "forbidden")]),
+        1.0
+    );
 }
 
 #[tokio::test]

@@ -8,6 +8,9 @@ use crate::config::api::sidecar::OutboundMode;
 use crate::config::api::Duration;
 use crate::config::validation::{check_duration, check_duration_above};
 
+/// pilot's default `--domain`: the DNS suffix of Kubernetes service names.
+pub const DEFAULT_DOMAIN: &str = "cluster.local";
+
 /// The MeshConfig fields meshpilot uses; other fields of Istio's MeshConfig are accepted and ignored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
@@ -60,7 +63,7 @@ impl Default for MeshConfig {
             default_destination_rule_export_to: all(),
             dns_refresh_rate: Duration(std::time::Duration::from_secs(60)),
             access_log_file: String::new(),
-            domain: "cluster.local".into(),
+            domain: DEFAULT_DOMAIN.into(),
             source_hash: 0,
         }
     }

@@ -78,7 +78,9 @@ impl Snapshot {
         registry: Registry,
     ) -> Snapshot {
         let mesh = state.mesh.clone();
-        let domain = mesh.trust_domain.clone();
+        // Short hosts are qualified with the DNS domain (pilot's `--domain`), as the xDS
+        // generators do; the trust domain is for identities only.
+        let domain = mesh.domain.clone();
         let mut virtual_services = Vec::new();
         let mut destination_rules = Vec::new();
         for config in state.configs.values() {
@@ -259,5 +261,28 @@ pub fn qualify_gateway(reference: &str, namespace: &str) -> String {
         reference.to_string()
     } else {
         format!("{namespace}/{reference}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse::{parse_file, Document};
+
+    #[test]
+    fn short_hosts_are_qualified_with_the_dns_domain_not_the_trust_domain() {
+        let yaml = "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: r, namespace: shop}\nspec: {hosts: [ratings], http: [{route: [{destination: {host: ratings}}]}]}\n";
+        let mut state = SourceState::default();
+        for doc in parse_file("t.yaml", yaml) {
+            let Document::Valid(o) = doc else { panic!("{doc:?}") };
+            state.configs.insert(o.key.clone(), Arc::new(o));
+        }
+        let mesh =
+            MeshConfig { trust_domain: "example.org".into(), domain: "corp.internal".into(), ..Default::default() };
+        state.mesh = Arc::new(mesh);
+        let snap = Snapshot::build(Version::new(1, 1), ChangeSet::full(), &state);
+        let vs = snap.virtual_services_for("shop", "mesh");
+        assert_eq!(vs.len(), 1);
+        assert_eq!(vs[0].0.hosts, [Hostname::new("ratings.shop.svc.corp.internal")]);
     }
 }

@@ -318,7 +318,8 @@ mod tests {
     use serde_json::json;
 
     const NS: Watched = Watched::Registry(KubeKind::Namespace);
-    const VS: Watched = Watched::Istio(super::super::kinds::IstioKind { group: "networking.istio.io", kind: "VirtualService" });
+    const VS: Watched =
+        Watched::Istio(super::super::kinds::IstioKind { group: "networking.istio.io", kind: "VirtualService" });
 
     fn name(ns: &str, n: &str) -> ObjectName {
         ObjectName { namespace: ns.into(), name: n.into() }

@@ -94,9 +94,9 @@ impl<'a> Scope<'a> {
         &self.view.namespace
     }
 
-    /// The DNS suffix services are qualified with.
+    /// The DNS suffix services are qualified with (pilot's `--domain`, not the trust domain).
     pub(super) fn domain(&self) -> &'a str {
-        &self.snapshot.mesh.trust_domain
+        &self.snapshot.mesh.domain
     }
 
     /// The Sidecar's egress listeners; a Sidecar without any imports everything.
