@@ -24,12 +24,13 @@ pub struct FullUpdate {
     pub changes: ChangeSet,
 }
 
-/// The mesh config with the hash that `MeshConfig`'s serde form leaves out.
+/// The mesh config with the hash and DNS domain that `MeshConfig`'s serde form leaves out.
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct MeshOut<'a> {
     config: &'a MeshConfig,
     source_hash: u64,
+    domain: &'a str,
 }
 
 #[derive(Deserialize)]
@@ -37,16 +38,20 @@ struct MeshOut<'a> {
 struct MeshIn {
     config: MeshConfig,
     source_hash: u64,
+    /// Absent from an older leader's payload: the config's default stays.
+    #[serde(default)]
+    domain: Option<String>,
 }
 
 impl MeshIn {
     fn into_mesh(self) -> Arc<MeshConfig> {
-        Arc::new(MeshConfig { source_hash: self.source_hash, ..self.config })
+        let domain = self.domain.unwrap_or(self.config.domain.clone());
+        Arc::new(MeshConfig { source_hash: self.source_hash, domain, ..self.config })
     }
 }
 
 fn mesh_out(mesh: &MeshConfig) -> MeshOut<'_> {
-    MeshOut { config: mesh, source_hash: mesh.source_hash }
+    MeshOut { config: mesh, source_hash: mesh.source_hash, domain: &mesh.domain }
 }
 
 #[derive(Serialize)]
