@@ -9,7 +9,7 @@ use crate::config::api::{DestinationRule, Gateway, Labels, Sidecar, VirtualServi
 use crate::config::{ConfigError, ConfigKey, IgnoredObject, Kind, Spec, ValidConfig};
 use crate::mesh::MeshConfig;
 use crate::registry::kubernetes::KubeObjects;
-use crate::registry::{host_matches, Endpoints, Hostname, Registry, Service, ServiceKey, Visibility};
+use crate::registry::{host_matches, Endpoints, Hostname, NamespaceScope, Registry, Service, ServiceKey, Visibility};
 
 /// Everything the sources currently hold, as ingest hands it to the snapshot builder.
 #[derive(Debug, Clone, Default)]
@@ -78,12 +78,23 @@ impl Snapshot {
         registry: Registry,
     ) -> Snapshot {
         let mesh = state.mesh.clone();
-        // Short hosts are qualified with the DNS domain (pilot's `--domain`), as the xDS
-        // generators do; the trust domain is for identities only.
+        // Short hosts are Kubernetes service names: qualified with the DNS domain, not the trust domain.
         let domain = mesh.domain.clone();
+        // Istio config outside the discovery selectors' namespaces is out of scope, as in Istio.
+        let scope = NamespaceScope::new(&mesh, &state.kube);
+        let configs = if scope.selects_all() {
+            state.configs.clone()
+        } else {
+            state
+                .configs
+                .iter()
+                .filter(|(k, _)| scope.contains(&k.namespace))
+                .map(|(k, c)| (k.clone(), c.clone()))
+                .collect()
+        };
         let mut virtual_services = Vec::new();
         let mut destination_rules = Vec::new();
-        for config in state.configs.values() {
+        for config in configs.values() {
             let ns = config.key.namespace.as_str();
             match &config.spec {
                 Spec::VirtualService(vs) => virtual_services.push(Indexed {
@@ -107,7 +118,7 @@ impl Snapshot {
             built_at: SystemTime::now(),
             mesh,
             registry,
-            configs: state.configs.clone(),
+            configs,
             errors: state.errors.clone(),
             ignored: state.ignored.clone(),
             kube: state.kube.clone(),
