@@ -267,7 +267,7 @@ pub async fn apply(client: &Client, yaml: &str) {
 
 /// Deletes an object by `apiVersion`, kind, namespace and name.
 pub async fn delete(client: &Client, api_version: &str, kind: &str, namespace: Option<&str>, name: &str) {
-    let discovery = Discovery::new(client.clone()).run().await.expect("API discovery");
+    let discovery = discover(client, &[gvk(api_version, kind)]).await;
     let mut obj = DynamicObject::new(name, &ApiResource::from_gvk(&gvk(api_version, kind)));
     obj.metadata.namespace = namespace.map(String::from);
     let (resource, caps) = resolve(&discovery, &obj);
@@ -278,6 +278,23 @@ pub async fn delete(client: &Client, api_version: &str, kind: &str, namespace: O
 fn gvk(api_version: &str, kind: &str) -> kube::api::GroupVersionKind {
     let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
     kube::api::GroupVersionKind::gvk(group, version, kind)
+}
+
+/// Discovery that serves every kind in `objects` (CRDs reappear in discovery only a moment
+/// after an API server restart).
+async fn discover(client: &Client, kinds: &[kube::api::GroupVersionKind]) -> Discovery {
+    let mut last = None;
+    let found = poll(STARTUP_TIMEOUT, async || {
+        let Ok(d) = Discovery::new(client.clone()).run().await else { return false };
+        let complete = kinds.iter().all(|k| d.resolve_gvk(k).is_some());
+        last = Some(d);
+        complete
+    })
+    .await;
+    match last {
+        Some(d) if found => d,
+        _ => panic!("the API server does not serve all of {kinds:?}"),
+    }
 }
 
 fn resolve(discovery: &Discovery, obj: &DynamicObject) -> (ApiResource, ApiCapabilities) {

@@ -73,7 +73,9 @@ impl Failure {
         !matches!(self, Failure::Unreachable(_))
     }
 
-    fn from_watcher(error: &watcher::Error) -> Failure {
+    /// What a watcher error means; `None` for a 410 Gone, which the watcher answers itself by
+    /// relisting (a normal event after a long disconnection or an API server restart).
+    fn from_watcher(error: &watcher::Error) -> Option<Failure> {
         let api_code = match error {
             watcher::Error::InitialListFailed(kube::Error::Api(s))
             | watcher::Error::WatchStartFailed(kube::Error::Api(s))
@@ -82,11 +84,12 @@ impl Failure {
             _ => None,
         };
         let text = error.to_string();
-        match api_code {
+        Some(match api_code {
+            Some(410) => return None,
             Some(401 | 403) => Failure::Forbidden(text),
             Some(404) => Failure::NotInstalled(text),
             _ => Failure::Unreachable(text),
-        }
+        })
     }
 }
 
@@ -176,7 +179,13 @@ pub async fn pump<K>(
                 }
             }
             Some(Ok(Event::Delete(obj))) => Change::Deleted(name_of(&obj)),
-            Some(Err(e)) => Change::Failed(Failure::from_watcher(&e)),
+            Some(Err(e)) => match Failure::from_watcher(&e) {
+                Some(failure) => Change::Failed(failure),
+                None => {
+                    tracing::info!(kind = %watched, "kubernetes: watch expired (410 Gone); relisting");
+                    continue;
+                }
+            },
         };
         if tx.send(Update { watched: watched.clone(), change }).await.is_err() {
             return;
