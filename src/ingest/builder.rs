@@ -8,12 +8,15 @@ use crate::registry::Registry;
 use crate::snapshot::{ChangeSet, ChangedKey, Snapshot, SourceState, Version};
 use crate::source::{SourceEvent, SourceId};
 
+/// One config source's rejected and ignored documents.
+type SourceStatus = (Arc<Vec<ConfigError>>, Arc<Vec<IgnoredObject>>);
+
 /// Holds the sources' current state and the last snapshot built from it.
 #[derive(Debug, Default)]
 pub struct SnapshotBuilder {
     state: SourceState,
     /// Each config source's rejected and ignored documents; `state` holds them all.
-    statuses: BTreeMap<SourceId, (Arc<Vec<ConfigError>>, Arc<Vec<IgnoredObject>>)>,
+    statuses: BTreeMap<SourceId, SourceStatus>,
     last: Option<Arc<Snapshot>>,
 }
 

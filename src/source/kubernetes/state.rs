@@ -216,7 +216,7 @@ impl KubeState {
     ) -> Option<Arc<MeshConfig>> {
         let slot = (watched, name);
         match item {
-            Item::Mesh(mesh) => return self.set_mesh(mesh),
+            Item::Mesh(mesh) => return self.set_mesh(*mesh),
             Item::Kube(obj) => {
                 let key = obj.key();
                 if let Some(Held::Kube(_, old)) = self.held.get(&slot) {
@@ -421,7 +421,7 @@ mod tests {
         });
         assert_eq!(mesh.map(|m| m.domain.clone()).as_deref(), Some("corp.internal"), "defaults without the ConfigMap");
         assert!(out.events.iter().any(|e| matches!(e, SourceEvent::InitDone(SourceId::MeshConfig))));
-        let bad = Item::Mesh(MeshConfig::parse("cm", "connectTimeout: -1s\n"));
+        let bad = Item::Mesh(Box::new(MeshConfig::parse("cm", "connectTimeout: -1s\n")));
         let out = s.apply(update(Watched::MeshConfigMap, Change::Applied(name("istio-system", "istio"), bad)));
         assert!(!out.events.iter().any(|e| matches!(e, SourceEvent::Mesh(_))), "an invalid mesh config is not applied");
         assert!(errors(&out).unwrap_or_default().iter().any(|e| e.contains("connectTimeout")));

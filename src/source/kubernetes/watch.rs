@@ -36,6 +36,8 @@ impl fmt::Display for ObjectName {
 }
 
 /// What one watched object became.
+// Short-lived: each item is moved once, from the converting thread into the state owner.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Item {
     /// A registry object.
@@ -43,7 +45,7 @@ pub enum Item {
     /// An Istio config object: valid, of a kind not served, or rejected.
     Config(Document),
     /// The mesh config ConfigMap's `mesh` key.
-    Mesh(Result<MeshConfig, MeshConfigError>),
+    Mesh(Box<Result<MeshConfig, MeshConfigError>>),
 }
 
 /// Why a watch is not delivering.
@@ -104,6 +106,8 @@ impl fmt::Display for Failure {
 }
 
 /// What a watch reports to the state owner.
+// Short-lived, as `Item`.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Change {
     /// A complete list (first, or after a 410/relist): objects not in it are gone.
@@ -160,7 +164,7 @@ pub async fn pump<K>(
             }
             Some(Ok(Event::InitDone)) => {
                 let objects = std::mem::take(&mut listing);
-                let w = watched.clone();
+                let w = watched;
                 let converted = tokio::task::spawn_blocking(move || {
                     objects.into_iter().map(|o| (name_of(&o), convert(&w, o))).collect::<Vec<_>>()
                 })
@@ -172,7 +176,7 @@ pub async fn pump<K>(
             }
             Some(Ok(Event::Apply(obj))) => {
                 let name = name_of(&obj);
-                let w = watched.clone();
+                let w = watched;
                 match tokio::task::spawn_blocking(move || convert(&w, obj)).await {
                     Ok(item) => Change::Applied(name, item),
                     Err(e) => Change::Failed(Failure::Unreachable(format!("converting {name}: {e}"))),
@@ -187,7 +191,7 @@ pub async fn pump<K>(
                 }
             },
         };
-        if tx.send(Update { watched: watched.clone(), change }).await.is_err() {
+        if tx.send(Update { watched, change }).await.is_err() {
             return;
         }
     }
