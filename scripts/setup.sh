@@ -73,6 +73,16 @@ if ! command -v etcd >/dev/null 2>&1; then
     apt_install etcd-server etcd-client
 fi
 
+# openssl and iproute2: the Kubernetes tests make the API server's certificates with openssl, and
+# put pod addresses in a network namespace (`ip netns`), since the API server refuses loopback
+# addresses in EndpointSlices.
+if ! command -v openssl >/dev/null 2>&1; then
+    apt_install openssl
+fi
+if ! command -v ip >/dev/null 2>&1; then
+    apt_install iproute2
+fi
+
 # Prometheus: the dashboard test evaluates every dashboard query against a real one
 # (/usr/bin/prometheus; started by the test itself, the packaged service is not used).
 if ! command -v prometheus >/dev/null 2>&1; then

@@ -10,6 +10,13 @@ if [[ -z "${PROTOC:-}" ]] && command -v protoc >/dev/null 2>&1; then
     export PROTOC="$(command -v protoc)"
 fi
 
+# A real kube-apiserver for the Kubernetes source's tests, built from the Go module proxy (a few
+# minutes the first time, then cached). Without Go the Kubernetes tests skip, except under CI=true.
+if kube_apiserver="$(bash scripts/kube-apiserver.sh)"; then
+    export MESHPILOT_KUBE_APISERVER="$kube_apiserver"
+    echo "kube-apiserver: $MESHPILOT_KUBE_APISERVER"
+fi
+
 # Standards first: formatting and lints fail the run before any test starts.
 cargo fmt --check
 cargo clippy --all-targets --locked -- -D warnings

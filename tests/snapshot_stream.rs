@@ -12,6 +12,7 @@ use common::poll::poll_every;
 use common::ports::free_addr;
 use meshpilot::cluster::election::LeaderInfo;
 use meshpilot::config::parse::object_from_value;
+use meshpilot::registry::kubernetes::{KubeNamespace, KubeNode, KubeObject};
 use meshpilot::replication::wire::proto::snapshot_service_client::SnapshotServiceClient;
 use meshpilot::replication::wire::proto::SubscribeRequest;
 use meshpilot::replication::wire::{encode_full, CHUNK_SIZE};
@@ -45,12 +46,23 @@ fn service_entry(name: &str, endpoints: usize) -> serde_json::Value {
     })
 }
 
-/// A source state with one ServiceEntry per name.
+/// A source state with one ServiceEntry per name, and Kubernetes objects: a Namespace, and a
+/// Node named after `endpoints` (so states with different endpoints differ in Kubernetes objects).
 fn state_of(names: &[String], endpoints: usize) -> SourceState {
     let mut state = SourceState::default();
     for name in names {
         let obj = object_from_value(service_entry(name, endpoints)).unwrap().unwrap();
         state.configs.insert(obj.key.clone(), Arc::new(obj));
+    }
+    let namespace = KubeObject::Namespace(KubeNamespace { name: "ns".into(), labels: Default::default() });
+    let node = KubeObject::Node(KubeNode {
+        name: format!("node-{endpoints}"),
+        region: "region-1".into(),
+        zone: "zone-1".into(),
+        subzone: String::new(),
+    });
+    for o in [namespace, node] {
+        state.kube.insert(o.key(), Arc::new(o));
     }
     state
 }
@@ -150,10 +162,12 @@ impl Frontend {
     }
 }
 
-/// The frontend's snapshot is the leader's: same config objects, registry, errors and mesh.
+/// The frontend's snapshot is the leader's: same config and Kubernetes objects, registry, errors
+/// and mesh.
 fn assert_same(frontend: &Snapshot, leader: &Snapshot) {
     assert_eq!(frontend.version, leader.version);
     assert_eq!(frontend.configs, leader.configs);
+    assert_eq!(frontend.kube, leader.kube);
     assert_eq!(frontend.registry, leader.registry);
     assert_eq!(frontend.errors, leader.errors);
     assert_eq!(frontend.mesh, leader.mesh);

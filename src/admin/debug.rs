@@ -70,8 +70,19 @@ fn configz_json(snap: &Snapshot, rejected_by_proxies: Vec<Value>) -> Value {
             "message": e.to_string(),
         })).collect::<Vec<_>>(),
         "ignored": *snap.ignored,
+        "kubernetes": kube_counts(snap),
         "rejected_by_proxies": rejected_by_proxies,
     })
+}
+
+/// How many Kubernetes objects the snapshot holds, per kind present (the objects themselves are
+/// too many to list in a large cluster).
+fn kube_counts(snap: &Snapshot) -> std::collections::BTreeMap<&'static str, usize> {
+    let mut counts = std::collections::BTreeMap::new();
+    for key in snap.kube.keys() {
+        *counts.entry(key.kind.name()).or_insert(0) += 1;
+    }
+    counts
 }
 
 /// Services and their endpoints.
@@ -204,4 +215,30 @@ fn describe(any: &envoy_types::pb::google::protobuf::Any) -> String {
         None => return format!("<{} bytes of {}>", bytes.len(), any.type_url),
     };
     text.unwrap_or_else(|e| format!("<undecodable: {e}>"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::registry::kubernetes::{KubeNamespace, KubeNode, KubeObject};
+    use crate::snapshot::{ChangeSet, SourceState, Version};
+
+    #[test]
+    fn configz_counts_kubernetes_objects_per_kind() {
+        let mut state = SourceState::default();
+        let ns = |name: &str| KubeObject::Namespace(KubeNamespace { name: name.into(), labels: Default::default() });
+        let node = KubeObject::Node(KubeNode {
+            name: "n".into(),
+            region: String::new(),
+            zone: String::new(),
+            subzone: String::new(),
+        });
+        for o in [ns("a"), ns("b"), node] {
+            state.kube.insert(o.key(), Arc::new(o));
+        }
+        let snap = Snapshot::build(Version::new(1, 1), ChangeSet::full(), &state);
+        assert_eq!(configz_json(&snap, Vec::new())["kubernetes"], json!({"Namespace": 2, "Node": 1}));
+    }
 }

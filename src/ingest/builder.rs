@@ -8,12 +8,15 @@ use crate::registry::Registry;
 use crate::snapshot::{ChangeSet, ChangedKey, Snapshot, SourceState, Version};
 use crate::source::{SourceEvent, SourceId};
 
+/// One config source's rejected and ignored documents.
+type SourceStatus = (Arc<Vec<ConfigError>>, Arc<Vec<IgnoredObject>>);
+
 /// Holds the sources' current state and the last snapshot built from it.
 #[derive(Debug, Default)]
 pub struct SnapshotBuilder {
     state: SourceState,
     /// Each config source's rejected and ignored documents; `state` holds them all.
-    statuses: BTreeMap<SourceId, (Arc<Vec<ConfigError>>, Arc<Vec<IgnoredObject>>)>,
+    statuses: BTreeMap<SourceId, SourceStatus>,
     last: Option<Arc<Snapshot>>,
 }
 
@@ -39,11 +42,15 @@ impl SnapshotBuilder {
                 SourceEvent::Kube(objects) => {
                     for (key, object) in objects {
                         match object {
-                            Some(obj) => self.state.kube.insert(key, obj),
-                            None => self.state.kube.remove(&key),
-                        };
+                            Some(obj) => {
+                                self.state.kube.insert(key.clone(), obj);
+                            }
+                            None => {
+                                self.state.kube.remove(&key);
+                            }
+                        }
+                        changes.keys.insert(ChangedKey::Kube(key));
                     }
-                    changes.full = true;
                 }
                 SourceEvent::Status { source, errors, ignored } => {
                     self.statuses.insert(source, (errors, ignored));
@@ -86,6 +93,10 @@ impl SnapshotBuilder {
 /// Replaces registry-object changes that left every service definition unchanged by per-host
 /// endpoint changes. The push is then counted as Istio's `endpoint` trigger; frontends still
 /// regenerate every type, and send only the types whose bytes changed (EDS, here).
+///
+/// Registry objects are ServiceEntries, WorkloadEntries and every Kubernetes object: a Pod,
+/// EndpointSlice, Node (locality) or Namespace (network) change may change endpoints only, and a
+/// Service change that leaves the built services equal (an annotation the registry ignores) too.
 fn classify(last: &Snapshot, mut changes: ChangeSet, new_registry: &Registry) -> ChangeSet {
     if changes.full {
         return changes;
@@ -93,7 +104,11 @@ fn classify(last: &Snapshot, mut changes: ChangeSet, new_registry: &Registry) ->
     let registry_keys: Vec<ChangedKey> = changes
         .keys
         .iter()
-        .filter(|k| matches!(k, ChangedKey::Config(c) if matches!(c.kind, Kind::ServiceEntry | Kind::WorkloadEntry)))
+        .filter(|k| match k {
+            ChangedKey::Config(c) => matches!(c.kind, Kind::ServiceEntry | Kind::WorkloadEntry),
+            ChangedKey::Kube(_) => true,
+            ChangedKey::Endpoints(_) | ChangedKey::Mesh => false,
+        })
         .cloned()
         .collect();
     if registry_keys.is_empty() {
@@ -118,6 +133,12 @@ mod tests {
     use super::*;
     use crate::config::parse::{parse_file, Document};
     use crate::config::ValidConfig;
+    use crate::mesh::MeshConfig;
+    use crate::registry::kubernetes::{
+        KubeEndpointSlice, KubeNamespace, KubeObject, KubeObjects, KubePod, KubeService, KubeServicePort, ServiceType,
+        SliceEndpoint,
+    };
+    use crate::registry::Hostname;
 
     fn objects(yaml: &str) -> SourceEvent {
         SourceEvent::Config(
@@ -146,5 +167,120 @@ mod tests {
         let c = b.apply(vec![objects(&SE.replace("number: 80", "number: 81"))]);
         let s = b.build(Version::new(1, 3), c);
         assert!(!s.changes.endpoints_only(), "{:?}", s.changes);
+    }
+
+    fn kube(object: KubeObject) -> SourceEvent {
+        SourceEvent::Kube(vec![(object.key(), Some(Arc::new(object)))])
+    }
+
+    fn service(port: u16) -> KubeObject {
+        KubeObject::Service(KubeService {
+            name: "a".into(),
+            namespace: "shop".into(),
+            labels: Default::default(),
+            selector: Some([("app".to_string(), "a".to_string())].into()),
+            service_type: ServiceType::ClusterIp,
+            cluster_ips: vec!["10.96.0.1".into()],
+            headless: false,
+            external_name: None,
+            ports: vec![KubeServicePort {
+                name: "http".into(),
+                port,
+                protocol: "TCP".into(),
+                app_protocol: None,
+                target_port: None,
+            }],
+            export_to: Vec::new(),
+        })
+    }
+
+    fn slice(addresses: &[&str]) -> KubeObject {
+        KubeObject::EndpointSlice(KubeEndpointSlice {
+            name: "a-1".into(),
+            namespace: "shop".into(),
+            service_name: "a".into(),
+            address_type: "IPv4".into(),
+            ports: Vec::new(),
+            endpoints: addresses
+                .iter()
+                .map(|a| SliceEndpoint {
+                    addresses: vec![a.to_string()],
+                    ready: Some(true),
+                    serving: None,
+                    terminating: None,
+                    pod: None,
+                    node_name: None,
+                    zone: None,
+                    hostname: None,
+                })
+                .collect(),
+        })
+    }
+
+    fn pod(version: &str) -> KubeObject {
+        KubeObject::Pod(KubePod {
+            name: "a-0".into(),
+            namespace: "shop".into(),
+            labels: [("app".to_string(), "a".to_string()), ("version".to_string(), version.to_string())].into(),
+            service_account: "default".into(),
+            ips: vec!["10.0.0.1".into()],
+            node_name: "n1".into(),
+            ready: true,
+            terminating: false,
+            named_ports: Default::default(),
+        })
+    }
+
+    /// Stands in for the registry built from the Kubernetes objects (that code lives elsewhere):
+    /// the same services and endpoints, expressed as a ServiceEntry.
+    fn registry(se: &str) -> Registry {
+        let SourceEvent::Config(objects) = objects(se) else { unreachable!() };
+        let configs: Vec<ValidConfig> = objects.into_iter().filter_map(|(_, o)| o).collect();
+        crate::registry::build_registry(configs.iter(), &KubeObjects::new(), &MeshConfig::default())
+    }
+
+    #[test]
+    fn kubernetes_objects_are_kept_and_deleted() {
+        let mut b = SnapshotBuilder::default();
+        let c = b.apply(vec![kube(service(80)), kube(slice(&["10.0.0.1"])), kube(pod("v1"))]);
+        assert_eq!(c.keys.len(), 3);
+        assert!(c.keys.contains(&ChangedKey::Kube(pod("v1").key())));
+        let s = b.build(Version::new(1, 1), c);
+        assert_eq!(s.kube.len(), 3);
+        assert_eq!(*s.kube[&service(80).key()], service(80));
+
+        let c = b.apply(vec![SourceEvent::Kube(vec![(pod("v1").key(), None)])]);
+        assert_eq!(c.keys.iter().collect::<Vec<_>>(), [&ChangedKey::Kube(pod("v1").key())]);
+        let s2 = b.build(Version::new(1, 2), c);
+        assert!(!s2.kube.contains_key(&pod("v1").key()));
+        // Untouched objects stay shared between snapshots (replication skips them by pointer).
+        assert!(Arc::ptr_eq(&s.kube[&service(80).key()], &s2.kube[&service(80).key()]));
+    }
+
+    #[test]
+    fn kubernetes_changes_that_keep_services_equal_are_endpoints_only() {
+        let mut b = SnapshotBuilder::default();
+        let c = b.apply(vec![kube(service(80)), kube(slice(&["10.0.0.1"])), kube(pod("v1"))]);
+        b.build(Version::new(1, 1), c);
+        let last = Snapshot::build_with_registry(Version::new(1, 1), ChangeSet::full(), &b.state, registry(SE));
+        let host = ChangedKey::Endpoints(Hostname::new("a.example.com"));
+        let two_endpoints = registry(&SE.replace("10.0.0.1}]", "10.0.0.1}, {address: 10.0.0.2}]"));
+
+        // A pod label change, a slice change, a namespace or node change (network, locality):
+        // the services stay equal, the endpoints change.
+        let namespace = KubeObject::Namespace(KubeNamespace { name: "shop".into(), labels: Default::default() });
+        for event in [kube(pod("v2")), kube(slice(&["10.0.0.1", "10.0.0.2"])), kube(namespace)] {
+            let c = b.apply(vec![event]);
+            let classified = classify(&last, c, &two_endpoints);
+            assert!(classified.endpoints_only(), "{classified:?}");
+            assert_eq!(classified.keys.iter().collect::<Vec<_>>(), [&host]);
+        }
+
+        // A Service port change changes the service: the Kubernetes key stays.
+        let c = b.apply(vec![kube(service(81))]);
+        let classified = classify(&last, c.clone(), &registry(&SE.replace("number: 80", "number: 81")));
+        assert!(!classified.endpoints_only(), "{classified:?}");
+        assert_eq!(classified, c);
+        assert!(c.keys.contains(&ChangedKey::Kube(service(81).key())));
     }
 }

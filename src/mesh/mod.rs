@@ -1,5 +1,7 @@
 //! Mesh-wide settings (Istio's MeshConfig): the fields that shape xDS.
 
+mod label_selector;
+
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -7,6 +9,10 @@ use serde::{Deserialize, Serialize};
 use crate::config::api::sidecar::OutboundMode;
 use crate::config::api::Duration;
 use crate::config::validation::{check_duration, check_duration_above};
+
+/// pilot's default `--domain`: the DNS suffix of Kubernetes service names.
+pub const DEFAULT_DOMAIN: &str = "cluster.local";
+pub use label_selector::{LabelSelector, LabelSelectorRequirement};
 
 /// The MeshConfig fields meshpilot uses; other fields of Istio's MeshConfig are accepted and ignored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -30,6 +36,8 @@ pub struct MeshConfig {
     pub dns_refresh_rate: Duration,
     /// Access log file for proxies (empty: none).
     pub access_log_file: String,
+    /// Namespaces in scope: those whose labels match any selector (empty: every namespace).
+    pub discovery_selectors: Vec<LabelSelector>,
     /// DNS suffix of Kubernetes service names (`name.namespace.svc.<domain>`): pilot's `--domain`
     /// flag, not a MeshConfig field, set by the sources.
     #[serde(skip)]
@@ -60,7 +68,8 @@ impl Default for MeshConfig {
             default_destination_rule_export_to: all(),
             dns_refresh_rate: Duration(std::time::Duration::from_secs(60)),
             access_log_file: String::new(),
-            domain: "cluster.local".into(),
+            discovery_selectors: Vec::new(),
+            domain: DEFAULT_DOMAIN.into(),
             source_hash: 0,
         }
     }
@@ -125,12 +134,16 @@ impl MeshConfig {
     }
 
     /// Checks the fields Envoy constrains, against the `(validate.rules)` of the Envoy field each
-    /// becomes (see `config::validation`'s duration table): the first offending field and why.
-    fn validate(&self) -> Result<(), (&'static str, String)> {
-        check_duration(self.connect_timeout).map_err(|reason| ("connectTimeout", reason))?;
+    /// becomes (see `config::validation`'s duration table), and the discovery selectors as the
+    /// Kubernetes API server would: the first offending field and why.
+    fn validate(&self) -> Result<(), (String, String)> {
+        check_duration(self.connect_timeout).map_err(|reason| ("connectTimeout".to_string(), reason))?;
         // `Cluster.dns_refresh_rate` is `gt {nanos: 1000000}`: 1ms itself is refused.
         check_duration_above(self.dns_refresh_rate, std::time::Duration::from_millis(1))
-            .map_err(|reason| ("dnsRefreshRate", reason))?;
+            .map_err(|reason| ("dnsRefreshRate".to_string(), reason))?;
+        for (i, selector) in self.discovery_selectors.iter().enumerate() {
+            selector.validate().map_err(|(field, reason)| (format!("discoverySelectors[{i}].{field}"), reason))?;
+        }
         Ok(())
     }
 
@@ -197,6 +210,25 @@ mod tests {
         }
         let m = MeshConfig::parse("m", "connectTimeout: 1ms\ndnsRefreshRate: 2ms\n").unwrap();
         assert_eq!(m.dns_refresh_rate.as_std().as_millis(), 2);
+    }
+
+    #[test]
+    fn discovery_selectors_are_read_and_validated_with_their_path() {
+        let m = MeshConfig::parse(
+            "m",
+            "discoverySelectors:\n- matchLabels: {istio-discovery: enabled}\n- matchExpressions: [{key: env, operator: In, values: [prod]}]\n",
+        )
+        .unwrap();
+        assert_eq!(m.discovery_selectors.len(), 2);
+        assert_eq!(m.discovery_selectors[1].match_expressions[0].operator, "In");
+        let text = "discoverySelectors:\n- matchLabels: {a: b}\n- matchExpressions: [{key: env, operator: Has}]\n";
+        match MeshConfig::parse("m.yaml", text) {
+            Err(MeshConfigError::Field { field, reason, .. }) => {
+                assert_eq!(field, "discoverySelectors[1].matchExpressions[0].operator");
+                assert!(reason.contains("Unsupported value"), "{reason}");
+            }
+            other => panic!("expected a field error, got {other:?}"),
+        }
     }
 
     #[test]

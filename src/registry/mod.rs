@@ -1,6 +1,13 @@
 //! The service registry: services and endpoints, from ServiceEntry/WorkloadEntry and Kubernetes.
 
+mod build;
+mod discovery;
 mod hostname;
+mod kube_endpoints;
+mod kube_index;
+mod kube_service;
+#[cfg(test)]
+mod kube_tests;
 pub mod kubernetes;
 mod service;
 mod service_entry;
@@ -9,9 +16,11 @@ mod visibility;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+pub use build::build_registry;
+pub use discovery::NamespaceScope;
 pub use hostname::{host_matches, hosts_overlap, Hostname};
-pub use service::{Endpoint, Endpoints, Resolution, Service, ServiceKey, ServicePort};
-pub use service_entry::build_registry;
+pub use kube_service::{kube_hostname, kube_port_protocol};
+pub use service::{Endpoint, EndpointHealth, Endpoints, Resolution, Service, ServiceKey, ServiceOrigin, ServicePort};
 pub use visibility::Visibility;
 
 /// All services and their endpoints at one point in time.

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+use super::kubernetes::KubeKey;
 use super::{Hostname, Visibility};
 use crate::config::api::{Labels, Protocol};
 use crate::config::ConfigKey;
@@ -53,9 +54,27 @@ pub struct Service {
     /// Namespaces it is exported to.
     pub visibility: Visibility,
     /// Object that declared it.
-    pub origin: ConfigKey,
+    pub origin: ServiceOrigin,
     /// Subject alternative names for TLS.
     pub subject_alt_names: Vec<String>,
+}
+
+/// The object a service comes from: an Istio config object or a Kubernetes Service.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+pub enum ServiceOrigin {
+    /// A ServiceEntry.
+    Config(ConfigKey),
+    /// A Kubernetes Service.
+    Kube(KubeKey),
+}
+
+impl std::fmt::Display for ServiceOrigin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ServiceOrigin::Config(key) => key.fmt(f),
+            ServiceOrigin::Kube(key) => key.fmt(f),
+        }
+    }
 }
 
 impl Service {
@@ -74,6 +93,22 @@ pub struct ServiceKey {
     pub namespace: String,
 }
 
+/// Health of an endpoint, as Istio derives it from EndpointSlice conditions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize)]
+pub enum EndpointHealth {
+    /// Ready: receives traffic.
+    #[default]
+    Healthy,
+    /// Not ready: sent to Envoy as UNHEALTHY (it counts in the healthy-host percentage), or left
+    /// out where outlier detection's `minHealthPercent` would route to it in panic mode.
+    Unhealthy,
+    /// Shutting down but still serving, on a persistent-session service: sent as DRAINING so
+    /// existing sessions finish.
+    Draining,
+    /// Shutting down: never sent (it would lower the healthy percentage during every rollout).
+    Terminating,
+}
+
 /// A workload instance serving a service.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 pub struct Endpoint {
@@ -81,6 +116,10 @@ pub struct Endpoint {
     pub address: String,
     /// Port overrides by service port name.
     pub ports: BTreeMap<String, u16>,
+    /// Whether the endpoint serves only the ports in `ports` (Kubernetes endpoints: a pod without
+    /// a named target port is not an endpoint of that port); otherwise other ports fall back to
+    /// the service's target port or number (WorkloadEntries).
+    pub listed_ports_only: bool,
     /// Labels (subsets select on these).
     pub labels: Labels,
     /// `region/zone/subzone`.
@@ -91,12 +130,18 @@ pub struct Endpoint {
     pub weight: u32,
     /// Service account.
     pub service_account: String,
+    /// Health.
+    pub health: EndpointHealth,
 }
 
 impl Endpoint {
-    /// The port this endpoint serves `port` on.
-    pub fn port_for(&self, port: &ServicePort) -> u16 {
-        self.ports.get(&port.name).copied().or(port.target_port).unwrap_or(port.number)
+    /// The port this endpoint serves `port` on, or `None` if it does not serve that port.
+    pub fn port_for(&self, port: &ServicePort) -> Option<u16> {
+        match self.ports.get(&port.name) {
+            Some(p) => Some(*p),
+            None if self.listed_ports_only => None,
+            None => Some(port.target_port.unwrap_or(port.number)),
+        }
     }
 
     /// Whether the endpoint carries every label of `selector`.

@@ -1,46 +1,46 @@
 //! ServiceEntry and WorkloadEntry objects → services and endpoints.
+//!
+//! A ServiceEntry's `workloadSelector` selects the WorkloadEntries and, as Istio does by default
+//! (`PILOT_ENABLE_SERVICEENTRY_SELECT_PODS`), the ready Pods of its namespace.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::kubernetes::KubeObjects;
-use super::service::{Endpoint, Resolution, Service, ServiceKey, ServicePort};
+use super::build::WorkloadEntries;
+use super::kube_endpoints::pod_endpoint;
+use super::kube_index::KubeIndex;
+use super::service::{Endpoint, EndpointHealth, Resolution, Service, ServiceKey, ServiceOrigin, ServicePort};
 use super::{Hostname, Registry, Visibility};
 use crate::config::api::service_entry::{Location, Resolution as SeResolution};
 use crate::config::api::{Protocol, ServiceEntry, WorkloadEntry};
 use crate::config::{Spec, ValidConfig};
 use crate::mesh::MeshConfig;
 
-/// Builds the registry from every ServiceEntry and WorkloadEntry.
-pub fn build_registry<'a>(
-    configs: impl Iterator<Item = &'a ValidConfig> + Clone,
-    _kube: &KubeObjects,
+/// Adds the services of every ServiceEntry in `configs`. A host already in the registry for the
+/// same namespace keeps its first declaration: Kubernetes Services are added first, and win over
+/// ServiceEntries as in Istio (no "domain squatting" on a Service's name).
+pub(super) fn add_service_entries<'a>(
+    registry: &mut Registry,
+    configs: impl Iterator<Item = &'a ValidConfig>,
+    index: &KubeIndex<'_>,
+    workload_entries: &WorkloadEntries<'_>,
     mesh: &MeshConfig,
-) -> Registry {
-    let workload_entries: Vec<(&str, &WorkloadEntry)> = configs
-        .clone()
-        .filter_map(|c| match &c.spec {
-            Spec::WorkloadEntry(we) => Some((c.key.namespace.as_str(), we)),
-            _ => None,
-        })
-        .collect();
-    let mut registry = Registry::default();
+) {
     for config in configs {
         let Spec::ServiceEntry(se) = &config.spec else { continue };
-        let endpoints = endpoints_of(se, &config.key.namespace, &workload_entries);
+        let endpoints = Arc::new(endpoints_of(se, &config.key.namespace, index, workload_entries));
         for host in &se.hosts {
             let service = service_for(config, se, host, mesh);
             let key = ServiceKey { hostname: service.hostname.clone(), namespace: service.namespace.clone() };
             // The first declaration of a host in a namespace wins, as in Istio (objects are ordered by key).
-            if registry.services.contains_key(&key) {
-                tracing::warn!(host = %key.hostname, namespace = %key.namespace, by = %config.key, "host already declared in this namespace; ignored");
+            if let Some(existing) = registry.services.get(&key) {
+                tracing::warn!(host = %key.hostname, namespace = %key.namespace, by = %config.key, kept = %existing.origin, "host already declared in this namespace; ignored");
                 continue;
             }
-            registry.endpoints.insert(key.clone(), Arc::new(endpoints.clone()));
+            registry.endpoints.insert(key.clone(), endpoints.clone());
             registry.services.insert(key, Arc::new(service));
         }
     }
-    registry
 }
 
 fn service_for(config: &ValidConfig, se: &ServiceEntry, host: &str, mesh: &MeshConfig) -> Service {
@@ -67,7 +67,7 @@ fn service_for(config: &ValidConfig, se: &ServiceEntry, host: &str, mesh: &MeshC
         resolution,
         mesh_external: se.location != Some(Location::MeshInternal),
         visibility: Visibility::from_export_to(&se.export_to, &config.key.namespace, &mesh.default_service_export_to),
-        origin: config.key.clone(),
+        origin: ServiceOrigin::Config(config.key.clone()),
         subject_alt_names: se.subject_alt_names.clone(),
     }
 }
@@ -80,19 +80,38 @@ fn port_protocol(protocol: &str, name: &str) -> Protocol {
     Protocol::parse(name.split('-').next().unwrap_or_default())
 }
 
-fn endpoints_of(se: &ServiceEntry, namespace: &str, workload_entries: &[(&str, &WorkloadEntry)]) -> Vec<Endpoint> {
-    if let Some(selector) = &se.workload_selector {
-        workload_entries
+fn endpoints_of(
+    se: &ServiceEntry,
+    namespace: &str,
+    index: &KubeIndex<'_>,
+    workload_entries: &WorkloadEntries<'_>,
+) -> Vec<Endpoint> {
+    let Some(selector) = &se.workload_selector else {
+        return se.endpoints.iter().map(workload_entry_endpoint).collect();
+    };
+    let selects = |labels: &crate::config::api::Labels| selector.labels.iter().all(|(k, v)| labels.get(k) == Some(v));
+    let entries = workload_entries.get(namespace).map(Vec::as_slice).unwrap_or_default();
+    let mut out: Vec<Endpoint> =
+        entries.iter().filter(|we| selects(&we.labels)).map(|we| workload_entry_endpoint(we)).collect();
+    // Pods join as Istio's pod controller hands them over: with an IP, ready, not being deleted.
+    for pod in index.pods_in(namespace) {
+        if pod.ips.is_empty() || !pod.ready || pod.terminating || !selects(&pod.labels) {
+            continue;
+        }
+        let mut ep = pod_endpoint(pod, None, index);
+        // A ServiceEntry port is served on the Pod's container port of the same name, if any.
+        ep.ports = se
+            .ports
             .iter()
-            .filter(|(ns, we)| *ns == namespace && selector.labels.iter().all(|(k, v)| we.labels.get(k) == Some(v)))
-            .map(|(_, we)| endpoint(we))
-            .collect()
-    } else {
-        se.endpoints.iter().map(endpoint).collect()
+            .filter_map(|p| Some((p.name.clone(), *pod.named_ports.get(&p.name)?)))
+            .collect::<BTreeMap<_, _>>();
+        out.push(ep);
     }
+    out
 }
 
-fn endpoint(we: &WorkloadEntry) -> Endpoint {
+/// A WorkloadEntry (or a ServiceEntry's inline endpoint) as an endpoint.
+pub(super) fn workload_entry_endpoint(we: &WorkloadEntry) -> Endpoint {
     Endpoint {
         address: we.address.clone(),
         ports: we
@@ -100,11 +119,13 @@ fn endpoint(we: &WorkloadEntry) -> Endpoint {
             .iter()
             .filter_map(|(name, port)| Some((name.clone(), u16::try_from(*port).ok()?)))
             .collect::<BTreeMap<_, _>>(),
+        listed_ports_only: false,
         labels: we.labels.clone(),
         locality: we.locality.clone(),
         network: we.network.clone(),
         weight: we.weight.filter(|w| *w > 0).unwrap_or(1),
         service_account: we.service_account.clone(),
+        health: EndpointHealth::Healthy,
     }
 }
 
@@ -112,6 +133,8 @@ fn endpoint(we: &WorkloadEntry) -> Endpoint {
 mod tests {
     use super::*;
     use crate::config::parse::{parse_file, Document};
+    use crate::registry::build_registry;
+    use crate::registry::kubernetes::KubeObjects;
 
     fn configs(yaml: &str) -> Vec<ValidConfig> {
         parse_file("t.yaml", yaml)
@@ -156,6 +179,6 @@ spec: {address: 10.0.0.2, labels: {app: other}}
         let eps = &reg.endpoints[&key];
         assert_eq!(eps.len(), 1);
         assert_eq!(eps[0].address, "10.0.0.1");
-        assert_eq!(eps[0].port_for(&svc.ports[0]), 9000);
+        assert_eq!(eps[0].port_for(&svc.ports[0]), Some(9000));
     }
 }

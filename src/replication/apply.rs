@@ -115,6 +115,16 @@ fn replace(old: &SourceState, new: &mut SourceState) -> ChangeSet {
     }
     let deleted = old.configs.keys().filter(|k| !new.configs.contains_key(*k));
     changes.keys.extend(deleted.cloned().map(ChangedKey::Config));
+    for (key, obj) in new.kube.iter_mut() {
+        match old.kube.get(key) {
+            Some(held) if held == obj => *obj = held.clone(),
+            _ => {
+                changes.keys.insert(ChangedKey::Kube(key.clone()));
+            }
+        }
+    }
+    let deleted = old.kube.keys().filter(|k| !new.kube.contains_key(*k));
+    changes.keys.extend(deleted.cloned().map(ChangedKey::Kube));
     if old.mesh == new.mesh {
         new.mesh = old.mesh.clone();
     } else {
@@ -159,7 +169,8 @@ mod tests {
 
     #[test]
     fn a_full_with_identical_config_changes_nothing_and_keeps_objects() {
-        let state = crate::replication::wire::tests_support::state(&["a", "b"]);
+        let mut state = crate::replication::wire::tests_support::state(&["a", "b"]);
+        state.kube = crate::replication::wire::tests_support::kube_objects();
         let leader = Snapshot::build(Version::new(1, 4), ChangeSet::full(), &state);
         let full = EncodedUpdate {
             kind: UpdateKind::Full,
@@ -173,7 +184,34 @@ mod tests {
         for (k, v) in &new_state.configs {
             assert!(Arc::ptr_eq(v, &state.configs[k]));
         }
+        assert_eq!(snap.kube, leader.kube);
+        for (k, v) in &new_state.kube {
+            assert!(Arc::ptr_eq(v, &state.kube[k]));
+        }
         let (_, fresh) = prepare(SourceState::default(), false, &full).unwrap();
         assert!(fresh.changes.full);
+    }
+
+    #[test]
+    fn a_full_after_an_absence_names_the_changed_kubernetes_objects() {
+        use crate::replication::wire::tests_support::{kube_objects, pod};
+        let held = SourceState { kube: kube_objects(), ..Default::default() };
+        let mut leader_state = held.clone();
+        let relabelled = pod("ratings-0", "10.1.0.1", "v2");
+        let gone = pod("ratings-1", "", "").key();
+        leader_state.kube.insert(relabelled.key(), Arc::new(relabelled.clone()));
+        leader_state.kube.remove(&gone);
+        let leader = Snapshot::build(Version::new(2, 9), ChangeSet::full(), &leader_state);
+        let full = EncodedUpdate {
+            kind: UpdateKind::Full,
+            version: Version::new(2, 9),
+            base: None,
+            payload: encode_full(&leader).unwrap(),
+        };
+        let (_, snap) = prepare(held, true, &full).unwrap();
+        let expected = [ChangedKey::Kube(relabelled.key()), ChangedKey::Kube(gone)];
+        assert_eq!(snap.changes.keys, expected.into_iter().collect());
+        assert!(!snap.changes.full);
+        assert_eq!(snap.kube, leader.kube);
     }
 }

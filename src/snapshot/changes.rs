@@ -5,6 +5,7 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 
 use crate::config::ConfigKey;
+use crate::registry::kubernetes::KubeKey;
 use crate::registry::Hostname;
 
 /// One changed thing.
@@ -12,6 +13,8 @@ use crate::registry::Hostname;
 pub enum ChangedKey {
     /// A config object was added, changed or removed.
     Config(ConfigKey),
+    /// A Kubernetes registry object was added, changed or removed.
+    Kube(KubeKey),
     /// Only the endpoints of this host changed.
     Endpoints(Hostname),
     /// The mesh config changed.

@@ -9,7 +9,7 @@ use crate::config::api::{DestinationRule, Gateway, Labels, Sidecar, VirtualServi
 use crate::config::{ConfigError, ConfigKey, IgnoredObject, Kind, Spec, ValidConfig};
 use crate::mesh::MeshConfig;
 use crate::registry::kubernetes::KubeObjects;
-use crate::registry::{host_matches, Endpoints, Hostname, Registry, Service, ServiceKey, Visibility};
+use crate::registry::{host_matches, Endpoints, Hostname, NamespaceScope, Registry, Service, ServiceKey, Visibility};
 
 /// Everything the sources currently hold, as ingest hands it to the snapshot builder.
 #[derive(Debug, Clone, Default)]
@@ -78,10 +78,23 @@ impl Snapshot {
         registry: Registry,
     ) -> Snapshot {
         let mesh = state.mesh.clone();
-        let domain = mesh.trust_domain.clone();
+        // Short hosts are Kubernetes service names: qualified with the DNS domain, not the trust domain.
+        let domain = mesh.domain.clone();
+        // Istio config outside the discovery selectors' namespaces is out of scope, as in Istio.
+        let scope = NamespaceScope::new(&mesh, &state.kube);
+        let configs = if scope.selects_all() {
+            state.configs.clone()
+        } else {
+            state
+                .configs
+                .iter()
+                .filter(|(k, _)| scope.contains(&k.namespace))
+                .map(|(k, c)| (k.clone(), c.clone()))
+                .collect()
+        };
         let mut virtual_services = Vec::new();
         let mut destination_rules = Vec::new();
-        for config in state.configs.values() {
+        for config in configs.values() {
             let ns = config.key.namespace.as_str();
             match &config.spec {
                 Spec::VirtualService(vs) => virtual_services.push(Indexed {
@@ -105,7 +118,7 @@ impl Snapshot {
             built_at: SystemTime::now(),
             mesh,
             registry,
-            configs: state.configs.clone(),
+            configs,
             errors: state.errors.clone(),
             ignored: state.ignored.clone(),
             kube: state.kube.clone(),
@@ -259,5 +272,28 @@ pub fn qualify_gateway(reference: &str, namespace: &str) -> String {
         reference.to_string()
     } else {
         format!("{namespace}/{reference}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse::{parse_file, Document};
+
+    #[test]
+    fn short_hosts_are_qualified_with_the_dns_domain_not_the_trust_domain() {
+        let yaml = "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: r, namespace: shop}\nspec: {hosts: [ratings], http: [{route: [{destination: {host: ratings}}]}]}\n";
+        let mut state = SourceState::default();
+        for doc in parse_file("t.yaml", yaml) {
+            let Document::Valid(o) = doc else { panic!("{doc:?}") };
+            state.configs.insert(o.key.clone(), Arc::new(o));
+        }
+        let mesh =
+            MeshConfig { trust_domain: "example.org".into(), domain: "corp.internal".into(), ..Default::default() };
+        state.mesh = Arc::new(mesh);
+        let snap = Snapshot::build(Version::new(1, 1), ChangeSet::full(), &state);
+        let vs = snap.virtual_services_for("shop", "mesh");
+        assert_eq!(vs.len(), 1);
+        assert_eq!(vs[0].0.hosts, [Hostname::new("ratings.shop.svc.corp.internal")]);
     }
 }

@@ -74,6 +74,7 @@ impl LoadError {
 
 /// Loads `path`, sends it and `InitDone`, then sends each new valid version; anything else is
 /// reported and the previous mesh config stays in force. Watches in a task that ends with the drain.
+/// Every mesh config sent carries `domain` (a flag of the process, not a field of the file).
 pub async fn watch<E>(
     path: PathBuf,
     domain: String,
@@ -95,8 +96,9 @@ where
         }
         Err(e) => return Err(e.into_start_error()),
     };
+    let first = MeshConfig { domain: domain.clone(), ..first };
     let mut current_hash = first.source_hash;
-    let _ = events.send(SourceEvent::Mesh(Arc::new(MeshConfig { domain: domain.clone(), ..first })).into()).await;
+    let _ = events.send(SourceEvent::Mesh(Arc::new(first)).into()).await;
     let _ = events.send(SourceEvent::InitDone(SourceId::MeshConfig).into()).await;
     let (tx, mut rx) = mpsc::channel(1);
     // Watch the directory (editors replace files by renaming over them), but not below it: it may
@@ -240,8 +242,9 @@ mod tests {
         let metrics = SourceMetrics::register(&registry);
         let (events, mut rx) = mpsc::channel::<SourceEvent>(16);
         let (_trigger, drain) = crate::drain::new();
-        watch(file.clone(), "cluster.local".into(), events, metrics.clone(), drain).await.unwrap();
-        assert!(matches!(rx.recv().await, Some(SourceEvent::Mesh(m)) if m.trust_domain == "example.org"));
+        watch(file.clone(), "corp.internal".into(), events, metrics.clone(), drain).await.unwrap();
+        assert!(matches!(rx.recv().await,
+            Some(SourceEvent::Mesh(m)) if m.trust_domain == "example.org" && m.domain == "corp.internal"));
         assert!(matches!(rx.recv().await, Some(SourceEvent::InitDone(SourceId::MeshConfig))));
 
         // Truncated in place, and left empty.
@@ -263,6 +266,7 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(changed.trust_domain, "other.org");
+        assert_eq!(changed.domain, "corp.internal", "a reloaded mesh config keeps the domain");
         assert_eq!(metrics.source_errors.with_label_values(&["mesh-config", "empty"]).get(), 0);
     }
 }

@@ -6,11 +6,11 @@
 
 use std::collections::BTreeMap;
 
-use prometheus::IntGaugeVec;
+use prometheus::{IntCounterVec, IntGaugeVec};
 
 use super::files::REASONS;
 use super::SourceId;
-use crate::telemetry::metrics::{gauge_value, gauge_vec, Registry};
+use crate::telemetry::metrics::{counter_vec, gauge_value, gauge_vec, Registry};
 
 /// Mesh config problems that are not read problems: an empty file, and one that does not parse.
 pub const MESH_REASONS: &[&str] = &["empty", "invalid"];
@@ -24,6 +24,9 @@ pub struct SourceMetrics {
     /// cannot use (`reason`: unreadable, not_regular_file, too_large, not_utf8, limit, missing,
     /// and for the mesh config empty, invalid).
     pub source_errors: IntGaugeVec,
+    /// `meshpilot_kubernetes_lists_total{kind}`: complete lists of a Kubernetes kind, the first
+    /// and every relist after a 410 Gone or a watch that could not resume.
+    pub kube_lists: IntCounterVec,
 }
 
 impl SourceMetrics {
@@ -35,6 +38,12 @@ impl SourceMetrics {
                 "meshpilot_config_source_errors",
                 "Files and directories a config source currently cannot use, by source and reason; the last good config stays in force.",
                 &["source", "reason"],
+            ),
+            kube_lists: counter_vec(
+                r,
+                "meshpilot_kubernetes_lists_total",
+                "Complete lists of a Kubernetes kind: the initial one and each relist (410 Gone, a watch that could not resume).",
+                &["kind"],
             ),
         };
         m.set_problems(SourceId::ConfigDir, &BTreeMap::new());

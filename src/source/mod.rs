@@ -19,6 +19,7 @@ use tokio::sync::mpsc;
 
 use crate::config::{ConfigError, ConfigKey, IgnoredObject, ValidConfig};
 use crate::drain::DrainWatcher;
+pub use crate::mesh::DEFAULT_DOMAIN;
 use crate::mesh::{MeshConfig, MeshConfigError};
 use crate::registry::kubernetes::{KubeKey, KubeObject};
 use crate::telemetry::trace::EventTrace;
@@ -141,9 +142,6 @@ impl SourceSettings {
     }
 }
 
-/// Istio's default DNS suffix of Kubernetes services.
-pub const DEFAULT_DOMAIN: &str = "cluster.local";
-
 /// Starts every configured source: each sends its initial state and `InitDone` to `events`, then
 /// keeps watching in a task that ends when `drain` starts. Start the consumer first: a file
 /// source's initial state is sent before this returns; Kubernetes sends its own when every kind
@@ -189,4 +187,29 @@ where
 
 fn display(path: &Path) -> String {
     path.display().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::kubernetes::{KubeKind, KubeNamespace};
+
+    #[tokio::test]
+    async fn the_default_mesh_config_carries_the_domain() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = SourceSettings { domain: "corp.internal".into(), ..SourceSettings::config_dir(dir.path()) };
+        let (events, mut rx) = mpsc::channel::<SourceEvent>(16);
+        let (_trigger, drain) = crate::drain::new();
+        start(&settings, events, SourceMetrics::default(), drain).await.unwrap();
+        assert!(matches!(rx.recv().await, Some(SourceEvent::Mesh(m)) if m.domain == "corp.internal"));
+    }
+
+    #[test]
+    fn kubernetes_objects_count_as_config_updates() {
+        let ns = KubeObject::Namespace(KubeNamespace { name: "shop".into(), labels: Default::default() });
+        let gone = KubeKey { kind: KubeKind::Namespace, namespace: String::new(), name: "old".into() };
+        let event = SourceEvent::Kube(vec![(ns.key(), Some(Arc::new(ns))), (gone, None)]);
+        assert_eq!(event.config_updates(), 2);
+        assert_eq!(SourceId::Kubernetes.to_string(), "kubernetes");
+    }
 }

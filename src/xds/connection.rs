@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use tonic::Status;
 use tracing::{debug, info, warn};
 
-use super::cache::GenerationCache;
+use super::cache::{GenerationCache, ViewLease};
 use super::isolation::{Holding, Isolation, NackOutcome, Rejected};
 use super::limits::{self, RequestRate};
 use super::metrics::XdsMetrics;
@@ -82,8 +82,13 @@ pub enum StreamEnd {
 
 struct Connection {
     ctx: ConnectionContext,
+    /// The proxy as its node described it.
+    node_proxy: Proxy,
+    /// The proxy as the current snapshot's registry knows it (its Pod's labels, when known).
     proxy: Proxy,
     view: ProxyView,
+    /// Keeps the view's cached generations while this connection uses it.
+    view_lease: ViewLease,
     registration: Registration,
     watches: BTreeMap<TypeUrl, Watch>,
     snapshot: Option<Arc<Snapshot>>,
@@ -120,10 +125,12 @@ where
     };
     let registration = ctx.registry.register(proxy.clone());
     let view = proxy.view();
-    let _view_lease = ctx.cache.hold(&view);
+    let view_lease = ctx.cache.hold(&view);
     info!(proxy = %proxy.id, namespace = %proxy.namespace, "proxy connected");
     let mut conn = Connection {
         view,
+        view_lease,
+        node_proxy: proxy.clone(),
         proxy,
         registration,
         watches: BTreeMap::new(),
@@ -139,6 +146,9 @@ where
     let mut rate = RequestRate::default();
     // Readiness gate: nothing is served before the first full snapshot.
     conn.snapshot = ctx.snapshots.current();
+    if let Some(snapshot) = conn.snapshot.clone() {
+        conn.apply_registry(&snapshot);
+    }
     let end = async {
         rate.acquire().await;
         conn.on_request(first).await?;
@@ -274,8 +284,27 @@ impl Connection {
         self.respond(type_url, true).await.map(|_| ())
     }
 
+    /// Takes the proxy's identity from the snapshot's registry (its Pod), moving to another view
+    /// (and cache lease) when that changes what the proxy's config depends on.
+    fn apply_registry(&mut self, snapshot: &Snapshot) {
+        let proxy = self.node_proxy.with_registry(&snapshot.kube);
+        if proxy == self.proxy {
+            return;
+        }
+        let view = proxy.view();
+        if view != self.view {
+            // The new lease is taken before the old one drops, so a shared view is never released in between.
+            self.view_lease = self.ctx.cache.hold(&view);
+            self.view = view;
+        }
+        let published = proxy.clone();
+        self.registration.update(|s| s.proxy = published);
+        self.proxy = proxy;
+    }
+
     async fn on_snapshot(&mut self, snapshot: Arc<Snapshot>) -> Result<(), StreamEnd> {
         let queued_at = Instant::now();
+        self.apply_registry(&snapshot);
         self.snapshot = Some(snapshot.clone());
         self.push_trace.new_snapshot();
         for watch in self.watches.values_mut() {

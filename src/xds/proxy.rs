@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use crate::cluster::ownership::ProxyIdentity;
 use crate::config::api::Labels;
+use crate::registry::kubernetes::{KubeKey, KubeKind, KubeObject, KubeObjects};
 
 /// Role of a proxy, from the first part of its node id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -35,15 +36,15 @@ pub struct Proxy {
     pub id: String,
     /// Role.
     pub kind: ProxyKind,
-    /// IP address from the node id.
-    pub ip: String,
+    /// IP addresses: the node id's, or the Pod's when the registry holds the proxy's Pod.
+    pub ips: Vec<String>,
     /// Namespace (metadata NAMESPACE, else from the node id).
     pub namespace: String,
-    /// Workload labels (metadata LABELS).
+    /// Workload labels (metadata LABELS, or the Pod's).
     pub labels: Labels,
     /// Cluster id (metadata CLUSTER_ID).
     pub cluster_id: String,
-    /// Service account (metadata SERVICE_ACCOUNT).
+    /// Service account (metadata SERVICE_ACCOUNT, or the Pod's).
     pub service_account: String,
     /// Interception mode (metadata INTERCEPTION_MODE).
     pub interception: Interception,
@@ -112,7 +113,7 @@ impl Proxy {
         Ok(Proxy {
             id: node.id.clone(),
             kind,
-            ip: ip.to_string(),
+            ips: vec![ip.to_string()],
             namespace,
             labels,
             cluster_id: meta_str(meta, "CLUSTER_ID").unwrap_or_else(|| "Kubernetes".into()),
@@ -120,6 +121,26 @@ impl Proxy {
             interception,
             istio_version: meta_str(meta, "ISTIO_VERSION").unwrap_or_default(),
         })
+    }
+
+    /// The proxy as the registry knows it: when `kube` holds its Pod (`POD.NS` of the node id, in
+    /// the proxy's namespace, as Istio looks it up), labels, service account and IPs come from
+    /// the Pod, which the proxy cannot forge; otherwise the proxy stays as its node described it.
+    pub fn with_registry(&self, kube: &KubeObjects) -> Proxy {
+        let pod_id = self.id.split('~').nth(2).unwrap_or_default();
+        let Some((name, namespace)) = pod_id.split_once('.') else { return self.clone() };
+        if namespace != self.namespace || name.is_empty() {
+            return self.clone();
+        }
+        let key = KubeKey { kind: KubeKind::Pod, namespace: namespace.to_string(), name: name.to_string() };
+        let Some(KubeObject::Pod(pod)) = kube.get(&key).map(|o| o.as_ref()) else { return self.clone() };
+        let mut proxy = self.clone();
+        proxy.labels = pod.labels.clone();
+        proxy.service_account = pod.service_account.clone();
+        if !pod.ips.is_empty() {
+            proxy.ips = pod.ips.clone();
+        }
+        proxy
     }
 
     /// The view of the mesh this proxy's config depends on.
@@ -195,7 +216,7 @@ mod tests {
     fn parses_istio_node_ids() {
         let p = Proxy::from_node(Some(&node("sidecar~10.1.2.3~reviews-1.shop~shop.svc.cluster.local", &[]))).unwrap();
         assert_eq!(p.kind, ProxyKind::Sidecar);
-        assert_eq!(p.ip, "10.1.2.3");
+        assert_eq!(p.ips, ["10.1.2.3"]);
         assert_eq!(p.namespace, "shop");
         let labels = Value {
             kind: Some(ValueKind::StructValue(Struct { fields: [("app".to_string(), s("gw"))].into_iter().collect() })),
@@ -209,6 +230,46 @@ mod tests {
         assert_eq!(g.namespace, "edge");
         assert_eq!(g.labels.get("app").map(String::as_str), Some("gw"));
         assert_eq!(g.interception, Interception::None);
+    }
+
+    #[test]
+    fn the_registry_pod_overrides_labels_service_account_and_ips() {
+        use crate::registry::kubernetes::KubePod;
+        use std::sync::Arc;
+
+        let labels = Value {
+            kind: Some(ValueKind::StructValue(Struct {
+                fields: [("app".to_string(), s("forged"))].into_iter().collect(),
+            })),
+        };
+        let id = "sidecar~10.1.2.3~reviews-1.shop~shop.svc.cluster.local";
+        let p = Proxy::from_node(Some(&node(id, &[("LABELS", labels), ("SERVICE_ACCOUNT", s("admin"))]))).unwrap();
+        let pod = |ns: &str| KubePod {
+            name: "reviews-1".into(),
+            namespace: ns.into(),
+            labels: [("app".to_string(), "reviews".to_string())].into_iter().collect(),
+            service_account: "bookinfo-reviews".into(),
+            ips: vec!["10.1.2.3".into(), "fd00::3".into()],
+            node_name: "n1".into(),
+            ready: true,
+            terminating: false,
+            named_ports: Default::default(),
+        };
+        let mut kube = KubeObjects::new();
+        let object = KubeObject::Pod(pod("shop"));
+        kube.insert(object.key(), Arc::new(object));
+        let known = p.with_registry(&kube);
+        assert_eq!(known.labels.get("app").map(String::as_str), Some("reviews"));
+        assert_eq!(known.service_account, "bookinfo-reviews");
+        assert_eq!(known.ips, ["10.1.2.3", "fd00::3"]);
+        assert_ne!(known.view(), p.view(), "the view follows the Pod's labels");
+
+        // A Pod of the same name in another namespace is not this proxy's.
+        let mut other = KubeObjects::new();
+        let object = KubeObject::Pod(pod("elsewhere"));
+        other.insert(object.key(), Arc::new(object));
+        assert_eq!(p.with_registry(&other), p);
+        assert_eq!(p.with_registry(&KubeObjects::new()), p);
     }
 
     #[test]

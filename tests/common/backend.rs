@@ -125,7 +125,13 @@ impl BackendBuilder {
 impl Backend {
     /// A builder for a backend named `name` (200 to everything, 127.0.0.1, a free port).
     pub fn builder(name: &str) -> BackendBuilder {
-        BackendBuilder { name: name.to_string(), ip: Ipv4Addr::LOCALHOST, port: None, behavior: Behavior::Ok, listener: None }
+        BackendBuilder {
+            name: name.to_string(),
+            ip: Ipv4Addr::LOCALHOST,
+            port: None,
+            behavior: Behavior::Ok,
+            listener: None,
+        }
     }
     /// Answers 200 to everything.
     pub fn new(name: &str) -> Backend {

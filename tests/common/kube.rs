@@ -76,13 +76,57 @@ impl KubeApi {
         // A CA, the server's certificate for 127.0.0.1, and the service-account signing key.
         openssl(
             d,
-            &["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=meshpilot-test-ca"],
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.crt",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=meshpilot-test-ca",
+            ],
         );
-        openssl(d, &["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=kube-apiserver"]);
+        openssl(
+            d,
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                "server.key",
+                "-out",
+                "server.csr",
+                "-subj",
+                "/CN=kube-apiserver",
+            ],
+        );
         std::fs::write(d.join("san.ext"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n").expect("writing san.ext");
         openssl(
             d,
-            &["x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", "server.crt", "-days", "2", "-extfile", "san.ext"],
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "server.csr",
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                "server.crt",
+                "-days",
+                "2",
+                "-extfile",
+                "san.ext",
+            ],
         );
         openssl(d, &["genrsa", "-out", "sa.key", "2048"]);
         openssl(d, &["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"]);
@@ -98,7 +142,12 @@ impl KubeApi {
             .args(["--etcd-servers".to_string(), etcd.endpoint()])
             .args(["--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1"])
             .args(["--secure-port".to_string(), port.to_string()])
-            .args(["--tls-cert-file".to_string(), path("server.crt"), "--tls-private-key-file".into(), path("server.key")])
+            .args([
+                "--tls-cert-file".to_string(),
+                path("server.crt"),
+                "--tls-private-key-file".into(),
+                path("server.key"),
+            ])
             .args(["--token-auth-file".to_string(), path("tokens.csv")])
             .args(["--authorization-mode", "RBAC"])
             .args(["--service-account-issuer", "https://kubernetes.default.svc.cluster.local"])
@@ -166,13 +215,16 @@ impl KubeApi {
 
     async fn install_crds(&self) {
         let client = self.admin().await;
-        let text = std::fs::read_to_string(repo_path("deploy/crds/istio-crds.yaml")).expect("reading deploy/crds/istio-crds.yaml");
+        let text = std::fs::read_to_string(repo_path("deploy/crds/istio-crds.yaml"))
+            .expect("reading deploy/crds/istio-crds.yaml");
         let api: Api<CustomResourceDefinition> = Api::all(client.clone());
         let mut names = Vec::new();
         for doc in text.split("\n---").filter(|d| d.contains("kind: CustomResourceDefinition")) {
             let crd: CustomResourceDefinition = serde_saphyr::from_str(doc).expect("parsing a CRD");
             let name = crd.metadata.name.clone().expect("a CRD name");
-            api.patch(&name, &PatchParams::apply("meshpilot-tests").force(), &Patch::Apply(&crd)).await.expect("applying a CRD");
+            api.patch(&name, &PatchParams::apply("meshpilot-tests").force(), &Patch::Apply(&crd))
+                .await
+                .expect("applying a CRD");
             names.push(name);
         }
         // Established CRDs are served (and in discovery) only after a moment.
@@ -195,7 +247,9 @@ impl KubeApi {
 /// `kubectl apply --server-side` does; `status` fields are written through the status subresource.
 pub async fn apply(client: &Client, yaml: &str) {
     let discovery = Discovery::new(client.clone()).run().await.expect("API discovery");
-    for doc in yaml.split("\n---").filter(|d| d.lines().any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))) {
+    for doc in
+        yaml.split("\n---").filter(|d| d.lines().any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#')))
+    {
         let value: Value = serde_saphyr::from_str(doc).unwrap_or_else(|e| panic!("test YAML: {e}\n{doc}"));
         let obj: DynamicObject = serde_json::from_value(value.clone()).expect("a Kubernetes object");
         let (resource, caps) = resolve(&discovery, &obj);
@@ -204,14 +258,16 @@ pub async fn apply(client: &Client, yaml: &str) {
         let params = PatchParams::apply("meshpilot-tests").force();
         api.patch(&name, &params, &Patch::Apply(&value)).await.unwrap_or_else(|e| panic!("applying {name}: {e}"));
         if value.get("status").is_some() {
-            api.patch_status(&name, &params, &Patch::Apply(&value)).await.unwrap_or_else(|e| panic!("status of {name}: {e}"));
+            api.patch_status(&name, &params, &Patch::Apply(&value))
+                .await
+                .unwrap_or_else(|e| panic!("status of {name}: {e}"));
         }
     }
 }
 
 /// Deletes an object by `apiVersion`, kind, namespace and name.
 pub async fn delete(client: &Client, api_version: &str, kind: &str, namespace: Option<&str>, name: &str) {
-    let discovery = Discovery::new(client.clone()).run().await.expect("API discovery");
+    let discovery = discover(client, &[gvk(api_version, kind)]).await;
     let mut obj = DynamicObject::new(name, &ApiResource::from_gvk(&gvk(api_version, kind)));
     obj.metadata.namespace = namespace.map(String::from);
     let (resource, caps) = resolve(&discovery, &obj);
@@ -222,6 +278,23 @@ pub async fn delete(client: &Client, api_version: &str, kind: &str, namespace: O
 fn gvk(api_version: &str, kind: &str) -> kube::api::GroupVersionKind {
     let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
     kube::api::GroupVersionKind::gvk(group, version, kind)
+}
+
+/// Discovery that serves every kind in `objects` (CRDs reappear in discovery only a moment
+/// after an API server restart).
+async fn discover(client: &Client, kinds: &[kube::api::GroupVersionKind]) -> Discovery {
+    let mut last = None;
+    let found = poll(STARTUP_TIMEOUT, async || {
+        let Ok(d) = Discovery::new(client.clone()).run().await else { return false };
+        let complete = kinds.iter().all(|k| d.resolve_gvk(k).is_some());
+        last = Some(d);
+        complete
+    })
+    .await;
+    match last {
+        Some(d) if found => d,
+        _ => panic!("the API server does not serve all of {kinds:?}"),
+    }
 }
 
 fn resolve(discovery: &Discovery, obj: &DynamicObject) -> (ApiResource, ApiCapabilities) {

@@ -32,10 +32,10 @@ pub mod istio;
 pub mod kube;
 /// A standalone meshpilot with a gateway and a sidecar Envoy.
 pub mod mesh;
-/// A network namespace with routable pod addresses.
-pub mod netns;
 /// The meshpilot binary in any mode.
 pub mod meshpilot;
+/// A network namespace with routable pod addresses.
+pub mod netns;
 /// An in-test OTLP receiver.
 pub mod otlp;
 /// The one poll helper and the default timeouts.

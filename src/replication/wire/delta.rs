@@ -7,6 +7,7 @@ use std::sync::Arc;
 use crate::config::IgnoredObject;
 use crate::config::{ConfigError, ConfigKey, ValidConfig};
 use crate::mesh::MeshConfig;
+use crate::registry::kubernetes::{KubeKey, KubeObjects};
 use crate::snapshot::{ChangeSet, ChangedKey, Snapshot, SourceState, Version};
 
 /// What turns the source state of `base` into that of `version`.
@@ -20,6 +21,10 @@ pub struct Delta {
     pub upserted: BTreeMap<ConfigKey, ValidConfig>,
     /// Objects removed.
     pub deleted: BTreeSet<ConfigKey>,
+    /// Kubernetes registry objects added or changed.
+    pub kube_upserted: KubeObjects,
+    /// Kubernetes registry objects removed.
+    pub kube_deleted: BTreeSet<KubeKey>,
     /// The new list of rejected documents, when it changed.
     pub errors: Option<Arc<Vec<ConfigError>>>,
     /// The new list of ignored documents, when it changed.
@@ -34,44 +39,15 @@ impl Delta {
     /// The delta from `prev` to `next`. Objects shared by both (the common case: ingest keeps the
     /// `Arc` of untouched objects) are skipped without comparing their contents.
     pub fn between(prev: &Snapshot, next: &Snapshot) -> Delta {
-        let mut upserted = BTreeMap::new();
-        let mut deleted = BTreeSet::new();
-        let mut old = prev.configs.iter().peekable();
-        let mut new = next.configs.iter().peekable();
-        loop {
-            let order = match (old.peek(), new.peek()) {
-                (None, None) => break,
-                (Some(_), None) => Ordering::Less,
-                (None, Some(_)) => Ordering::Greater,
-                (Some((ok, _)), Some((nk, _))) => ok.cmp(nk),
-            };
-            match order {
-                Ordering::Less => {
-                    if let Some((k, _)) = old.next() {
-                        deleted.insert(k.clone());
-                    }
-                }
-                Ordering::Greater => {
-                    if let Some((k, v)) = new.next() {
-                        upserted.insert(k.clone(), v.clone());
-                    }
-                }
-                Ordering::Equal => {
-                    if let (Some((_, o)), Some((k, n))) = (old.next(), new.next()) {
-                        if !Arc::ptr_eq(o, n) && o != n {
-                            upserted.insert(k.clone(), n.clone());
-                        }
-                    }
-                }
-            }
-        }
+        let (upserted, deleted) = diff(&prev.configs, &next.configs);
+        let (kube_upserted, kube_deleted) = diff(&prev.kube, &next.kube);
         let mesh = changed(&prev.mesh, &next.mesh);
         // A skipped version (the reader saw only the latest of a burst) means `next.changes`
         // misses the skipped snapshot's keys: derive the changes from the diff instead.
         let changes = if next.version == prev.version.next() {
             next.changes.clone()
         } else {
-            derived_changes(&upserted, &deleted, mesh.is_some())
+            derived_changes(&upserted, &deleted, &kube_upserted, &kube_deleted, mesh.is_some())
         };
         Delta {
             base: prev.version,
@@ -81,6 +57,8 @@ impl Delta {
             mesh,
             upserted,
             deleted,
+            kube_upserted,
+            kube_deleted,
             changes,
         }
     }
@@ -95,6 +73,14 @@ impl Delta {
         for (key, obj) in &later.upserted {
             self.deleted.remove(key);
             self.upserted.insert(key.clone(), obj.clone());
+        }
+        for key in &later.kube_deleted {
+            self.kube_upserted.remove(key);
+            self.kube_deleted.insert(key.clone());
+        }
+        for (key, obj) in &later.kube_upserted {
+            self.kube_deleted.remove(key);
+            self.kube_upserted.insert(key.clone(), obj.clone());
         }
         self.errors = later.errors.clone().or(self.errors);
         self.ignored = later.ignored.clone().or(self.ignored);
@@ -112,6 +98,12 @@ impl Delta {
         for (key, obj) in &self.upserted {
             state.configs.insert(key.clone(), obj.clone());
         }
+        for key in &self.kube_deleted {
+            state.kube.remove(key);
+        }
+        for (key, obj) in &self.kube_upserted {
+            state.kube.insert(key.clone(), obj.clone());
+        }
         if let Some(errors) = &self.errors {
             state.errors = errors.clone();
         }
@@ -124,20 +116,66 @@ impl Delta {
     }
 }
 
+/// The entries of `new` that are not in `old` or differ from it, and the keys only `old` has.
+/// Values shared by both (the common case: ingest keeps the `Arc` of untouched objects) are
+/// skipped without comparing their contents.
+fn diff<K: Ord + Clone, V: PartialEq>(
+    old: &BTreeMap<K, Arc<V>>,
+    new: &BTreeMap<K, Arc<V>>,
+) -> (BTreeMap<K, Arc<V>>, BTreeSet<K>) {
+    let mut upserted = BTreeMap::new();
+    let mut deleted = BTreeSet::new();
+    // One merge walk over both sorted maps: linear, no lookups.
+    let mut old = old.iter().peekable();
+    let mut new = new.iter().peekable();
+    loop {
+        let order = match (old.peek(), new.peek()) {
+            (None, None) => break,
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+            (Some((ok, _)), Some((nk, _))) => ok.cmp(nk),
+        };
+        match order {
+            Ordering::Less => {
+                if let Some((k, _)) = old.next() {
+                    deleted.insert(k.clone());
+                }
+            }
+            Ordering::Greater => {
+                if let Some((k, v)) = new.next() {
+                    upserted.insert(k.clone(), v.clone());
+                }
+            }
+            Ordering::Equal => {
+                if let (Some((_, o)), Some((k, n))) = (old.next(), new.next()) {
+                    if !Arc::ptr_eq(o, n) && o != n {
+                        upserted.insert(k.clone(), n.clone());
+                    }
+                }
+            }
+        }
+    }
+    (upserted, deleted)
+}
+
 /// The new value when it differs from the old one.
 fn changed<T: PartialEq>(old: &Arc<T>, new: &Arc<T>) -> Option<Arc<T>> {
     (!Arc::ptr_eq(old, new) && old != new).then(|| new.clone())
 }
 
-/// The changes implied by a config diff: every changed object's key; everything when the mesh
-/// config changed. Coarser than the ingest's own classification (no endpoint-only changes).
+/// The changes implied by a config and Kubernetes object diff: every changed object's key;
+/// everything when the mesh config changed. Coarser than the ingest's own classification (no
+/// endpoint-only changes).
 pub(crate) fn derived_changes(
     upserted: &BTreeMap<ConfigKey, ValidConfig>,
     deleted: &BTreeSet<ConfigKey>,
+    kube_upserted: &KubeObjects,
+    kube_deleted: &BTreeSet<KubeKey>,
     mesh_changed: bool,
 ) -> ChangeSet {
     let mut changes = ChangeSet::default();
     changes.keys.extend(upserted.keys().chain(deleted).cloned().map(ChangedKey::Config));
+    changes.keys.extend(kube_upserted.keys().chain(kube_deleted).cloned().map(ChangedKey::Kube));
     if mesh_changed {
         changes.full = true;
         changes.keys.insert(ChangedKey::Mesh);
@@ -148,7 +186,7 @@ pub(crate) fn derived_changes(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::replication::wire::payload::tests::{object, state};
+    use crate::replication::wire::payload::tests::{kube_objects, object, pod, state};
 
     fn build(v: Version, changes: ChangeSet, s: &SourceState) -> Snapshot {
         Snapshot::build(v, changes, s)
@@ -196,5 +234,43 @@ mod tests {
         let s3 = build(Version::new(1, 3), ChangeSet::default(), &s);
         let d = Delta::between(&s1, &s3);
         assert!(d.changes.keys.contains(&ChangedKey::Config(object("b").key)));
+    }
+
+    #[test]
+    fn kubernetes_objects_diff_coalesce_and_apply_like_configs() {
+        let mut s = state(&["a"]);
+        s.kube = kube_objects();
+        let s1 = build(Version::new(1, 1), ChangeSet::full(), &s);
+        let relabelled = pod("ratings-0", "10.1.0.1", "v2");
+        let gone = pod("ratings-1", "", "").key();
+        s.kube.insert(relabelled.key(), Arc::new(relabelled.clone()));
+        s.kube.remove(&gone);
+        // An equal copy under a new `Arc` is no change either.
+        let node = s.kube.keys().find(|k| k.kind == crate::registry::kubernetes::KubeKind::Node).cloned();
+        if let Some(node) = node {
+            let copy = Arc::new((*s.kube[&node]).clone());
+            s.kube.insert(node, copy);
+        }
+        let s2 = build(Version::new(1, 2), ChangeSet::default(), &s);
+        let d12 = Delta::between(&s1, &s2);
+        assert_eq!(d12.kube_upserted.keys().collect::<Vec<_>>(), [&relabelled.key()]);
+        assert_eq!(d12.kube_deleted.iter().collect::<Vec<_>>(), [&gone]);
+        assert!(d12.upserted.is_empty() && d12.deleted.is_empty());
+
+        // Back again, then coalesced: the last word per key wins.
+        let back = pod("ratings-1", "10.1.0.2", "v1");
+        s.kube.insert(back.key(), Arc::new(back));
+        let s3 = build(Version::new(1, 3), ChangeSet::default(), &s);
+        let d = d12.then(&Delta::between(&s2, &s3));
+        assert!(d.kube_deleted.is_empty());
+        assert_eq!(d.kube_upserted.len(), 2);
+        let mut applied = state(&["a"]);
+        applied.kube = kube_objects();
+        d.apply_to(&mut applied);
+        assert_eq!(applied.kube, s.kube);
+
+        // A skipped version names the Kubernetes keys in the derived changes.
+        let d13 = Delta::between(&s1, &s3);
+        assert!(d13.changes.keys.contains(&ChangedKey::Kube(relabelled.key())), "{:?}", d13.changes);
     }
 }

@@ -19,6 +19,7 @@ pub use payload::{decode_delta, decode_full, encode_delta, encode_full, FullUpda
 pub(crate) use payload::tests as tests_support;
 
 use crate::config::{ConfigKey, FieldError};
+use crate::registry::kubernetes::KubeKey;
 use crate::snapshot::Version;
 
 /// The generated protobuf types and gRPC stubs of `meshpilot.snapshot.v1`.
@@ -65,6 +66,9 @@ pub enum WireError {
     /// The same object appears twice.
     #[error("config object {0} appears twice in the payload")]
     Duplicate(ConfigKey),
+    /// The same Kubernetes object appears twice.
+    #[error("Kubernetes object {0} appears twice in the payload")]
+    DuplicateKube(KubeKey),
     /// A chunk names an encoding this build does not know.
     #[error("unknown payload encoding {0}")]
     Encoding(i32),

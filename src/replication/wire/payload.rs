@@ -12,7 +12,8 @@ use crate::config::parse::object_from_value;
 use crate::config::render::IstioDocument;
 use crate::config::IgnoredObject;
 use crate::config::{ConfigError, ConfigKey, ValidConfig};
-use crate::mesh::MeshConfig;
+use crate::mesh::{MeshConfig, DEFAULT_DOMAIN};
+use crate::registry::kubernetes::{KubeKey, KubeObject, KubeObjects};
 use crate::snapshot::{ChangeSet, Snapshot, SourceState, Version};
 
 /// A decoded full snapshot: the leader's source state and the changes its snapshot carries.
@@ -24,12 +25,13 @@ pub struct FullUpdate {
     pub changes: ChangeSet,
 }
 
-/// The mesh config with the hash that `MeshConfig`'s serde form leaves out.
+/// The mesh config with the hash and domain that `MeshConfig`'s serde form leaves out.
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct MeshOut<'a> {
     config: &'a MeshConfig,
     source_hash: u64,
+    domain: &'a str,
 }
 
 #[derive(Deserialize)]
@@ -37,16 +39,23 @@ struct MeshOut<'a> {
 struct MeshIn {
     config: MeshConfig,
     source_hash: u64,
+    // A leader from before the domain was carried only ran with the default one.
+    #[serde(default = "default_domain")]
+    domain: String,
+}
+
+fn default_domain() -> String {
+    DEFAULT_DOMAIN.to_string()
 }
 
 impl MeshIn {
     fn into_mesh(self) -> Arc<MeshConfig> {
-        Arc::new(MeshConfig { source_hash: self.source_hash, ..self.config })
+        Arc::new(MeshConfig { source_hash: self.source_hash, domain: self.domain, ..self.config })
     }
 }
 
 fn mesh_out(mesh: &MeshConfig) -> MeshOut<'_> {
-    MeshOut { config: mesh, source_hash: mesh.source_hash }
+    MeshOut { config: mesh, source_hash: mesh.source_hash, domain: &mesh.domain }
 }
 
 #[derive(Serialize)]
@@ -56,6 +65,8 @@ struct FullOut<'a> {
     ignored: &'a [IgnoredObject],
     mesh: MeshOut<'a>,
     changes: &'a ChangeSet,
+    /// Kubernetes objects in key order; each object carries its key.
+    kube: Vec<&'a KubeObject>,
 }
 
 // Unknown fields are ignored so that a newer leader can add some during a rolling upgrade.
@@ -66,6 +77,9 @@ struct FullIn {
     ignored: Vec<IgnoredObject>,
     mesh: MeshIn,
     changes: ChangeSet,
+    // Absent from an older leader's payload: it had no Kubernetes objects.
+    #[serde(default)]
+    kube: Vec<KubeObject>,
 }
 
 #[derive(Serialize)]
@@ -79,6 +93,10 @@ struct DeltaOut<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     mesh: Option<MeshOut<'a>>,
     changes: &'a ChangeSet,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    kube_upserted: Vec<&'a KubeObject>,
+    #[serde(skip_serializing_if = "BTreeSet::is_empty")]
+    kube_deleted: &'a BTreeSet<KubeKey>,
 }
 
 #[derive(Deserialize)]
@@ -92,6 +110,10 @@ struct DeltaIn {
     #[serde(default)]
     mesh: Option<MeshIn>,
     changes: ChangeSet,
+    #[serde(default)]
+    kube_upserted: Vec<KubeObject>,
+    #[serde(default)]
+    kube_deleted: BTreeSet<KubeKey>,
 }
 
 /// Encodes a snapshot's whole source state.
@@ -102,6 +124,7 @@ pub fn encode_full(snapshot: &Snapshot) -> Result<Bytes, WireError> {
         ignored: &snapshot.ignored,
         mesh: mesh_out(&snapshot.mesh),
         changes: &snapshot.changes,
+        kube: snapshot.kube.values().map(|o| &**o).collect(),
     };
     serde_json::to_vec(&out).map(Bytes::from).map_err(|source| WireError::Encode { kind: "full", source })
 }
@@ -115,7 +138,7 @@ pub fn decode_full(payload: &[u8]) -> Result<FullUpdate, WireError> {
             errors: Arc::new(full.errors),
             ignored: Arc::new(full.ignored),
             mesh: full.mesh.into_mesh(),
-            kube: Default::default(),
+            kube: kube_objects(full.kube)?,
         },
         changes: full.changes,
     })
@@ -130,6 +153,8 @@ pub fn encode_delta(delta: &Delta) -> Result<Bytes, WireError> {
         ignored: delta.ignored.as_deref().map(Vec::as_slice),
         mesh: delta.mesh.as_deref().map(mesh_out),
         changes: &delta.changes,
+        kube_upserted: delta.kube_upserted.values().map(|o| &**o).collect(),
+        kube_deleted: &delta.kube_deleted,
     };
     serde_json::to_vec(&out).map(Bytes::from).map_err(|source| WireError::Encode { kind: "delta", source })
 }
@@ -141,11 +166,17 @@ pub fn decode_delta(base: Version, version: Version, payload: &[u8]) -> Result<D
     if let Some(key) = upserted.keys().find(|k| delta.deleted.contains(*k)) {
         return Err(WireError::Duplicate(key.clone()));
     }
+    let kube_upserted = kube_objects(delta.kube_upserted)?;
+    if let Some(key) = kube_upserted.keys().find(|k| delta.kube_deleted.contains(*k)) {
+        return Err(WireError::DuplicateKube(key.clone()));
+    }
     Ok(Delta {
         base,
         version,
         upserted,
         deleted: delta.deleted,
+        kube_upserted,
+        kube_deleted: delta.kube_deleted,
         errors: delta.errors.map(Arc::new),
         ignored: delta.ignored.map(Arc::new),
         mesh: delta.mesh.map(MeshIn::into_mesh),
@@ -170,11 +201,108 @@ fn objects(docs: Vec<Value>) -> Result<BTreeMap<ConfigKey, ValidConfig>, WireErr
     Ok(configs)
 }
 
+/// Keys Kubernetes objects by their own identity (so a payload cannot file one under another key).
+fn kube_objects(objects: Vec<KubeObject>) -> Result<KubeObjects, WireError> {
+    let mut kube = KubeObjects::new();
+    for obj in objects {
+        let key = obj.key();
+        if kube.insert(key.clone(), Arc::new(obj)).is_some() {
+            return Err(WireError::DuplicateKube(key));
+        }
+    }
+    Ok(kube)
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
     use crate::config::parse::{parse_file, Document};
     use crate::config::{ConfigObject, FieldError, Kind};
+    use crate::registry::kubernetes::{
+        KubeEndpointSlice, KubeKind, KubeNamespace, KubeNode, KubePod, KubeService, KubeServicePort, ServiceType,
+        SliceEndpoint, SlicePort, TargetPort,
+    };
+
+    /// A pod `name` of the ratings deployment at `ip`, labelled `version`.
+    pub(crate) fn pod(name: &str, ip: &str, version: &str) -> KubeObject {
+        KubeObject::Pod(KubePod {
+            name: name.into(),
+            namespace: "bookinfo".into(),
+            labels: [("app".to_string(), "ratings".to_string()), ("version".to_string(), version.to_string())].into(),
+            service_account: "bookinfo-ratings".into(),
+            ips: vec![ip.into()],
+            node_name: "node-a".into(),
+            ready: true,
+            terminating: false,
+            named_ports: [("http".to_string(), 9080)].into(),
+        })
+    }
+
+    /// The ratings EndpointSlice with one ready endpoint per `(pod, ip)`.
+    pub(crate) fn slice(endpoints: &[(&str, &str)]) -> KubeObject {
+        KubeObject::EndpointSlice(KubeEndpointSlice {
+            name: "ratings-abcde".into(),
+            namespace: "bookinfo".into(),
+            service_name: "ratings".into(),
+            address_type: "IPv4".into(),
+            ports: vec![SlicePort { name: "http".into(), port: Some(9080), protocol: "TCP".into() }],
+            endpoints: endpoints
+                .iter()
+                .map(|(pod, ip)| SliceEndpoint {
+                    addresses: vec![ip.to_string()],
+                    ready: Some(true),
+                    serving: Some(true),
+                    terminating: None,
+                    pod: Some(pod.to_string()),
+                    node_name: Some("node-a".into()),
+                    zone: Some("zone-1".into()),
+                    hostname: None,
+                })
+                .collect(),
+        })
+    }
+
+    /// Kubernetes objects of the ratings service: the Service, its slice, two pods, their node
+    /// and their namespace.
+    pub(crate) fn kube_objects() -> KubeObjects {
+        let service = KubeObject::Service(KubeService {
+            name: "ratings".into(),
+            namespace: "bookinfo".into(),
+            labels: [("app".to_string(), "ratings".to_string())].into(),
+            selector: Some([("app".to_string(), "ratings".to_string())].into()),
+            service_type: ServiceType::ClusterIp,
+            cluster_ips: vec!["10.96.0.10".into()],
+            headless: false,
+            external_name: None,
+            ports: vec![KubeServicePort {
+                name: "http".into(),
+                port: 9080,
+                protocol: "TCP".into(),
+                app_protocol: Some("http".into()),
+                target_port: Some(TargetPort::Name("http".into())),
+            }],
+            export_to: vec![".".into()],
+        });
+        let node = KubeObject::Node(KubeNode {
+            name: "node-a".into(),
+            region: "region-1".into(),
+            zone: "zone-1".into(),
+            subzone: String::new(),
+        });
+        let namespace = KubeObject::Namespace(KubeNamespace {
+            name: "bookinfo".into(),
+            labels: [("topology.istio.io/network".to_string(), "net-1".to_string())].into(),
+        });
+        let objects = [
+            service,
+            slice(&[("ratings-0", "10.1.0.1"), ("ratings-1", "10.1.0.2")]),
+            pod("ratings-0", "10.1.0.1", "v1"),
+            pod("ratings-1", "10.1.0.2", "v1"),
+            node,
+            namespace,
+        ];
+        objects.into_iter().map(|o| (o.key(), Arc::new(o))).collect()
+    }
 
     /// A ServiceEntry named `name` in namespace `ns`.
     pub(crate) fn object(name: &str) -> ConfigObject {
@@ -223,7 +351,9 @@ pub(crate) mod tests {
             name: "x".into(),
         }]);
         let mesh = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/mesh.yaml");
-        s.mesh = Arc::new(MeshConfig::load(std::path::Path::new(mesh)).unwrap());
+        let mesh = MeshConfig::load(std::path::Path::new(mesh)).unwrap();
+        s.mesh = Arc::new(MeshConfig { domain: "corp.internal".into(), ..mesh });
+        s.kube = kube_objects();
         s
     }
 
@@ -234,12 +364,13 @@ pub(crate) mod tests {
         assert_eq!(a.errors, b.errors);
         assert_eq!(a.ignored, b.ignored);
         assert_eq!(a.mesh, b.mesh);
+        assert_eq!(a.kube, b.kube);
     }
 
     #[test]
     fn full_round_trip_rebuilds_the_same_snapshot() {
         let leader = Snapshot::build(Version::new(3, 7), ChangeSet::full(), &bookinfo());
-        assert!(leader.configs.len() > 5 && !leader.registry.services.is_empty());
+        assert!(leader.configs.len() > 5 && !leader.registry.services.is_empty() && leader.kube.len() == 6);
         let full = decode_full(&encode_full(&leader).unwrap()).unwrap();
         assert_eq!(full.changes, leader.changes);
         assert_same(&leader, &Snapshot::build(leader.version, full.changes, &full.state));
@@ -255,11 +386,25 @@ pub(crate) mod tests {
         s.configs.insert(o.key.clone(), Arc::new(o));
         s.errors = Arc::new(Vec::new());
         s.mesh = Arc::new(MeshConfig::default());
+        // A pod relabelled, one gone (and out of the slice), one added; the node goes.
+        let kube = &mut s.kube;
+        kube.remove(&pod("ratings-1", "", "").key());
+        kube.remove(&KubeKey { kind: KubeKind::Node, namespace: String::new(), name: "node-a".into() });
+        for o in [
+            pod("ratings-0", "10.1.0.1", "v2"),
+            pod("ratings-2", "10.1.0.3", "v1"),
+            slice(&[("ratings-0", "10.1.0.1"), ("ratings-2", "10.1.0.3")]),
+        ] {
+            kube.insert(o.key(), Arc::new(o));
+        }
         let s2 = Snapshot::build(Version::new(1, 2), ChangeSet::default(), &s);
 
         let delta = Delta::between(&s1, &s2);
+        assert_eq!(delta.kube_upserted.len(), 3);
+        assert_eq!(delta.kube_deleted.len(), 2);
         let decoded = decode_delta(s1.version, s2.version, &encode_delta(&delta).unwrap()).unwrap();
         assert_eq!(decoded, delta);
+        assert_eq!(decoded.mesh.as_ref().map(|m| m.domain.as_str()), Some(DEFAULT_DOMAIN));
         let mut frontend = SourceState {
             configs: s1.configs.clone(),
             errors: s1.errors.clone(),
@@ -288,5 +433,43 @@ pub(crate) mod tests {
         let se = serde_json::to_value(IstioDocument(&object("a"))).unwrap();
         doc["configs"] = serde_json::json!([se.clone(), se]);
         assert!(matches!(decode_full(doc.to_string().as_bytes()), Err(WireError::Duplicate(_))));
+    }
+
+    #[test]
+    fn an_older_leaders_payloads_decode_without_kubernetes_objects() {
+        let leader = Snapshot::build(Version::new(3, 7), ChangeSet::full(), &bookinfo());
+        let mut doc: Value = serde_json::from_slice(&encode_full(&leader).unwrap()).unwrap();
+        let Some(root) = doc.as_object_mut() else { panic!("{doc}") };
+        root.remove("kube");
+        let Some(mesh) = root.get_mut("mesh").and_then(Value::as_object_mut) else { panic!("{doc}") };
+        mesh.remove("domain");
+        let full = decode_full(doc.to_string().as_bytes()).unwrap();
+        assert!(full.state.kube.is_empty());
+        assert_eq!(full.state.mesh.domain, DEFAULT_DOMAIN);
+        assert_eq!(full.state.configs, leader.configs);
+
+        let v = Version::new(1, 2);
+        let old_delta = serde_json::json!({"upserted": [], "deleted": [], "changes": {"full": false, "keys": []}});
+        let delta = decode_delta(Version::new(1, 1), v, old_delta.to_string().as_bytes()).unwrap();
+        assert!(delta.kube_upserted.is_empty() && delta.kube_deleted.is_empty());
+    }
+
+    #[test]
+    fn bad_kubernetes_objects_are_typed_errors() {
+        let v = Version::new(1, 2);
+        let state = SourceState { kube: kube_objects(), ..Default::default() };
+        let mut doc: Value =
+            serde_json::from_slice(&encode_full(&Snapshot::build(v, ChangeSet::full(), &state)).unwrap()).unwrap();
+        let first = doc["kube"][0].clone();
+        doc["kube"] = serde_json::json!([first.clone(), first]);
+        assert!(matches!(decode_full(doc.to_string().as_bytes()), Err(WireError::DuplicateKube(_))));
+        doc["kube"] = serde_json::json!([{"Pod": {"name": "p"}}]);
+        assert!(matches!(decode_full(doc.to_string().as_bytes()), Err(WireError::Json { .. })));
+
+        let p = pod("ratings-0", "10.1.0.1", "v1");
+        let delta = serde_json::json!({"upserted": [], "deleted": [], "changes": {"full": false, "keys": []},
+            "kube_upserted": [serde_json::to_value(&p).unwrap()], "kube_deleted": [p.key()]});
+        let err = decode_delta(Version::new(1, 1), v, delta.to_string().as_bytes()).unwrap_err();
+        assert!(matches!(err, WireError::DuplicateKube(ref k) if *k == p.key()), "{err}");
     }
 }

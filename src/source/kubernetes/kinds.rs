@@ -101,7 +101,7 @@ pub fn istio_object(watched: &Watched, obj: DynamicObject) -> Item {
 pub fn mesh_config_map(_: &Watched, cm: ConfigMap) -> Item {
     let namespace = cm.metadata.namespace.unwrap_or_default();
     let text = cm.data.and_then(|mut d| d.remove("mesh")).unwrap_or_default();
-    Item::Mesh(MeshConfig::parse(&format!("ConfigMap {namespace}/{MESH_CONFIG_MAP} key mesh"), &text))
+    Item::Mesh(Box::new(MeshConfig::parse(&format!("ConfigMap {namespace}/{MESH_CONFIG_MAP} key mesh"), &text)))
 }
 
 #[cfg(test)]
@@ -146,7 +146,8 @@ mod tests {
         let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "istio", "namespace": "istio-system"},
             "data": {"mesh": "trustDomain: example.org\n"}}))
         .unwrap();
-        let Item::Mesh(Ok(m)) = mesh_config_map(&Watched::MeshConfigMap, cm) else { panic!() };
+        let Item::Mesh(m) = mesh_config_map(&Watched::MeshConfigMap, cm) else { panic!() };
+        let m = m.unwrap();
         assert_eq!(m.trust_domain, "example.org");
     }
 }

@@ -99,6 +99,9 @@ where
                 update = rx.recv() => update,
             };
             let Some(update) = update else { return };
+            if matches!(update.change, Change::Relisted(_)) {
+                metrics.kube_lists.with_label_values(&[update.watched.to_string().as_str()]).inc();
+            }
             let outcome = state.apply(update);
             metrics.set_problems(SourceId::Kubernetes, &state.problem_counts());
             for event in outcome.events {

@@ -216,7 +216,7 @@ impl KubeState {
     ) -> Option<Arc<MeshConfig>> {
         let slot = (watched, name);
         match item {
-            Item::Mesh(mesh) => return self.set_mesh(mesh),
+            Item::Mesh(mesh) => return self.set_mesh(*mesh),
             Item::Kube(obj) => {
                 let key = obj.key();
                 if let Some(Held::Kube(_, old)) = self.held.get(&slot) {
@@ -307,5 +307,123 @@ impl ObjectName {
     /// The smallest name: the start of a kind's range.
     fn min() -> ObjectName {
         ObjectName { namespace: String::new(), name: String::new() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse::parse_object;
+    use crate::registry::kubernetes::{KubeKind, KubeNamespace};
+    use serde_json::json;
+
+    const NS: Watched = Watched::Registry(KubeKind::Namespace);
+    const VS: Watched =
+        Watched::Istio(super::super::kinds::IstioKind { group: "networking.istio.io", kind: "VirtualService" });
+
+    fn name(ns: &str, n: &str) -> ObjectName {
+        ObjectName { namespace: ns.into(), name: n.into() }
+    }
+
+    fn namespace(n: &str) -> (ObjectName, Item) {
+        (name("", n), Item::Kube(KubeObject::Namespace(KubeNamespace { name: n.into(), labels: Default::default() })))
+    }
+
+    fn vs(weight: i64) -> Item {
+        Item::Config(parse_object(
+            SOURCE_NAME,
+            json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService", "metadata": {"name": "r", "namespace": "shop"},
+                   "spec": {"hosts": ["r"], "http": [{"route": [{"destination": {"host": "r"}, "weight": weight}]}]}}),
+        ))
+    }
+
+    fn update(watched: Watched, change: Change) -> Update {
+        Update { watched, change }
+    }
+
+    fn kube_changes(out: &Outcome) -> Vec<(String, bool)> {
+        out.events
+            .iter()
+            .flat_map(|e| match e {
+                SourceEvent::Kube(v) => v.iter().map(|(k, o)| (k.name.clone(), o.is_some())).collect(),
+                _ => Vec::new(),
+            })
+            .collect()
+    }
+
+    fn init_done(out: &Outcome) -> bool {
+        out.events.iter().any(|e| matches!(e, SourceEvent::InitDone(SourceId::Kubernetes)))
+    }
+
+    fn errors(out: &Outcome) -> Option<Vec<String>> {
+        out.events.iter().rev().find_map(|e| match e {
+            SourceEvent::Status { errors, .. } => Some(errors.iter().map(ToString::to_string).collect()),
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn init_done_waits_for_every_kind_and_a_relist_deletes_what_is_gone() {
+        let mut s = KubeState::new([NS, VS], false, "cluster.local".into());
+        let out = s.apply(update(NS, Change::Relisted(vec![namespace("a"), namespace("b")])));
+        assert_eq!(kube_changes(&out), [("a".into(), true), ("b".into(), true)]);
+        assert!(!init_done(&out), "VirtualServices have not listed yet");
+        let out = s.apply(update(VS, Change::Relisted(vec![])));
+        assert!(init_done(&out));
+
+        // A relist after a 410 Gone or a dropped watch: `a` vanished meanwhile, `b` is unchanged
+        // (nothing sent for it), `c` is new.
+        let out = s.apply(update(NS, Change::Relisted(vec![namespace("b"), namespace("c")])));
+        assert_eq!(kube_changes(&out), [("a".into(), false), ("c".into(), true)]);
+        assert!(!init_done(&out), "InitDone is sent once");
+    }
+
+    #[test]
+    fn an_invalid_update_keeps_the_last_valid_version_and_is_reported() {
+        let mut s = KubeState::new([VS], false, "cluster.local".into());
+        let out = s.apply(update(VS, Change::Relisted(vec![(name("shop", "r"), vs(100))])));
+        assert!(out.events.iter().any(|e| matches!(e, SourceEvent::Config(c) if c[0].1.is_some())));
+        let out = s.apply(update(VS, Change::Applied(name("shop", "r"), vs(-1))));
+        assert!(!out.events.iter().any(|e| matches!(e, SourceEvent::Config(_))), "nothing replaces or deletes it");
+        let errs = errors(&out).unwrap_or_default();
+        assert!(errs.iter().any(|e| e.contains("VirtualService shop/r") && e.contains("weight")), "{errs:?}");
+        // Fixed: served, and the error is gone.
+        let out = s.apply(update(VS, Change::Applied(name("shop", "r"), vs(50))));
+        assert!(out.events.iter().any(|e| matches!(e, SourceEvent::Config(_))));
+        assert_eq!(errors(&out), Some(vec![]));
+        // Deleted: a deletion is sent.
+        let out = s.apply(update(VS, Change::Deleted(name("shop", "r"))));
+        assert!(out.events.iter().any(|e| matches!(e, SourceEvent::Config(c) if c[0].1.is_none())));
+    }
+
+    #[test]
+    fn a_forbidden_kind_counts_as_listed_and_an_unreachable_server_does_not() {
+        let mut s = KubeState::new([NS, VS], false, "cluster.local".into());
+        let out = s.apply(update(NS, Change::Failed(Failure::Unreachable("connection refused".into()))));
+        assert!(!init_done(&out));
+        let out = s.apply(update(VS, Change::Failed(Failure::Forbidden("403".into()))));
+        assert!(!init_done(&out), "namespaces still pending");
+        let errs = errors(&out).unwrap_or_default();
+        assert!(errs.iter().any(|e| e.contains("VirtualService") && e.contains("forbidden")), "{errs:?}");
+        assert_eq!(s.problem_counts(), BTreeMap::from([("forbidden", 1), ("unreachable", 1)]));
+        let out = s.apply(update(NS, Change::Relisted(vec![namespace("a")])));
+        assert!(init_done(&out));
+        assert_eq!(s.problem_counts(), BTreeMap::from([("forbidden", 1)]));
+    }
+
+    #[test]
+    fn mesh_config_map_owns_the_mesh_and_its_init() {
+        let mut s = KubeState::new([Watched::MeshConfigMap], true, "corp.internal".into());
+        let out = s.apply(update(Watched::MeshConfigMap, Change::Relisted(vec![])));
+        let mesh = out.events.iter().find_map(|e| match e {
+            SourceEvent::Mesh(m) => Some(m.clone()),
+            _ => None,
+        });
+        assert_eq!(mesh.map(|m| m.domain.clone()).as_deref(), Some("corp.internal"), "defaults without the ConfigMap");
+        assert!(out.events.iter().any(|e| matches!(e, SourceEvent::InitDone(SourceId::MeshConfig))));
+        let bad = Item::Mesh(Box::new(MeshConfig::parse("cm", "connectTimeout: -1s\n")));
+        let out = s.apply(update(Watched::MeshConfigMap, Change::Applied(name("istio-system", "istio"), bad)));
+        assert!(!out.events.iter().any(|e| matches!(e, SourceEvent::Mesh(_))), "an invalid mesh config is not applied");
+        assert!(errors(&out).unwrap_or_default().iter().any(|e| e.contains("connectTimeout")));
     }
 }

@@ -36,6 +36,8 @@ impl fmt::Display for ObjectName {
 }
 
 /// What one watched object became.
+// Short-lived: each item is moved once, from the converting thread into the state owner.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Item {
     /// A registry object.
@@ -43,7 +45,7 @@ pub enum Item {
     /// An Istio config object: valid, of a kind not served, or rejected.
     Config(Document),
     /// The mesh config ConfigMap's `mesh` key.
-    Mesh(Result<MeshConfig, MeshConfigError>),
+    Mesh(Box<Result<MeshConfig, MeshConfigError>>),
 }
 
 /// Why a watch is not delivering.
@@ -73,7 +75,9 @@ impl Failure {
         !matches!(self, Failure::Unreachable(_))
     }
 
-    fn from_watcher(error: &watcher::Error) -> Failure {
+    /// What a watcher error means; `None` for a 410 Gone, which the watcher answers itself by
+    /// relisting (a normal event after a long disconnection or an API server restart).
+    fn from_watcher(error: &watcher::Error) -> Option<Failure> {
         let api_code = match error {
             watcher::Error::InitialListFailed(kube::Error::Api(s))
             | watcher::Error::WatchStartFailed(kube::Error::Api(s))
@@ -82,11 +86,12 @@ impl Failure {
             _ => None,
         };
         let text = error.to_string();
-        match api_code {
+        Some(match api_code {
+            Some(410) => return None,
             Some(401 | 403) => Failure::Forbidden(text),
             Some(404) => Failure::NotInstalled(text),
             _ => Failure::Unreachable(text),
-        }
+        })
     }
 }
 
@@ -101,6 +106,8 @@ impl fmt::Display for Failure {
 }
 
 /// What a watch reports to the state owner.
+// Short-lived, as `Item`.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Change {
     /// A complete list (first, or after a 410/relist): objects not in it are gone.
@@ -157,7 +164,7 @@ pub async fn pump<K>(
             }
             Some(Ok(Event::InitDone)) => {
                 let objects = std::mem::take(&mut listing);
-                let w = watched.clone();
+                let w = watched;
                 let converted = tokio::task::spawn_blocking(move || {
                     objects.into_iter().map(|o| (name_of(&o), convert(&w, o))).collect::<Vec<_>>()
                 })
@@ -169,16 +176,22 @@ pub async fn pump<K>(
             }
             Some(Ok(Event::Apply(obj))) => {
                 let name = name_of(&obj);
-                let w = watched.clone();
+                let w = watched;
                 match tokio::task::spawn_blocking(move || convert(&w, obj)).await {
                     Ok(item) => Change::Applied(name, item),
                     Err(e) => Change::Failed(Failure::Unreachable(format!("converting {name}: {e}"))),
                 }
             }
             Some(Ok(Event::Delete(obj))) => Change::Deleted(name_of(&obj)),
-            Some(Err(e)) => Change::Failed(Failure::from_watcher(&e)),
+            Some(Err(e)) => match Failure::from_watcher(&e) {
+                Some(failure) => Change::Failed(failure),
+                None => {
+                    tracing::info!(kind = %watched, "kubernetes: watch expired (410 Gone); relisting");
+                    continue;
+                }
+            },
         };
-        if tx.send(Update { watched: watched.clone(), change }).await.is_err() {
+        if tx.send(Update { watched, change }).await.is_err() {
             return;
         }
     }

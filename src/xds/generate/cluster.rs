@@ -19,7 +19,7 @@ use super::traffic_policy::{self, Policy};
 use super::Resource;
 use crate::config::api::destination_rule::Subset;
 use crate::config::api::DestinationRule;
-use crate::registry::{Endpoint, Resolution, Service, ServicePort};
+use crate::registry::{Endpoint, EndpointHealth, Resolution, Service, ServicePort};
 
 /// One outbound cluster to build: a service port, optionally narrowed to a subset.
 pub(super) struct OutboundCluster<'a> {
@@ -110,13 +110,16 @@ fn dns_assignment(scope: &Scope<'_>, oc: &OutboundCluster<'_>, logical: bool) ->
         let host = Endpoint {
             address: oc.service.hostname.to_string(),
             ports: Default::default(),
+            listed_ports_only: false,
             labels: Default::default(),
             locality: String::new(),
             network: String::new(),
             weight: 1,
             service_account: String::new(),
+            health: EndpointHealth::Healthy,
         };
-        cla.endpoints = vec![locality_endpoints("", &[&host], |e| e.port_for(oc.port))];
+        let port = oc.port.target_port.unwrap_or(oc.port.number);
+        cla.endpoints = vec![locality_endpoints("", &[(&host, port)])];
     }
     cla
 }

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use envoy_types::pb::envoy::config::core::v3::Locality;
+use envoy_types::pb::envoy::config::core::v3::{HealthStatus, Locality};
 use envoy_types::pb::envoy::config::endpoint::v3::{
     lb_endpoint::HostIdentifier, ClusterLoadAssignment, Endpoint as EnvoyEndpoint, LbEndpoint, LocalityLbEndpoints,
 };
@@ -11,8 +11,9 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 use super::cluster::{outbound_clusters, OutboundCluster};
 use super::proto::{resource, socket_address, u32_value};
 use super::scope::Scope;
+use super::traffic_policy::Policy;
 use super::Resource;
-use crate::registry::{Endpoint, Resolution};
+use crate::registry::{Endpoint, EndpointHealth, Resolution};
 
 /// Every load assignment the proxy's EDS clusters need, including empty ones: Envoy keeps an EDS
 /// cluster warming until its assignment arrives.
@@ -24,44 +25,66 @@ pub(super) fn load_assignments(scope: &Scope<'_>) -> Vec<Resource> {
         .collect()
 }
 
-/// The endpoints of one cluster (subset applied), keeping those `keep` accepts.
+/// The endpoints of one cluster (subset applied), keeping those `keep` accepts and that serve the
+/// cluster's port. Health follows Istio: terminating endpoints are never sent; not-ready ones are
+/// sent as UNHEALTHY (so Envoy counts them in the healthy percentage) unless outlier detection's
+/// `minHealthPercent` would make Envoy route to them in panic mode.
 pub(super) fn assignment(
     scope: &Scope<'_>,
     cluster: &OutboundCluster<'_>,
     keep: fn(&Endpoint) -> bool,
 ) -> ClusterLoadAssignment {
     let endpoints = scope.snapshot.endpoints(cluster.service);
+    let policy = Policy::effective(cluster.rule, cluster.subset, cluster.port.number);
+    let panic_threshold = policy.outlier_detection.and_then(|o| o.min_health_percent).is_some_and(|p| p > 0);
     let selected = endpoints
         .map(|e| e.as_slice())
         .unwrap_or_default()
         .iter()
         .filter(|e| keep(e))
-        .filter(|e| cluster.subset.is_none_or(|s| e.matches(&s.labels)));
-    let mut by_locality: BTreeMap<&str, Vec<&Endpoint>> = BTreeMap::new();
-    for endpoint in selected {
-        by_locality.entry(endpoint.locality.as_str()).or_default().push(endpoint);
+        .filter(|e| match e.health {
+            EndpointHealth::Healthy | EndpointHealth::Draining => true,
+            EndpointHealth::Unhealthy => !panic_threshold,
+            EndpointHealth::Terminating => false,
+        })
+        .filter(|e| cluster.subset.is_none_or(|s| e.matches(&s.labels)))
+        .filter_map(|e| Some((e, e.port_for(cluster.port)?)));
+    let mut by_locality: BTreeMap<&str, Vec<(&Endpoint, u16)>> = BTreeMap::new();
+    for (endpoint, port) in selected {
+        by_locality.entry(endpoint.locality.as_str()).or_default().push((endpoint, port));
     }
-    let endpoints = by_locality
-        .into_iter()
-        .map(|(locality, endpoints)| locality_endpoints(locality, &endpoints, |e| e.port_for(cluster.port)))
-        .collect();
+    let endpoints =
+        by_locality.into_iter().map(|(locality, endpoints)| locality_endpoints(locality, &endpoints)).collect();
     ClusterLoadAssignment { cluster_name: cluster.name.clone(), endpoints, ..Default::default() }
 }
 
-/// Endpoints of one locality, weighted as their WorkloadEntries say.
-pub(super) fn locality_endpoints(
-    locality: &str,
-    endpoints: &[&Endpoint],
-    port_of: impl Fn(&Endpoint) -> u16,
-) -> LocalityLbEndpoints {
-    let lb_endpoints: Vec<LbEndpoint> =
-        endpoints.iter().map(|e| lb_endpoint(&e.address, port_of(e), e.weight.max(1))).collect();
-    let total: u32 = endpoints.iter().map(|e| e.weight.max(1)).fold(0, u32::saturating_add);
+/// Endpoints of one locality with the port each serves, weighted as their WorkloadEntries say.
+pub(super) fn locality_endpoints(locality: &str, endpoints: &[(&Endpoint, u16)]) -> LocalityLbEndpoints {
+    let lb_endpoints: Vec<LbEndpoint> = endpoints
+        .iter()
+        .map(|(e, port)| {
+            let mut lb = lb_endpoint(&e.address, *port, e.weight.max(1));
+            lb.health_status = health_status(e.health) as i32;
+            lb
+        })
+        .collect();
+    let total: u32 = endpoints.iter().map(|(e, _)| e.weight.max(1)).fold(0, u32::saturating_add);
     LocalityLbEndpoints {
         locality: parse_locality(locality),
         lb_endpoints,
         load_balancing_weight: Some(u32_value(total.max(1))),
         ..Default::default()
+    }
+}
+
+/// Envoy's health status of an endpoint; healthy ones stay UNKNOWN, which Envoy treats as healthy
+/// (and which keeps ServiceEntry endpoints' output as it always was).
+fn health_status(health: EndpointHealth) -> HealthStatus {
+    match health {
+        EndpointHealth::Healthy => HealthStatus::Unknown,
+        EndpointHealth::Unhealthy => HealthStatus::Unhealthy,
+        EndpointHealth::Draining => HealthStatus::Draining,
+        EndpointHealth::Terminating => HealthStatus::Unhealthy,
     }
 }
 
@@ -165,5 +188,105 @@ mod tests {
         let s = testdata_snapshot("bookinfo.yaml");
         let all = names(&s, &sidecar("bookinfo", &[]), TypeUrl::Endpoint);
         assert!(!all.iter().any(|n| n.contains("httpbin.org")), "DNS clusters carry their endpoints: {all:?}");
+    }
+
+    fn kube_snapshot(yaml: &str) -> crate::snapshot::Snapshot {
+        use crate::registry::kubernetes::*;
+        use crate::snapshot::{ChangeSet, Snapshot, SourceState, Version};
+        use std::sync::Arc;
+
+        let endpoint = |ip: &str, ready: bool, terminating: bool| SliceEndpoint {
+            addresses: vec![ip.into()],
+            ready: Some(ready),
+            serving: Some(ready),
+            terminating: Some(terminating),
+            pod: None,
+            node_name: None,
+            zone: None,
+            hostname: None,
+        };
+        let port = |name: &str, n: u16| KubeServicePort {
+            name: name.into(),
+            port: n,
+            protocol: "TCP".into(),
+            app_protocol: None,
+            target_port: None,
+        };
+        let slice = |name: &str, ports: &[(&str, u16)], endpoints| KubeEndpointSlice {
+            name: name.into(),
+            namespace: "shop".into(),
+            service_name: "web".into(),
+            address_type: "IPv4".into(),
+            ports: ports
+                .iter()
+                .map(|(n, p)| SlicePort { name: n.to_string(), port: Some(*p), protocol: "TCP".into() })
+                .collect(),
+            endpoints,
+        };
+        let objects = vec![
+            KubeObject::Service(KubeService {
+                name: "web".into(),
+                namespace: "shop".into(),
+                labels: Default::default(),
+                selector: None,
+                service_type: ServiceType::ClusterIp,
+                cluster_ips: vec!["10.96.0.1".into()],
+                headless: false,
+                external_name: None,
+                ports: vec![port("http", 80), port("admin", 81)],
+                export_to: vec![],
+            }),
+            KubeObject::EndpointSlice(slice(
+                "web-a",
+                &[("http", 8080), ("admin", 8081)],
+                vec![
+                    endpoint("10.0.0.1", true, false),
+                    endpoint("10.0.0.2", false, false),
+                    endpoint("10.0.0.3", false, true),
+                ],
+            )),
+            KubeObject::EndpointSlice(slice("web-b", &[("http", 8080)], vec![endpoint("10.0.0.4", true, false)])),
+        ];
+        let mut state =
+            SourceState { kube: objects.into_iter().map(|o| (o.key(), Arc::new(o))).collect(), ..Default::default() };
+        for doc in crate::config::parse::parse_file("t.yaml", yaml) {
+            if let crate::config::parse::Document::Valid(obj) = doc {
+                state.configs.insert(obj.key.clone(), Arc::new(obj));
+            }
+        }
+        Snapshot::build(Version::new(1, 1), ChangeSet::full(), &state)
+    }
+
+    fn with_health(cla: &ClusterLoadAssignment) -> Vec<(String, u32, i32)> {
+        let all = cla.endpoints.iter().flat_map(|l| &l.lb_endpoints);
+        addresses(cla).into_iter().zip(all).map(|((a, p, _), e)| (a, p, e.health_status)).collect()
+    }
+
+    #[test]
+    fn kubernetes_endpoints_carry_health_and_only_the_ports_they_serve() {
+        let s = kube_snapshot("");
+        let view = sidecar("shop", &[]);
+        let http: ClusterLoadAssignment = find(&s, &view, TypeUrl::Endpoint, "outbound|80||web.shop.svc.cluster.local");
+        let (healthy, unhealthy) = (HealthStatus::Unknown as i32, HealthStatus::Unhealthy as i32);
+        assert_eq!(
+            with_health(&http),
+            [
+                ("10.0.0.1".to_string(), 8080, healthy),
+                ("10.0.0.2".to_string(), 8080, unhealthy),
+                ("10.0.0.4".to_string(), 8080, healthy)
+            ],
+            "terminating endpoints are never sent; not-ready ones go as UNHEALTHY"
+        );
+        let admin: ClusterLoadAssignment =
+            find(&s, &view, TypeUrl::Endpoint, "outbound|81||web.shop.svc.cluster.local");
+        assert_eq!(addresses(&admin).len(), 2, "10.0.0.4 does not serve `admin`");
+
+        // With a panic threshold, Envoy would route to unhealthy hosts: Istio leaves them out.
+        let s = kube_snapshot(
+            "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: web, namespace: shop}\nspec:\n  \
+             host: web\n  trafficPolicy: {outlierDetection: {consecutive5xxErrors: 5, minHealthPercent: 50}}\n",
+        );
+        let http: ClusterLoadAssignment = find(&s, &view, TypeUrl::Endpoint, "outbound|80||web.shop.svc.cluster.local");
+        assert_eq!(addresses(&http).iter().map(|a| a.0.as_str()).collect::<Vec<_>>(), ["10.0.0.1", "10.0.0.4"]);
     }
 }

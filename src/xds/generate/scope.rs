@@ -94,9 +94,9 @@ impl<'a> Scope<'a> {
         &self.view.namespace
     }
 
-    /// The DNS suffix services are qualified with.
+    /// The DNS suffix short service names are qualified with (pilot's `--domain`, not the trust domain).
     pub(super) fn domain(&self) -> &'a str {
-        &self.snapshot.mesh.trust_domain
+        &self.snapshot.mesh.domain
     }
 
     /// The Sidecar's egress listeners; a Sidecar without any imports everything.
@@ -231,5 +231,27 @@ spec:
         );
         // A namespace without Sidecar sees everything.
         assert_eq!(names(&s, &sidecar("elsewhere", &[]), TypeUrl::Cluster).len(), 6);
+    }
+
+    #[test]
+    fn short_destinations_use_the_dns_domain_whatever_the_trust_domain() {
+        use crate::mesh::MeshConfig;
+        use crate::snapshot::{ChangeSet, Snapshot, SourceState, Version};
+        use std::sync::Arc;
+
+        let yaml = [service("reviews", "shop"), service("front", "shop")].concat()
+            + "apiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata: {name: default, namespace: shop}\n\
+               spec: {egress: [{hosts: [\"./front.shop.svc.cluster.local\"]}]}\n---\n\
+               apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: front, namespace: shop}\n\
+               spec: {hosts: [front], http: [{route: [{destination: {host: reviews}}]}]}\n";
+        let mut state = snapshot(&yaml).configs.clone();
+        let state = SourceState {
+            configs: std::mem::take(&mut state),
+            mesh: Arc::new(MeshConfig { trust_domain: "example.org".into(), ..MeshConfig::default() }),
+            ..Default::default()
+        };
+        let s = Snapshot::build(Version::new(1, 1), ChangeSet::full(), &state);
+        let got = names(&s, &sidecar("shop", &[]), TypeUrl::Cluster);
+        assert!(got.contains(&"outbound|80||reviews.shop.svc.cluster.local".to_string()), "{got:?}");
     }
 }

@@ -88,16 +88,13 @@ fn grant(scope: Scope, group: &str, resource: &str, names: &[&str], verbs: &[&st
 }
 
 /// What ingest's ServiceAccount must be granted, and nothing more: list + watch on what the
-/// source watches, create + patch on Events (either API), get/list/watch on the `istio`
-/// ConfigMap alone.
+/// source watches, and list/watch on the `istio` ConfigMap alone (the source watches it with a
+/// `metadata.name` field selector; it never gets or writes anything).
 pub fn expected_ingest_grants() -> BTreeSet<Grant> {
     let watched = ISTIO_KINDS.iter().map(|k| (k.group, k.plural)).chain(REGISTRY_RESOURCES.iter().copied());
     let mut grants: BTreeSet<Grant> =
         watched.map(|(group, resource)| grant(Scope::Cluster, group, resource, &[], &["list", "watch"])).collect();
-    for group in ["events.k8s.io", ""] {
-        grants.insert(grant(Scope::Cluster, group, "events", &[], &["create", "patch"]));
-    }
-    grants.insert(grant(Scope::Namespace, "", "configmaps", &[MESH_CONFIG_MAP], &["get", "list", "watch"]));
+    grants.insert(grant(Scope::Namespace, "", "configmaps", &[MESH_CONFIG_MAP], &["list", "watch"]));
     grants
 }
 

@@ -1,0 +1,236 @@
+//! Endpoints of Kubernetes Services, as Istio's EndpointSlice controller and endpoint builder
+//! make them: each slice address joined to its Pod (by `targetRef`, else by IP) for labels,
+//! service account, locality (the Pod's Node) and network, with a health from the slice's
+//! conditions; plus the WorkloadEntries the Service's selector picks.
+
+use std::collections::HashMap;
+
+use super::build::WorkloadEntries;
+use super::kube_index::KubeIndex;
+use super::kubernetes::{KubeEndpointSlice, KubePod, KubeService, SliceEndpoint, TargetPort};
+use super::service::{Endpoint, EndpointHealth, Resolution, Service};
+use super::service_entry::workload_entry_endpoint;
+use crate::config::api::Labels;
+
+/// Pod label that overrides the Node's locality (`region.zone.subzone`).
+const LOCALITY_LABEL: &str = "istio-locality";
+/// Pod or Namespace label naming the endpoint's network.
+const NETWORK_LABEL: &str = "topology.istio.io/network";
+/// Labels Istio adds to a Pod's labels on its endpoints, so subsets can select on them.
+const REGION_LABEL: &str = "topology.kubernetes.io/region";
+const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+const SUBZONE_LABEL: &str = "topology.istio.io/subzone";
+const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+/// Service labels that turn on persistent sessions, for which terminating endpoints drain.
+const PERSISTENT_SESSION_LABELS: [&str; 2] = ["istio.io/persistent-session", "istio.io/persistent-session-header"];
+
+/// Endpoints of a Kubernetes Service: its EndpointSlices' addresses, the WorkloadEntries its
+/// selector picks, or its `externalName` for an ExternalName Service.
+pub(super) fn service_endpoints(
+    svc: &KubeService,
+    service: &Service,
+    index: &KubeIndex<'_>,
+    workload_entries: &WorkloadEntries<'_>,
+) -> Vec<Endpoint> {
+    if service.resolution == Resolution::Dns {
+        let Some(name) = &svc.external_name else { return Vec::new() };
+        return vec![Endpoint { address: name.clone(), ..workload_default() }];
+    }
+    let supports_draining = PERSISTENT_SESSION_LABELS.iter().any(|l| svc.labels.get(*l).is_some_and(|v| !v.is_empty()));
+    let mut out: Vec<Endpoint> = Vec::new();
+    // Slices of one Service may repeat an address (e.g. during a slice split): the first wins per port.
+    let mut by_address: HashMap<String, usize> = HashMap::new();
+    for slice in index.slices_of(&svc.namespace, &svc.name) {
+        if slice.address_type.eq_ignore_ascii_case("FQDN") {
+            continue;
+        }
+        for endpoint in &slice.endpoints {
+            let health = slice_health(endpoint, supports_draining);
+            for address in &endpoint.addresses {
+                let pod = match &endpoint.pod {
+                    // A Pod the slice names but the registry does not hold yet: Istio waits for it
+                    // rather than serve an endpoint with the wrong identity.
+                    Some(name) => match index.pod(&slice.namespace, name) {
+                        Some(pod) => Some(pod),
+                        None => continue,
+                    },
+                    None => index.pod_by_ip(&slice.namespace, address),
+                };
+                let ports = slice_ports(svc, slice, pod);
+                if ports.is_empty() {
+                    continue;
+                }
+                match by_address.get(address) {
+                    Some(&i) => {
+                        for (name, port) in ports {
+                            out[i].ports.entry(name).or_insert(port);
+                        }
+                    }
+                    None => {
+                        let mut ep = match pod {
+                            Some(pod) => pod_endpoint(pod, endpoint.node_name.as_deref(), index),
+                            None => {
+                                Endpoint { network: namespace_network(&slice.namespace, index), ..workload_default() }
+                            }
+                        };
+                        ep.address = address.clone();
+                        ep.ports = ports;
+                        ep.listed_ports_only = true;
+                        ep.health = health;
+                        by_address.insert(address.clone(), out.len());
+                        out.push(ep);
+                    }
+                }
+            }
+        }
+    }
+    if service.resolution == Resolution::Static {
+        out.extend(selected_workload_entries(svc, service, workload_entries));
+    }
+    out
+}
+
+/// Istio's health of a slice endpoint: ready (or unset) is healthy; otherwise draining where the
+/// service keeps persistent sessions and the endpoint still serves while terminating; otherwise
+/// terminating, else unhealthy. As in Istio, an unset `terminating` counts as terminating here.
+pub(super) fn slice_health(e: &SliceEndpoint, supports_draining: bool) -> EndpointHealth {
+    if e.ready.unwrap_or(true) {
+        return EndpointHealth::Healthy;
+    }
+    let terminating = e.terminating.unwrap_or(true);
+    if supports_draining && e.serving.unwrap_or(true) && terminating {
+        EndpointHealth::Draining
+    } else if terminating {
+        EndpointHealth::Terminating
+    } else {
+        EndpointHealth::Unhealthy
+    }
+}
+
+/// The ports an address of `slice` serves, by Service port name. A slice port without a number
+/// is resolved through the Service's `targetPort` (by name against the Pod's container ports).
+fn slice_ports(
+    svc: &KubeService,
+    slice: &KubeEndpointSlice,
+    pod: Option<&KubePod>,
+) -> std::collections::BTreeMap<String, u16> {
+    slice
+        .ports
+        .iter()
+        .filter_map(|sp| {
+            let service_port =
+                svc.ports.iter().find(|p| p.name == sp.name && !p.protocol.eq_ignore_ascii_case("UDP"))?;
+            let number = match (sp.port, &service_port.target_port) {
+                (Some(n), _) => n,
+                (None, Some(TargetPort::Number(n))) => *n,
+                (None, Some(TargetPort::Name(name))) => *pod?.named_ports.get(name)?,
+                (None, None) => service_port.port,
+            };
+            (number != 0).then(|| (sp.name.clone(), number))
+        })
+        .collect()
+}
+
+/// A Pod as an endpoint (address: its first IP, no ports yet): its labels with Istio's topology
+/// labels added, service account, locality and network.
+pub(super) fn pod_endpoint(pod: &KubePod, slice_node: Option<&str>, index: &KubeIndex<'_>) -> Endpoint {
+    let node_name = if pod.node_name.is_empty() { slice_node.unwrap_or_default() } else { pod.node_name.as_str() };
+    let locality = pod_locality(pod, node_name, index);
+    let network = match pod.labels.get(NETWORK_LABEL) {
+        Some(n) if !n.is_empty() => n.clone(),
+        _ => namespace_network(&pod.namespace, index),
+    };
+    let mut labels = pod.labels.clone();
+    let mut parts = locality.splitn(3, '/');
+    for key in [REGION_LABEL, ZONE_LABEL, SUBZONE_LABEL] {
+        match parts.next() {
+            Some(v) if !v.is_empty() => {
+                labels.insert(key.to_string(), v.to_string());
+            }
+            _ => {}
+        }
+    }
+    if !node_name.is_empty() {
+        labels.insert(HOSTNAME_LABEL.to_string(), node_name.to_string());
+    }
+    if !network.is_empty() {
+        labels.entry(NETWORK_LABEL.to_string()).or_insert_with(|| network.clone());
+    }
+    Endpoint {
+        address: pod.ips.first().cloned().unwrap_or_default(),
+        labels,
+        locality,
+        network,
+        service_account: pod.service_account.clone(),
+        ..workload_default()
+    }
+}
+
+/// Istio's Pod locality: the `istio-locality` label (dots for slashes), else the Node's
+/// `region/zone/subzone`, else none.
+pub(super) fn pod_locality(pod: &KubePod, node_name: &str, index: &KubeIndex<'_>) -> String {
+    if let Some(label) = pod.labels.get(LOCALITY_LABEL).filter(|l| !l.is_empty()) {
+        return label.replace('.', "/");
+    }
+    match index.node(node_name) {
+        Some(n) if !(n.region.is_empty() && n.zone.is_empty() && n.subzone.is_empty()) => {
+            format!("{}/{}/{}", n.region, n.zone, n.subzone)
+        }
+        _ => String::new(),
+    }
+}
+
+fn namespace_network(namespace: &str, index: &KubeIndex<'_>) -> String {
+    index.namespace(namespace).and_then(|ns| ns.labels.get(NETWORK_LABEL)).cloned().unwrap_or_default()
+}
+
+/// WorkloadEntries of the Service's namespace its selector picks (Istio's default
+/// `PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES`). A port whose `targetPort` names a port the entry
+/// does not declare is not served by that entry.
+fn selected_workload_entries<'a>(
+    svc: &'a KubeService,
+    service: &'a Service,
+    workload_entries: &'a WorkloadEntries<'_>,
+) -> impl Iterator<Item = Endpoint> + 'a {
+    // An empty selector selects nothing (a Service without selector has hand-made endpoints).
+    let selector: Option<&Labels> = svc.selector.as_ref().filter(|s| !s.is_empty());
+    let candidates = selector.and_then(|_| workload_entries.get(svc.namespace.as_str()));
+    candidates.into_iter().flatten().filter_map(move |we| {
+        let selector = selector?;
+        if we.labels.is_empty() || !selector.iter().all(|(k, v)| we.labels.get(k) == Some(v)) {
+            return None;
+        }
+        let ports: std::collections::BTreeMap<String, u16> = svc
+            .ports
+            .iter()
+            .filter(|p| service.ports.iter().any(|sp| sp.name == p.name))
+            .filter_map(|p| {
+                let number = match &p.target_port {
+                    Some(TargetPort::Number(n)) => *n,
+                    None => p.port,
+                    Some(TargetPort::Name(name)) => u16::try_from(*we.ports.get(name)?).ok()?,
+                };
+                Some((p.name.clone(), number))
+            })
+            .collect();
+        if ports.is_empty() {
+            return None;
+        }
+        Some(Endpoint { ports, listed_ports_only: true, ..workload_entry_endpoint(we) })
+    })
+}
+
+/// An endpoint with no identity yet: weight 1, healthy, ports falling back to the service's.
+fn workload_default() -> Endpoint {
+    Endpoint {
+        address: String::new(),
+        ports: Default::default(),
+        listed_ports_only: false,
+        labels: Labels::new(),
+        locality: String::new(),
+        network: String::new(),
+        weight: 1,
+        service_account: String::new(),
+        health: EndpointHealth::Healthy,
+    }
+}
