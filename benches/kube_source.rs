@@ -16,7 +16,8 @@
 //!   that snapshot's build time, p50/p99/max over the repeats.
 //!
 //! Scale knobs: `MESHPILOT_BENCH_PODS`, `_SERVICES`, `_NAMESPACES`, `_NODES`, `_CHANGES`,
-//! `_CONCURRENCY`; `MESHPILOT_BENCH_ISTIOD` (path of `pilot-discovery`, or `0` to skip it).
+//! `_CONCURRENCY`; `MESHPILOT_BENCH_ISTIOD` (path of `pilot-discovery`, or `0` to skip it);
+//! `MESHPILOT_BENCH_IN_PROCESS_ONLY=1` runs only the in-process model size and build breakdown.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -935,6 +936,10 @@ impl Figure {
     }
 }
 
+fn opt(v: Option<f64>) -> String {
+    v.map_or("n/a".into(), |v| format!("{v:.2}"))
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
@@ -950,6 +955,12 @@ fn main() {
 
 #[allow(clippy::too_many_lines)]
 async fn run(full: bool, scale: Scale) {
+    if std::env::var_os("MESHPILOT_BENCH_IN_PROCESS_ONLY").is_some_and(|v| v == "1") {
+        // Only the in-process figures (no API server), e.g. under `perf record`.
+        compact_pod_bytes(&scale);
+        build_breakdown(&scale);
+        return;
+    }
     let Some(api) = KubeApi::start().await else {
         println!("SKIPPED: kube-apiserver is not available");
         return;
@@ -1000,6 +1011,13 @@ async fn run(full: bool, scale: Scale) {
     let t = Instant::now();
     create_pods_and_slices(&client, &scale).await;
     let pods_took = t.elapsed();
+    // What the API server serves for one pod (defaults, uid, managedFields added), as the watch reads it.
+    let (s0, j0) = scale.service_of(0);
+    let served = Api::<Pod>::namespaced(client.clone(), &scale.namespace_of(s0))
+        .get(&pod_name(s0, j0))
+        .await
+        .expect("reading a pod");
+    let served_pod_bytes = serde_json::to_vec(&served).map_or(0, |v| v.len());
     println!("created {} pods and {} slices in {:.1} s", scale.pods, scale.services, pods_took.as_secs_f64());
 
     let mp_a_synced = wait_count("meshpilot", scale.pods, || mp_endpoints(&mp_a)).await;
@@ -1036,6 +1054,7 @@ async fn run(full: bool, scale: Scale) {
     // istiod, run B: the same.
     let mut istiod_ready = Err("not run".to_string());
     let mut istiod_cpu = None;
+    let mut istiod_b_rss = None;
     let mut istiod_changes_ms = Vec::new();
     if let Ok(bin) = &istiod_bin {
         let t = Instant::now();
@@ -1045,6 +1064,8 @@ async fn run(full: bool, scale: Scale) {
                 istiod_ready = Ok(t.elapsed());
                 istiod_cpu = i.pid().and_then(cpu_seconds);
                 if wait_count("istiod (run B)", scale.pods, || i.endpoints()).await.is_some() {
+                    tokio::time::sleep(IDLE_BEFORE_RSS).await;
+                    istiod_b_rss = i.pid().and_then(rss_bytes);
                     istiod_changes_ms = istiod_changes(&i, &client, &scale, 1).await;
                 }
             }
@@ -1120,7 +1141,7 @@ async fn run(full: bool, scale: Scale) {
             physical: Ok((compact_bytes, "heap of the compact model, one copy (KubePod + its slice endpoint, allocator-counted)".into())),
             istiod: istiod_val(istiod_per_pod, "RSS"),
             note: format!(
-                "(RSS at {} pods − RSS at 0) / pods; RSS {:.1} MB → {:.1} MB; a pod is {pod_json_bytes} bytes of JSON",
+                "(RSS at {} pods − RSS at 0) / pods; RSS {:.1} MB → {:.1} MB; a pod is {pod_json_bytes} bytes of JSON as written, {served_pod_bytes} as served",
                 scale.pods,
                 mp_rss0.unwrap_or(0.0) / 1e6,
                 mp_rss1.unwrap_or(0.0) / 1e6
@@ -1130,8 +1151,12 @@ async fn run(full: bool, scale: Scale) {
             name: "rss_full_start",
             value: mp_b_rss.map(|r| r / 1e6),
             unit: "MB",
-            istiod: istiod_val(istiod_rss1.map(|r| r / 1e6), "RSS"),
-            note: "RSS of a process started against the full cluster, idle after ready (istiod: run A at N pods)".into(),
+            istiod: istiod_val(istiod_b_rss.map(|r| r / 1e6), "RSS"),
+            note: format!(
+                "RSS of a process started against the full cluster, idle after ready; started empty and grown: meshpilot {:.1} MB, istiod {:.1} MB",
+                mp_rss1.unwrap_or(0.0) / 1e6,
+                istiod_rss1.unwrap_or(0.0) / 1e6
+            ),
             ..Figure::default()
         },
         Figure {
@@ -1140,7 +1165,7 @@ async fn run(full: bool, scale: Scale) {
             unit: "ms",
             target: Some((TARGET_CHANGE_BUILD_MS, "≤ 5 ms")),
             istiod: Err("istiod builds no snapshot for an endpoint change (EDS-incremental)".into()),
-            note: format!("p99 {:?} ms, max {:?} ms over {} changes", b99, bmax, changes.len()),
+            note: format!("p99 {} ms, max {} ms over {} changes", opt(b99), opt(bmax), changes.len()),
             ..Figure::default()
         },
         Figure {
@@ -1158,7 +1183,11 @@ async fn run(full: bool, scale: Scale) {
             physical: w50.map(|w| (w, "a plain watch sees the write".to_string())).ok_or_else(|| "watch not seen".to_string()),
             istiod: istiod_val(i_push50, "push"),
             note: format!(
-                "API write → new snapshot (/ready), debounce (100 ms) included; p99 {vis99:?}, max {vismax:?}; istiod: write → debounced push done (pilot_debounce_time), p99 {i_push99:?}; write → its endpoint index (pilot_inbound_updates eds) p50 {i_seen50:?}"
+                "API write → new snapshot (/ready), debounce (100 ms) included; p99 {} ms, max {} ms; istiod: write → debounced push done (pilot_debounce_time), p99 {} ms; write → its endpoint index (pilot_inbound_updates eds) p50 {} ms",
+                opt(vis99),
+                opt(vismax),
+                opt(i_push99),
+                opt(i_seen50)
             ),
             ..Figure::default()
         },
@@ -1176,6 +1205,7 @@ async fn run(full: bool, scale: Scale) {
     }
     let report = json!({
         "scale": {"namespaces": scale.namespaces, "services": scale.services, "pods": scale.pods, "nodes": scale.nodes, "changes": scale.changes},
+        "pod_json_bytes": {"written": pod_json_bytes, "served": served_pod_bytes},
         "setup_seconds": {"base": base_took.as_secs_f64(), "pods_and_slices": pods_took.as_secs_f64()},
         "istiod": istiod_bin.as_ref().map_or_else(|e| json!({"available": false, "reason": e}), |p| json!({"available": istiod_err.is_none(), "binary": p.display().to_string(), "version": ISTIO_VERSION, "error": istiod_err})),
         "figures": figures.iter().map(Figure::json).collect::<Vec<_>>(),

@@ -22,6 +22,14 @@ fn labels(map: Option<BTreeMap<String, String>>) -> Labels {
     map.unwrap_or_default()
 }
 
+/// `v` without spare capacity. Mapping an API object's `Vec` into a smaller element type with
+/// `into_iter().map().collect()` reuses its buffer in place, so a held slice would keep the
+/// buffer sized for the API's (larger) endpoints.
+fn tight<T>(mut v: Vec<T>) -> Vec<T> {
+    v.shrink_to_fit();
+    v
+}
+
 fn port(n: i32) -> Option<u16> {
     u16::try_from(n).ok().filter(|p| *p > 0)
 }
@@ -59,23 +67,24 @@ pub fn service(s: Service) -> KubeObject {
         cluster_ips,
         headless,
         external_name: spec.external_name,
-        ports: spec
-            .ports
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|p| {
-                Some(KubeServicePort {
-                    name: p.name.unwrap_or_default(),
-                    port: port(p.port)?,
-                    protocol: p.protocol.unwrap_or_else(|| "TCP".into()),
-                    app_protocol: p.app_protocol,
-                    target_port: p.target_port.and_then(|t| match t {
-                        IntOrString::Int(n) => port(n).map(TargetPort::Number),
-                        IntOrString::String(name) => Some(TargetPort::Name(name)),
-                    }),
+        ports: tight(
+            spec.ports
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|p| {
+                    Some(KubeServicePort {
+                        name: p.name.unwrap_or_default(),
+                        port: port(p.port)?,
+                        protocol: p.protocol.unwrap_or_else(|| "TCP".into()),
+                        app_protocol: p.app_protocol,
+                        target_port: p.target_port.and_then(|t| match t {
+                            IntOrString::Int(n) => port(n).map(TargetPort::Number),
+                            IntOrString::String(name) => Some(TargetPort::Name(name)),
+                        }),
+                    })
                 })
-            })
-            .collect(),
+                .collect(),
+        ),
         export_to,
     })
 }
@@ -89,33 +98,35 @@ pub fn endpoint_slice(s: EndpointSlice) -> KubeObject {
         namespace: meta.namespace.unwrap_or_default(),
         service_name,
         address_type: s.address_type,
-        ports: s
-            .ports
-            .unwrap_or_default()
-            .into_iter()
-            .map(|p| SlicePort {
-                name: p.name.unwrap_or_default(),
-                port: p.port.and_then(port),
-                protocol: p.protocol.unwrap_or_else(|| "TCP".into()),
-            })
-            .collect(),
-        endpoints: s
-            .endpoints
-            .into_iter()
-            .map(|e| {
-                let conditions = e.conditions.unwrap_or_default();
-                SliceEndpoint {
-                    addresses: e.addresses,
-                    ready: conditions.ready,
-                    serving: conditions.serving,
-                    terminating: conditions.terminating,
-                    pod: e.target_ref.filter(|r| r.kind.as_deref() == Some("Pod")).and_then(|r| r.name),
-                    node_name: e.node_name,
-                    zone: e.zone,
-                    hostname: e.hostname,
-                }
-            })
-            .collect(),
+        ports: tight(
+            s.ports
+                .unwrap_or_default()
+                .into_iter()
+                .map(|p| SlicePort {
+                    name: p.name.unwrap_or_default(),
+                    port: p.port.and_then(port),
+                    protocol: p.protocol.unwrap_or_else(|| "TCP".into()),
+                })
+                .collect(),
+        ),
+        endpoints: tight(
+            s.endpoints
+                .into_iter()
+                .map(|e| {
+                    let conditions = e.conditions.unwrap_or_default();
+                    SliceEndpoint {
+                        addresses: e.addresses,
+                        ready: conditions.ready,
+                        serving: conditions.serving,
+                        terminating: conditions.terminating,
+                        pod: e.target_ref.filter(|r| r.kind.as_deref() == Some("Pod")).and_then(|r| r.name),
+                        node_name: e.node_name,
+                        zone: e.zone,
+                        hostname: e.hostname,
+                    }
+                })
+                .collect(),
+        ),
     })
 }
 
