@@ -345,3 +345,48 @@ async fn readiness_waits_for_the_initial_list() {
     let registry = cp.admin_json("/debug/registryz").await.to_string();
     assert!(registry.contains("reviews.shop.svc.cluster.local"), "{registry}");
 }
+
+/// The ingress gateway's Pod in `istio-system` with `labels` (a flow-style YAML map).
+fn gateway_pod(labels: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: ingress-1\n  namespace: istio-system\n  labels: {labels}\nspec:\n  nodeName: node-a\n  serviceAccountName: istio-ingressgateway\n  containers: [{{name: istio-proxy, image: proxyv2}}]\nstatus:\n  podIP: \"10.1.0.9\"\n  podIPs: [{{ip: \"10.1.0.9\"}}]\n  conditions: [{{type: Ready, status: \"True\"}}]\n"
+    )
+}
+
+#[tokio::test]
+async fn a_proxy_naming_its_pod_gets_the_pods_labels_not_only_its_metadata() {
+    let Some((_pods, v1, v2)) = backends() else { return };
+    let Some(api) = KubeApi::start().await else { return };
+    let client = api.admin().await;
+    let port = free_port();
+    apply(&client, &cluster_basics()).await;
+    apply(&client, &pod("reviews-v1", "v1", &v1)).await;
+    apply(&client, &pod("reviews-v2", "v2", &v2)).await;
+    apply(&client, &slice(&[("reviews-v1", &v1), ("reviews-v2", &v2)])).await;
+    apply(&client, &gateway(port)).await;
+    apply(&client, &destination_rule("reviews", &["v1", "v2"], None)).await;
+    apply(&client, &route_to("v1")).await;
+    // The Gateway selects `istio: ingressgateway`; the proxy's metadata carries no labels, its
+    // Pod does.
+    apply(&client, &gateway_pod("{istio: ingressgateway}")).await;
+    let dir = api.dir().to_path_buf();
+    let kubeconfig = api.write_kubeconfig(&dir, "meshpilot.kubeconfig", &api.url(), common::kube::ADMIN_TOKEN);
+    let cp = Meshpilot::standalone_on_kubernetes(kubeconfig).debounce_after("50ms").start();
+    cp.wait_ready(STARTUP_TIMEOUT).await;
+    let node_id = "router~10.1.0.9~ingress-1.istio-system~istio-system.svc.cluster.local";
+    let envoy =
+        Envoy::builder(node_id, cp.xds_addr()).metadata(serde_json::json!({"NAMESPACE": "istio-system"})).start();
+    envoy.wait_ready(STARTUP_TIMEOUT).await;
+    let ingress = Ingress::new(port, HOST);
+    ingress.wait_all_from("/", &[], "reviews-v1", 5).await;
+
+    // Relabelled Pod: the Gateway no longer selects this proxy, and its listener goes (Envoy keeps
+    // a removed listener draining, without an active state).
+    let listener = format!("0.0.0.0_{port}");
+    let active = |dump: &Value| dynamic_listener(dump, &listener).is_some_and(|l| l.get("active_state").is_some());
+    assert!(active(&envoy.config_dump().await), "no active gateway listener {listener}");
+    apply(&client, &gateway_pod("{istio: something-else}")).await;
+    let gone = poll(CONVERGE_TIMEOUT, async || !active(&envoy.config_dump().await)).await;
+    assert!(gone, "the gateway listener stayed after the Pod lost the selected label");
+    assert_no_rejections(&envoy).await;
+}

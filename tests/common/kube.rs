@@ -161,6 +161,7 @@ impl KubeApi {
         let api = KubeApi { process: Process::start(dir, spec), _etcd: etcd, port, ca };
         api.wait_serving().await;
         api.install_crds().await;
+        api.wait_bootstrapped().await;
         Some(api)
     }
 
@@ -211,6 +212,14 @@ impl KubeApi {
                 matches!(tokio::time::timeout(Duration::from_secs(3), client.apiserver_version()).await, Ok(Ok(_)))
             })
             .await;
+    }
+
+    /// Waits for what the API server creates itself after start (the `default/kubernetes`
+    /// Service), so that it does not land in the middle of a test as a change of its own.
+    async fn wait_bootstrapped(&self) {
+        let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(self.admin().await, "default");
+        let created = poll(STARTUP_TIMEOUT, async || services.get("kubernetes").await.is_ok()).await;
+        assert!(created, "the API server did not create the default/kubernetes Service");
     }
 
     async fn install_crds(&self) {

@@ -99,6 +99,7 @@ where
                 update = rx.recv() => update,
             };
             let Some(update) = update else { return };
+            tracing::debug!(kind = %update.watched, change = update.change.name(), "kubernetes: watch update");
             if matches!(update.change, Change::Relisted(_)) {
                 metrics.kube_lists.with_label_values(&[update.watched.to_string().as_str()]).inc();
             }

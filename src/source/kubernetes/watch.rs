@@ -120,6 +120,18 @@ pub enum Change {
     Failed(Failure),
 }
 
+impl Change {
+    /// What kind of change this is, for logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Change::Relisted(_) => "relisted",
+            Change::Applied(..) => "applied",
+            Change::Deleted(_) => "deleted",
+            Change::Failed(_) => "failed",
+        }
+    }
+}
+
 /// A change of one watched kind.
 #[derive(Debug)]
 pub struct Update {
