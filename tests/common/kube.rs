@@ -255,12 +255,18 @@ impl KubeApi {
 /// Applies Kubernetes YAML (one or more documents) as the admin, with server-side apply, as
 /// `kubectl apply --server-side` does; `status` fields are written through the status subresource.
 pub async fn apply(client: &Client, yaml: &str) {
-    let discovery = Discovery::new(client.clone()).run().await.expect("API discovery");
-    for doc in
-        yaml.split("\n---").filter(|d| d.lines().any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#')))
-    {
+    let docs =
+        yaml.split("\n---").filter(|d| d.lines().any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#')));
+    let mut objects = Vec::new();
+    for doc in docs {
         let value: Value = serde_saphyr::from_str(doc).unwrap_or_else(|e| panic!("test YAML: {e}\n{doc}"));
         let obj: DynamicObject = serde_json::from_value(value.clone()).expect("a Kubernetes object");
+        objects.push((value, obj));
+    }
+    let kinds: Vec<_> =
+        objects.iter().filter_map(|(_, o)| o.types.as_ref()).map(|t| gvk(&t.api_version, &t.kind)).collect();
+    let discovery = discover(client, &kinds).await;
+    for (value, obj) in objects {
         let (resource, caps) = resolve(&discovery, &obj);
         let api = api_for(client, &resource, &caps, obj.metadata.namespace.as_deref());
         let name = obj.metadata.name.clone().expect("metadata.name");
