@@ -14,7 +14,7 @@ use common::config_dump::*;
 use common::envoy::Envoy;
 use common::ingress::Ingress;
 use common::istio::{destination_rule, gateway, NS};
-use common::kube::{apply, delete, KubeApi, MESHPILOT_TOKEN};
+use common::kube::{apply, delete, KubeApi, PlainHttpFront, MESHPILOT_TOKEN};
 use common::mesh::{assert_no_rejections, start_gateway};
 use common::meshpilot::Meshpilot;
 use common::netns::NetNs;
@@ -389,4 +389,29 @@ async fn a_proxy_naming_its_pod_gets_the_pods_labels_not_only_its_metadata() {
     let gone = poll(CONVERGE_TIMEOUT, async || !active(&envoy.config_dump().await)).await;
     assert!(gone, "the gateway listener stayed after the Pod lost the selected label");
     assert_no_rejections(&envoy).await;
+}
+
+#[tokio::test]
+async fn a_plain_http_kubeconfig_with_a_bearer_token_works() {
+    let Some(api) = KubeApi::start().await else { return };
+    let client = api.admin().await;
+    apply(&client, &cluster_basics()).await;
+    let front = PlainHttpFront::start(&api).await;
+    let dir = api.dir().to_path_buf();
+    // The API server checks the token that crosses the front: a wrong one gets nothing.
+    let wrong = api.write_kubeconfig(&dir, "wrong.kubeconfig", &front.url(), "not-a-token");
+    let refused = Meshpilot::standalone_on_kubernetes(wrong).start();
+    let kubeconfig = api.write_kubeconfig(&dir, "http.kubeconfig", &front.url(), common::kube::ADMIN_TOKEN);
+    let cp = Meshpilot::standalone_on_kubernetes(kubeconfig).start();
+    cp.wait_ready(STARTUP_TIMEOUT).await;
+    let registry = cp.admin_json("/debug/registryz").await.to_string();
+    assert!(registry.contains("reviews.shop.svc.cluster.local"), "{registry}");
+    // Refused credentials hold readiness back (serving an empty mesh would drop every route).
+    let unauthorized = poll(CONVERGE_TIMEOUT, async || {
+        let m = refused.metrics().await;
+        m.value("meshpilot_config_source_errors", &[("source", "kubernetes"), ("reason", "unauthorized")]) > 0.0
+    })
+    .await;
+    assert!(unauthorized, "the refused token is not reported");
+    assert_eq!(refused.admin_get("/ready").await.0, 503, "ready without being able to read the cluster");
 }

@@ -326,3 +326,56 @@ fn api_for(client: &Client, resource: &ApiResource, caps: &ApiCapabilities, ns: 
         (Scope::Cluster, _) => Api::all_with(client.clone(), resource),
     }
 }
+
+/// A plain-HTTP front for the API server, as local test clusters (and `kubectl proxy`) offer:
+/// each connection is relayed, bytes unchanged, over TLS to the real server, so the bearer token
+/// a client sends is still checked by the API server. Stops when dropped.
+pub struct PlainHttpFront {
+    port: u16,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl PlainHttpFront {
+    /// Listens on 127.0.0.1 and relays to `api`.
+    pub async fn start(api: &KubeApi) -> PlainHttpFront {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, ServerName};
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_file_iter(&api.ca).expect("reading the test CA") {
+            roots.add(cert.expect("a CA certificate")).expect("adding the test CA");
+        }
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls));
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", free_port())).await.expect("binding the front");
+        let port = listener.local_addr().expect("front address").port();
+        let upstream = api.port;
+        let task = tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let connector = connector.clone();
+                tokio::spawn(async move {
+                    let Ok(tcp) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else { return };
+                    let name = ServerName::try_from("127.0.0.1").expect("a server name");
+                    let Ok(mut server) = connector.connect(name.to_owned(), tcp).await else { return };
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                });
+            }
+        });
+        PlainHttpFront { port, task }
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for PlainHttpFront {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

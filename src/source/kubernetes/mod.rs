@@ -161,7 +161,10 @@ async fn watch_group(group: &'static str, client: Client, tx: mpsc::Sender<Updat
         let failure = match kube::discovery::group(&client, group).await {
             Ok(g) => break g,
             Err(kube::Error::Discovery(e)) => Failure::NotInstalled(format!("API group {group}: {e}")),
-            Err(kube::Error::Api(s)) if s.code == 401 || s.code == 403 => {
+            Err(kube::Error::Api(s)) if s.code == 401 => {
+                Failure::Unauthorized(format!("discovery of {group}: {}", s.message))
+            }
+            Err(kube::Error::Api(s)) if s.code == 403 => {
                 Failure::Forbidden(format!("discovery of {group}: {}", s.message))
             }
             Err(e) => Failure::Unreachable(format!("discovery of {group}: {e}")),

@@ -54,6 +54,9 @@ pub enum Item {
 pub enum Failure {
     /// The service account may not list or watch this kind (403).
     Forbidden(String),
+    /// The API server does not accept the credentials (401): nothing can be read, so unlike a
+    /// 403 for one kind this holds readiness back rather than serve an empty mesh.
+    Unauthorized(String),
     /// The API server does not serve this kind (404: its CRD is not installed).
     NotInstalled(String),
     /// The API server is unreachable or failing; the watcher retries with backoff.
@@ -65,6 +68,7 @@ impl Failure {
     pub fn reason(&self) -> &'static str {
         match self {
             Failure::Forbidden(_) => "forbidden",
+            Failure::Unauthorized(_) => "unauthorized",
             Failure::NotInstalled(_) => "not_installed",
             Failure::Unreachable(_) => "unreachable",
         }
@@ -73,7 +77,7 @@ impl Failure {
     /// Whether retrying cannot help until someone changes the cluster (RBAC, CRDs): the kind
     /// then counts as listed (empty) so that the other kinds are served.
     pub fn is_permanent(&self) -> bool {
-        !matches!(self, Failure::Unreachable(_))
+        matches!(self, Failure::Forbidden(_) | Failure::NotInstalled(_))
     }
 
     /// What a watcher error means; `None` for a 410 Gone, which the watcher answers itself by
@@ -89,7 +93,8 @@ impl Failure {
         let text = error.to_string();
         Some(match api_code {
             Some(410) => return None,
-            Some(401 | 403) => Failure::Forbidden(text),
+            Some(401) => Failure::Unauthorized(text),
+            Some(403) => Failure::Forbidden(text),
             Some(404) => Failure::NotInstalled(text),
             _ => Failure::Unreachable(text),
         })
@@ -100,6 +105,7 @@ impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Failure::Forbidden(e) => write!(f, "forbidden: the service account may not list/watch it ({e})"),
+            Failure::Unauthorized(e) => write!(f, "unauthorized: the API server refuses the credentials ({e})"),
             Failure::NotInstalled(e) => write!(f, "not served by the API server; is its CRD installed? ({e})"),
             Failure::Unreachable(e) => write!(f, "API server unreachable; retrying, last state kept ({e})"),
         }
