@@ -120,6 +120,18 @@ fn backends() -> Option<(NetNs, Backend, Backend)> {
     Some((ns, v1, v2))
 }
 
+/// The shop mesh: namespaces, node, the reviews Service with its two pods and slice, the gateway
+/// on `port`, subsets v1/v2 and a route to v1.
+async fn apply_shop(client: &Client, v1: &Backend, v2: &Backend, port: u16) {
+    apply(client, &cluster_basics()).await;
+    apply(client, &pod("reviews-v1", "v1", v1)).await;
+    apply(client, &pod("reviews-v2", "v2", v2)).await;
+    apply(client, &slice(&[("reviews-v1", v1), ("reviews-v2", v2)])).await;
+    apply(client, &gateway(port)).await;
+    apply(client, &destination_rule("reviews", &["v1", "v2"], None)).await;
+    apply(client, &route_to("v1")).await;
+}
+
 /// The API server with the shop mesh applied, meshpilot on it, and the gateway Envoy.
 struct Live {
     api: KubeApi,
@@ -139,13 +151,7 @@ impl Live {
         let api = KubeApi::start().await?;
         let client = api.admin().await;
         let port = free_port();
-        apply(&client, &cluster_basics()).await;
-        apply(&client, &pod("reviews-v1", "v1", &v1)).await;
-        apply(&client, &pod("reviews-v2", "v2", &v2)).await;
-        apply(&client, &slice(&[("reviews-v1", &v1), ("reviews-v2", &v2)])).await;
-        apply(&client, &gateway(port)).await;
-        apply(&client, &destination_rule("reviews", &["v1", "v2"], None)).await;
-        apply(&client, &route_to("v1")).await;
+        apply_shop(&client, &v1, &v2, port).await;
         let dir = api.dir().to_path_buf();
         let kubeconfig = api.write_kubeconfig(&dir, "meshpilot.kubeconfig", &api.url(), common::kube::ADMIN_TOKEN);
         let cp = Meshpilot::standalone_on_kubernetes(kubeconfig).debounce_after("50ms").start();
@@ -359,13 +365,7 @@ async fn a_proxy_naming_its_pod_gets_the_pods_labels_not_only_its_metadata() {
     let Some(api) = KubeApi::start().await else { return };
     let client = api.admin().await;
     let port = free_port();
-    apply(&client, &cluster_basics()).await;
-    apply(&client, &pod("reviews-v1", "v1", &v1)).await;
-    apply(&client, &pod("reviews-v2", "v2", &v2)).await;
-    apply(&client, &slice(&[("reviews-v1", &v1), ("reviews-v2", &v2)])).await;
-    apply(&client, &gateway(port)).await;
-    apply(&client, &destination_rule("reviews", &["v1", "v2"], None)).await;
-    apply(&client, &route_to("v1")).await;
+    apply_shop(&client, &v1, &v2, port).await;
     // The Gateway selects `istio: ingressgateway`; the proxy's metadata carries no labels, its
     // Pod does.
     apply(&client, &gateway_pod("{istio: ingressgateway}")).await;
