@@ -16,7 +16,7 @@ use common::ingress::Ingress;
 use common::istio::{destination_rule, gateway, NS};
 use common::kube::{apply, delete, KubeApi, PlainHttpFront, MESHPILOT_TOKEN};
 use common::mesh::{assert_no_rejections, start_gateway};
-use common::meshpilot::Meshpilot;
+use common::meshpilot::{wait_leader, Meshpilot};
 use common::netns::NetNs;
 use common::poll::{poll, CONVERGE_TIMEOUT, STARTUP_TIMEOUT};
 use common::ports::free_port;
@@ -414,4 +414,27 @@ async fn a_plain_http_kubeconfig_with_a_bearer_token_works() {
     .await;
     assert!(unauthorized, "the refused token is not reported");
     assert_eq!(refused.admin_get("/ready").await.0, 503, "ready without being able to read the cluster");
+}
+
+#[tokio::test]
+async fn standby_ingest_nodes_watch_too_so_a_failover_starts_warm() {
+    let Some(api) = KubeApi::start().await else { return };
+    let client = api.admin().await;
+    apply(&client, &cluster_basics()).await;
+    let dir = api.dir().to_path_buf();
+    let kubeconfig = api.write_kubeconfig(&dir, "meshpilot.kubeconfig", &api.url(), common::kube::ADMIN_TOKEN);
+    let etcd = api.etcd_endpoint();
+    let ingests: Vec<Meshpilot> =
+        ["a", "b"].iter().map(|id| Meshpilot::ingest_on_kubernetes(&etcd, &kubeconfig).id(id).start()).collect();
+    for node in &ingests {
+        node.wait_ready(STARTUP_TIMEOUT).await;
+    }
+    let (leader, _) = wait_leader(&ingests, STARTUP_TIMEOUT, |_| true).await;
+    let standby = &ingests[1 - leader];
+    // The standby has listed and built from the cluster too, and follows a change.
+    apply(&client, &cluster_basics().replace("port: 9080", "port: 9081")).await;
+    let followed =
+        poll(CONVERGE_TIMEOUT, async || standby.admin_json("/debug/registryz").await.to_string().contains("9081"))
+            .await;
+    assert!(followed, "the standby does not follow the cluster");
 }

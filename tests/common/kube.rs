@@ -58,7 +58,7 @@ fn openssl(dir: &Path, args: &[&str]) {
 /// A running kube-apiserver with its etcd; derefs to the apiserver [`Process`].
 pub struct KubeApi {
     process: Process,
-    _etcd: Etcd,
+    etcd: Etcd,
     port: u16,
     ca: PathBuf,
 }
@@ -158,7 +158,7 @@ impl KubeApi {
             .args(["--disable-admission-plugins", "ServiceAccount"])
             .args(["--enable-priority-and-fairness=false", "--profiling=false"])
             .log_tail(80, 40);
-        let api = KubeApi { process: Process::start(dir, spec), _etcd: etcd, port, ca };
+        let api = KubeApi { process: Process::start(dir, spec), etcd: etcd, port, ca };
         api.wait_serving().await;
         api.install_crds().await;
         api.wait_bootstrapped().await;
@@ -168,6 +168,11 @@ impl KubeApi {
     /// `https://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("https://127.0.0.1:{}", self.port)
+    }
+
+    /// The etcd the API server stores in (meshpilot's election can share it: other keys).
+    pub fn etcd_endpoint(&self) -> String {
+        self.etcd.endpoint()
     }
 
     /// The API server's port.
