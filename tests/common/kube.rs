@@ -158,7 +158,7 @@ impl KubeApi {
             .args(["--disable-admission-plugins", "ServiceAccount"])
             .args(["--enable-priority-and-fairness=false", "--profiling=false"])
             .log_tail(80, 40);
-        let api = KubeApi { process: Process::start(dir, spec), etcd: etcd, port, ca };
+        let api = KubeApi { process: Process::start(dir, spec), etcd, port, ca };
         api.wait_serving().await;
         api.install_crds().await;
         api.wait_bootstrapped().await;
