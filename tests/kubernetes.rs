@@ -14,9 +14,9 @@ use common::config_dump::*;
 use common::envoy::Envoy;
 use common::ingress::Ingress;
 use common::istio::{destination_rule, gateway, NS};
-use common::kube::{apply, delete, KubeApi, MESHPILOT_TOKEN};
+use common::kube::{apply, delete, KubeApi, PlainHttpFront, MESHPILOT_TOKEN};
 use common::mesh::{assert_no_rejections, start_gateway};
-use common::meshpilot::Meshpilot;
+use common::meshpilot::{wait_leader, Meshpilot};
 use common::netns::NetNs;
 use common::poll::{poll, CONVERGE_TIMEOUT, STARTUP_TIMEOUT};
 use common::ports::free_port;
@@ -120,6 +120,18 @@ fn backends() -> Option<(NetNs, Backend, Backend)> {
     Some((ns, v1, v2))
 }
 
+/// The shop mesh: namespaces, node, the reviews Service with its two pods and slice, the gateway
+/// on `port`, subsets v1/v2 and a route to v1.
+async fn apply_shop(client: &Client, v1: &Backend, v2: &Backend, port: u16) {
+    apply(client, &cluster_basics()).await;
+    apply(client, &pod("reviews-v1", "v1", v1)).await;
+    apply(client, &pod("reviews-v2", "v2", v2)).await;
+    apply(client, &slice(&[("reviews-v1", v1), ("reviews-v2", v2)])).await;
+    apply(client, &gateway(port)).await;
+    apply(client, &destination_rule("reviews", &["v1", "v2"], None)).await;
+    apply(client, &route_to("v1")).await;
+}
+
 /// The API server with the shop mesh applied, meshpilot on it, and the gateway Envoy.
 struct Live {
     api: KubeApi,
@@ -139,13 +151,7 @@ impl Live {
         let api = KubeApi::start().await?;
         let client = api.admin().await;
         let port = free_port();
-        apply(&client, &cluster_basics()).await;
-        apply(&client, &pod("reviews-v1", "v1", &v1)).await;
-        apply(&client, &pod("reviews-v2", "v2", &v2)).await;
-        apply(&client, &slice(&[("reviews-v1", &v1), ("reviews-v2", &v2)])).await;
-        apply(&client, &gateway(port)).await;
-        apply(&client, &destination_rule("reviews", &["v1", "v2"], None)).await;
-        apply(&client, &route_to("v1")).await;
+        apply_shop(&client, &v1, &v2, port).await;
         let dir = api.dir().to_path_buf();
         let kubeconfig = api.write_kubeconfig(&dir, "meshpilot.kubeconfig", &api.url(), common::kube::ADMIN_TOKEN);
         let cp = Meshpilot::standalone_on_kubernetes(kubeconfig).debounce_after("50ms").start();
@@ -344,4 +350,91 @@ async fn readiness_waits_for_the_initial_list() {
     cp.wait_ready(STARTUP_TIMEOUT).await;
     let registry = cp.admin_json("/debug/registryz").await.to_string();
     assert!(registry.contains("reviews.shop.svc.cluster.local"), "{registry}");
+}
+
+/// The ingress gateway's Pod in `istio-system` with `labels` (a flow-style YAML map).
+fn gateway_pod(labels: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: ingress-1\n  namespace: istio-system\n  labels: {labels}\nspec:\n  nodeName: node-a\n  serviceAccountName: istio-ingressgateway\n  containers: [{{name: istio-proxy, image: proxyv2}}]\nstatus:\n  podIP: \"10.1.0.9\"\n  podIPs: [{{ip: \"10.1.0.9\"}}]\n  conditions: [{{type: Ready, status: \"True\"}}]\n"
+    )
+}
+
+#[tokio::test]
+async fn a_proxy_naming_its_pod_gets_the_pods_labels_not_only_its_metadata() {
+    let Some((_pods, v1, v2)) = backends() else { return };
+    let Some(api) = KubeApi::start().await else { return };
+    let client = api.admin().await;
+    let port = free_port();
+    apply_shop(&client, &v1, &v2, port).await;
+    // The Gateway selects `istio: ingressgateway`; the proxy's metadata carries no labels, its
+    // Pod does.
+    apply(&client, &gateway_pod("{istio: ingressgateway}")).await;
+    let dir = api.dir().to_path_buf();
+    let kubeconfig = api.write_kubeconfig(&dir, "meshpilot.kubeconfig", &api.url(), common::kube::ADMIN_TOKEN);
+    let cp = Meshpilot::standalone_on_kubernetes(kubeconfig).debounce_after("50ms").start();
+    cp.wait_ready(STARTUP_TIMEOUT).await;
+    let node_id = "router~10.1.0.9~ingress-1.istio-system~istio-system.svc.cluster.local";
+    let envoy =
+        Envoy::builder(node_id, cp.xds_addr()).metadata(serde_json::json!({"NAMESPACE": "istio-system"})).start();
+    envoy.wait_ready(STARTUP_TIMEOUT).await;
+    let ingress = Ingress::new(port, HOST);
+    ingress.wait_all_from("/", &[], "reviews-v1", 5).await;
+
+    // Relabelled Pod: the Gateway no longer selects this proxy, and its listener goes (Envoy keeps
+    // a removed listener draining, without an active state).
+    let listener = format!("0.0.0.0_{port}");
+    let active = |dump: &Value| dynamic_listener(dump, &listener).is_some_and(|l| l.get("active_state").is_some());
+    assert!(active(&envoy.config_dump().await), "no active gateway listener {listener}");
+    apply(&client, &gateway_pod("{istio: something-else}")).await;
+    let gone = poll(CONVERGE_TIMEOUT, async || !active(&envoy.config_dump().await)).await;
+    assert!(gone, "the gateway listener stayed after the Pod lost the selected label");
+    assert_no_rejections(&envoy).await;
+}
+
+#[tokio::test]
+async fn a_plain_http_kubeconfig_with_a_bearer_token_works() {
+    let Some(api) = KubeApi::start().await else { return };
+    let client = api.admin().await;
+    apply(&client, &cluster_basics()).await;
+    let front = PlainHttpFront::start(&api).await;
+    let dir = api.dir().to_path_buf();
+    // The API server checks the token that crosses the front: a wrong one gets nothing.
+    let wrong = api.write_kubeconfig(&dir, "wrong.kubeconfig", &front.url(), "not-a-token");
+    let refused = Meshpilot::standalone_on_kubernetes(wrong).start();
+    let kubeconfig = api.write_kubeconfig(&dir, "http.kubeconfig", &front.url(), common::kube::ADMIN_TOKEN);
+    let cp = Meshpilot::standalone_on_kubernetes(kubeconfig).start();
+    cp.wait_ready(STARTUP_TIMEOUT).await;
+    let registry = cp.admin_json("/debug/registryz").await.to_string();
+    assert!(registry.contains("reviews.shop.svc.cluster.local"), "{registry}");
+    // Refused credentials hold readiness back (serving an empty mesh would drop every route).
+    let unauthorized = poll(CONVERGE_TIMEOUT, async || {
+        let m = refused.metrics().await;
+        m.value("meshpilot_config_source_errors", &[("source", "kubernetes"), ("reason", "unauthorized")]) > 0.0
+    })
+    .await;
+    assert!(unauthorized, "the refused token is not reported");
+    assert_eq!(refused.admin_get("/ready").await.0, 503, "ready without being able to read the cluster");
+}
+
+#[tokio::test]
+async fn standby_ingest_nodes_watch_too_so_a_failover_starts_warm() {
+    let Some(api) = KubeApi::start().await else { return };
+    let client = api.admin().await;
+    apply(&client, &cluster_basics()).await;
+    let dir = api.dir().to_path_buf();
+    let kubeconfig = api.write_kubeconfig(&dir, "meshpilot.kubeconfig", &api.url(), common::kube::ADMIN_TOKEN);
+    let etcd = api.etcd_endpoint();
+    let ingests: Vec<Meshpilot> =
+        ["a", "b"].iter().map(|id| Meshpilot::ingest_on_kubernetes(&etcd, &kubeconfig).id(id).start()).collect();
+    for node in &ingests {
+        node.wait_ready(STARTUP_TIMEOUT).await;
+    }
+    let (leader, _) = wait_leader(&ingests, STARTUP_TIMEOUT, |_| true).await;
+    let standby = &ingests[1 - leader];
+    // The standby has listed and built from the cluster too, and follows a change.
+    apply(&client, &cluster_basics().replace("port: 9080", "port: 9081")).await;
+    let followed =
+        poll(CONVERGE_TIMEOUT, async || standby.admin_json("/debug/registryz").await.to_string().contains("9081"))
+            .await;
+    assert!(followed, "the standby does not follow the cluster");
 }

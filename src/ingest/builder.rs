@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::config::{ConfigError, IgnoredObject, Kind};
+use crate::registry::kubernetes::KubeKind;
 use crate::registry::Registry;
 use crate::snapshot::{ChangeSet, ChangedKey, Snapshot, SourceState, Version};
 use crate::source::{SourceEvent, SourceId};
@@ -117,8 +118,12 @@ fn classify(last: &Snapshot, mut changes: ChangeSet, new_registry: &Registry) ->
     if new_registry.services != last.registry.services {
         return changes;
     }
+    // A Pod key stays: the Pod may be a connected proxy's, whose labels and identity come from it
+    // (an endpoints-level change all the same, see `ChangeSet::endpoints_only`).
     for key in registry_keys {
-        changes.keys.remove(&key);
+        if !matches!(&key, ChangedKey::Kube(k) if k.kind == KubeKind::Pod) {
+            changes.keys.remove(&key);
+        }
     }
     for (key, endpoints) in &new_registry.endpoints {
         if last.registry.endpoints.get(key) != Some(endpoints) {
@@ -273,7 +278,13 @@ mod tests {
             let c = b.apply(vec![event]);
             let classified = classify(&last, c, &two_endpoints);
             assert!(classified.endpoints_only(), "{classified:?}");
-            assert_eq!(classified.keys.iter().collect::<Vec<_>>(), [&host]);
+            let pods: Vec<&ChangedKey> = classified
+                .keys
+                .iter()
+                .filter(|k| matches!(k, ChangedKey::Kube(k) if k.kind == KubeKind::Pod))
+                .collect();
+            assert!(classified.keys.contains(&host), "{classified:?}");
+            assert_eq!(classified.keys.len(), 1 + pods.len(), "{classified:?}");
         }
 
         // A Service port change changes the service: the Kubernetes key stays.

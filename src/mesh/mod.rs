@@ -1,6 +1,7 @@
 //! Mesh-wide settings (Istio's MeshConfig): the fields that shape xDS.
 
 mod label_selector;
+mod networks;
 
 use std::path::Path;
 
@@ -13,6 +14,7 @@ use crate::config::validation::{check_duration, check_duration_above};
 /// pilot's default `--domain`: the DNS suffix of Kubernetes service names.
 pub const DEFAULT_DOMAIN: &str = "cluster.local";
 pub use label_selector::{LabelSelector, LabelSelectorRequirement};
+pub use networks::{MeshNetworks, Network, NetworkEndpoints, NetworkGateway};
 
 /// The MeshConfig fields meshpilot uses; other fields of Istio's MeshConfig are accepted and ignored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -87,7 +87,8 @@ fn objects(list: Vec<KubeObject>) -> KubeObjects {
     list.into_iter().map(|o| (o.key(), Arc::new(o))).collect()
 }
 
-fn configs(yaml: &str) -> Vec<ValidConfig> {
+/// The valid config objects of `yaml` (a test fixture: anything invalid panics).
+pub(super) fn configs(yaml: &str) -> Vec<ValidConfig> {
     parse_file("t.yaml", yaml)
         .into_iter()
         .map(|d| match d {

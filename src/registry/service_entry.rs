@@ -132,19 +132,10 @@ pub(super) fn workload_entry_endpoint(we: &WorkloadEntry) -> Endpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::parse::{parse_file, Document};
     use crate::registry::build_registry;
     use crate::registry::kubernetes::KubeObjects;
 
-    fn configs(yaml: &str) -> Vec<ValidConfig> {
-        parse_file("t.yaml", yaml)
-            .into_iter()
-            .map(|d| match d {
-                Document::Valid(o) => Arc::new(o),
-                other => panic!("invalid test config: {other:?}"),
-            })
-            .collect()
-    }
+    use crate::registry::kube_tests::configs;
 
     #[test]
     fn service_entry_with_selected_workload_entries() {

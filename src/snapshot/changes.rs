@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 
 use crate::config::ConfigKey;
-use crate::registry::kubernetes::KubeKey;
+use crate::registry::kubernetes::{KubeKey, KubeKind};
 use crate::registry::Hostname;
 
 /// One changed thing.
@@ -37,8 +37,15 @@ impl ChangeSet {
     }
 
     /// Whether only endpoints changed (Istio's `endpoint` push trigger).
+    /// A Pod key counts as endpoints-level: ingest keeps one only when services stayed equal (the
+    /// Pod may identify a connected proxy).
     pub fn endpoints_only(&self) -> bool {
-        !self.full && !self.keys.is_empty() && self.keys.iter().all(|k| matches!(k, ChangedKey::Endpoints(_)))
+        let endpoint_level = |k: &ChangedKey| match k {
+            ChangedKey::Endpoints(_) => true,
+            ChangedKey::Kube(key) => key.kind == KubeKind::Pod,
+            ChangedKey::Config(_) | ChangedKey::Mesh => false,
+        };
+        !self.full && !self.keys.is_empty() && self.keys.iter().all(endpoint_level)
     }
 
     /// Merges another change set into this one (debouncing several into one push).

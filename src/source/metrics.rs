@@ -14,8 +14,8 @@ use crate::telemetry::metrics::{counter_vec, gauge_value, gauge_vec, Registry};
 
 /// Mesh config problems that are not read problems: an empty file, and one that does not parse.
 pub const MESH_REASONS: &[&str] = &["empty", "invalid"];
-/// Why a Kubernetes kind is not being read: RBAC, a missing CRD, or the API server.
-pub const KUBE_REASONS: &[&str] = &["forbidden", "not_installed", "unreachable"];
+/// Why a Kubernetes kind is not being read: RBAC, a missing CRD, credentials, or the API server.
+pub const KUBE_REASONS: &[&str] = &["forbidden", "not_installed", "unauthorized", "unreachable"];
 
 /// Metrics of the config sources.
 #[derive(Clone, Debug)]

@@ -58,7 +58,7 @@ fn openssl(dir: &Path, args: &[&str]) {
 /// A running kube-apiserver with its etcd; derefs to the apiserver [`Process`].
 pub struct KubeApi {
     process: Process,
-    _etcd: Etcd,
+    etcd: Etcd,
     port: u16,
     ca: PathBuf,
 }
@@ -158,15 +158,21 @@ impl KubeApi {
             .args(["--disable-admission-plugins", "ServiceAccount"])
             .args(["--enable-priority-and-fairness=false", "--profiling=false"])
             .log_tail(80, 40);
-        let api = KubeApi { process: Process::start(dir, spec), _etcd: etcd, port, ca };
+        let api = KubeApi { process: Process::start(dir, spec), etcd, port, ca };
         api.wait_serving().await;
         api.install_crds().await;
+        api.wait_bootstrapped().await;
         Some(api)
     }
 
     /// `https://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("https://127.0.0.1:{}", self.port)
+    }
+
+    /// The etcd the API server stores in (meshpilot's election can share it: other keys).
+    pub fn etcd_endpoint(&self) -> String {
+        self.etcd.endpoint()
     }
 
     /// The API server's port.
@@ -213,6 +219,14 @@ impl KubeApi {
             .await;
     }
 
+    /// Waits for what the API server creates itself after start (the `default/kubernetes`
+    /// Service), so that it does not land in the middle of a test as a change of its own.
+    async fn wait_bootstrapped(&self) {
+        let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(self.admin().await, "default");
+        let created = poll(STARTUP_TIMEOUT, async || services.get("kubernetes").await.is_ok()).await;
+        assert!(created, "the API server did not create the default/kubernetes Service");
+    }
+
     async fn install_crds(&self) {
         let client = self.admin().await;
         let text = std::fs::read_to_string(repo_path("deploy/crds/istio-crds.yaml"))
@@ -246,12 +260,18 @@ impl KubeApi {
 /// Applies Kubernetes YAML (one or more documents) as the admin, with server-side apply, as
 /// `kubectl apply --server-side` does; `status` fields are written through the status subresource.
 pub async fn apply(client: &Client, yaml: &str) {
-    let discovery = Discovery::new(client.clone()).run().await.expect("API discovery");
-    for doc in
-        yaml.split("\n---").filter(|d| d.lines().any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#')))
-    {
+    let docs =
+        yaml.split("\n---").filter(|d| d.lines().any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#')));
+    let mut objects = Vec::new();
+    for doc in docs {
         let value: Value = serde_saphyr::from_str(doc).unwrap_or_else(|e| panic!("test YAML: {e}\n{doc}"));
         let obj: DynamicObject = serde_json::from_value(value.clone()).expect("a Kubernetes object");
+        objects.push((value, obj));
+    }
+    let kinds: Vec<_> =
+        objects.iter().filter_map(|(_, o)| o.types.as_ref()).map(|t| gvk(&t.api_version, &t.kind)).collect();
+    let discovery = discover(client, &kinds).await;
+    for (value, obj) in objects {
         let (resource, caps) = resolve(&discovery, &obj);
         let api = api_for(client, &resource, &caps, obj.metadata.namespace.as_deref());
         let name = obj.metadata.name.clone().expect("metadata.name");
@@ -309,5 +329,58 @@ fn api_for(client: &Client, resource: &ApiResource, caps: &ApiCapabilities, ns: 
         (Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), ns, resource),
         (Scope::Namespaced, None) => Api::default_namespaced_with(client.clone(), resource),
         (Scope::Cluster, _) => Api::all_with(client.clone(), resource),
+    }
+}
+
+/// A plain-HTTP front for the API server, as local test clusters (and `kubectl proxy`) offer:
+/// each connection is relayed, bytes unchanged, over TLS to the real server, so the bearer token
+/// a client sends is still checked by the API server. Stops when dropped.
+pub struct PlainHttpFront {
+    port: u16,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl PlainHttpFront {
+    /// Listens on 127.0.0.1 and relays to `api`.
+    pub async fn start(api: &KubeApi) -> PlainHttpFront {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, ServerName};
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_file_iter(&api.ca).expect("reading the test CA") {
+            roots.add(cert.expect("a CA certificate")).expect("adding the test CA");
+        }
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls));
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", free_port())).await.expect("binding the front");
+        let port = listener.local_addr().expect("front address").port();
+        let upstream = api.port;
+        let task = tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let connector = connector.clone();
+                tokio::spawn(async move {
+                    let Ok(tcp) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else { return };
+                    let name = ServerName::try_from("127.0.0.1").expect("a server name");
+                    let Ok(mut server) = connector.connect(name.to_owned(), tcp).await else { return };
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                });
+            }
+        });
+        PlainHttpFront { port, task }
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for PlainHttpFront {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }

@@ -229,6 +229,11 @@ impl Meshpilot {
         MeshpilotBuilder::new(Mode::Ingest, Some(etcd_endpoints), Some(config_dir.as_ref()))
     }
 
+    /// `meshpilot ingest --etcd-endpoints ENDPOINTS --kubeconfig FILE` (no config dir).
+    pub fn ingest_on_kubernetes(etcd_endpoints: &str, kubeconfig: impl AsRef<Path>) -> MeshpilotBuilder {
+        MeshpilotBuilder::new(Mode::Ingest, Some(etcd_endpoints), None).kubeconfig(kubeconfig)
+    }
+
     /// `meshpilot frontend --etcd-endpoints ENDPOINTS`.
     pub fn frontend(etcd_endpoints: &str) -> MeshpilotBuilder {
         MeshpilotBuilder::new(Mode::Frontend, Some(etcd_endpoints), None)

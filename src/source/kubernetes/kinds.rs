@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::watch::Item;
 use crate::config::parse::parse_object;
-use crate::mesh::MeshConfig;
+use crate::mesh::{MeshConfig, MeshConfigError, MeshNetworks};
 use crate::registry::kubernetes::KubeKind;
 
 /// An Istio CRD kind.
@@ -97,11 +97,27 @@ pub fn istio_object(watched: &Watched, obj: DynamicObject) -> Item {
     Item::Config(parse_object(SOURCE_NAME, value))
 }
 
-/// The mesh config from the `mesh` key of the `istio` ConfigMap (defaults without one).
+/// The mesh config from the `mesh` key of the `istio` ConfigMap (defaults without one). Its
+/// `meshNetworks` key is validated too: an invalid one keeps the whole ConfigMap's previous
+/// version in force, as an invalid `mesh` does.
 pub fn mesh_config_map(_: &Watched, cm: ConfigMap) -> Item {
     let namespace = cm.metadata.namespace.unwrap_or_default();
-    let text = cm.data.and_then(|mut d| d.remove("mesh")).unwrap_or_default();
-    Item::Mesh(Box::new(MeshConfig::parse(&format!("ConfigMap {namespace}/{MESH_CONFIG_MAP} key mesh"), &text)))
+    let mut data = cm.data.unwrap_or_default();
+    let text = data.remove("mesh").unwrap_or_default();
+    let networks = data.remove("meshNetworks").unwrap_or_default();
+    let source = |key: &str| format!("ConfigMap {namespace}/{MESH_CONFIG_MAP} key {key}");
+    match MeshNetworks::parse(&networks) {
+        Err((field, reason)) => {
+            return Item::Mesh(Box::new(Err(MeshConfigError::Field { path: source("meshNetworks"), field, reason })));
+        }
+        // Parsed and checked, but nothing routes across networks yet: say so rather than pretend.
+        Ok(n) if !n.networks.is_empty() => tracing::warn!(
+            networks = n.networks.len(),
+            "meshNetworks is valid but not used: meshpilot does not route across networks yet"
+        ),
+        Ok(_) => {}
+    }
+    Item::Mesh(Box::new(MeshConfig::parse(&source("mesh"), &text)))
 }
 
 #[cfg(test)]
@@ -149,5 +165,11 @@ mod tests {
         let Item::Mesh(m) = mesh_config_map(&Watched::MeshConfigMap, cm) else { panic!() };
         let m = m.unwrap();
         assert_eq!(m.trust_domain, "example.org");
+        let bad: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "istio", "namespace": "istio-system"},
+            "data": {"mesh": "", "meshNetworks": "networks: {n: {endpoints: [{fromCidr: 10.0.0.0/99}]}}"}}))
+        .unwrap();
+        let Item::Mesh(m) = mesh_config_map(&Watched::MeshConfigMap, bad) else { panic!() };
+        let e = m.unwrap_err().to_string();
+        assert!(e.contains("meshNetworks") && e.contains("networks.n.endpoints[0].fromCidr"), "{e}");
     }
 }

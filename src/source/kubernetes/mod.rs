@@ -99,6 +99,7 @@ where
                 update = rx.recv() => update,
             };
             let Some(update) = update else { return };
+            tracing::debug!(kind = %update.watched, change = update.change.name(), "kubernetes: watch update");
             if matches!(update.change, Change::Relisted(_)) {
                 metrics.kube_lists.with_label_values(&[update.watched.to_string().as_str()]).inc();
             }
@@ -160,7 +161,10 @@ async fn watch_group(group: &'static str, client: Client, tx: mpsc::Sender<Updat
         let failure = match kube::discovery::group(&client, group).await {
             Ok(g) => break g,
             Err(kube::Error::Discovery(e)) => Failure::NotInstalled(format!("API group {group}: {e}")),
-            Err(kube::Error::Api(s)) if s.code == 401 || s.code == 403 => {
+            Err(kube::Error::Api(s)) if s.code == 401 => {
+                Failure::Unauthorized(format!("discovery of {group}: {}", s.message))
+            }
+            Err(kube::Error::Api(s)) if s.code == 403 => {
                 Failure::Forbidden(format!("discovery of {group}: {}", s.message))
             }
             Err(e) => Failure::Unreachable(format!("discovery of {group}: {e}")),

@@ -2,15 +2,16 @@
 //! backs off while the API server is unreachable) pumped into the source's one state owner.
 
 use std::fmt;
+use std::time::Duration;
 
 use futures::StreamExt;
 use kube::runtime::watcher::{self, watcher, Event};
-use kube::runtime::WatchStreamExt;
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
 use super::kinds::Watched;
+use crate::backoff::Backoff;
 use crate::config::parse::Document;
 use crate::drain::DrainWatcher;
 use crate::mesh::{MeshConfig, MeshConfigError};
@@ -53,6 +54,9 @@ pub enum Item {
 pub enum Failure {
     /// The service account may not list or watch this kind (403).
     Forbidden(String),
+    /// The API server does not accept the credentials (401): nothing can be read, so unlike a
+    /// 403 for one kind this holds readiness back rather than serve an empty mesh.
+    Unauthorized(String),
     /// The API server does not serve this kind (404: its CRD is not installed).
     NotInstalled(String),
     /// The API server is unreachable or failing; the watcher retries with backoff.
@@ -64,6 +68,7 @@ impl Failure {
     pub fn reason(&self) -> &'static str {
         match self {
             Failure::Forbidden(_) => "forbidden",
+            Failure::Unauthorized(_) => "unauthorized",
             Failure::NotInstalled(_) => "not_installed",
             Failure::Unreachable(_) => "unreachable",
         }
@@ -72,7 +77,7 @@ impl Failure {
     /// Whether retrying cannot help until someone changes the cluster (RBAC, CRDs): the kind
     /// then counts as listed (empty) so that the other kinds are served.
     pub fn is_permanent(&self) -> bool {
-        !matches!(self, Failure::Unreachable(_))
+        matches!(self, Failure::Forbidden(_) | Failure::NotInstalled(_))
     }
 
     /// What a watcher error means; `None` for a 410 Gone, which the watcher answers itself by
@@ -88,7 +93,8 @@ impl Failure {
         let text = error.to_string();
         Some(match api_code {
             Some(410) => return None,
-            Some(401 | 403) => Failure::Forbidden(text),
+            Some(401) => Failure::Unauthorized(text),
+            Some(403) => Failure::Forbidden(text),
             Some(404) => Failure::NotInstalled(text),
             _ => Failure::Unreachable(text),
         })
@@ -99,6 +105,7 @@ impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Failure::Forbidden(e) => write!(f, "forbidden: the service account may not list/watch it ({e})"),
+            Failure::Unauthorized(e) => write!(f, "unauthorized: the API server refuses the credentials ({e})"),
             Failure::NotInstalled(e) => write!(f, "not served by the API server; is its CRD installed? ({e})"),
             Failure::Unreachable(e) => write!(f, "API server unreachable; retrying, last state kept ({e})"),
         }
@@ -120,6 +127,18 @@ pub enum Change {
     Failed(Failure),
 }
 
+impl Change {
+    /// What kind of change this is, for logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Change::Relisted(_) => "relisted",
+            Change::Applied(..) => "applied",
+            Change::Deleted(_) => "deleted",
+            Change::Failed(_) => "failed",
+        }
+    }
+}
+
 /// A change of one watched kind.
 #[derive(Debug)]
 pub struct Update {
@@ -132,8 +151,17 @@ pub struct Update {
 /// Converts a watched object into an [`Item`].
 pub type Convert<K> = fn(&Watched, K) -> Item;
 
+/// Shortest and longest wait before listing again after a failure.
+const RETRY_MIN: Duration = Duration::from_millis(500);
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
 /// Watches `api` until the drain, converting each object with `convert` on the blocking pool
 /// (Istio objects are validated: regexes compiled, routes checked) and sending updates to `tx`.
+///
+/// After a failure the watch starts over with a fresh list, after a backoff, as client-go's
+/// reflector does: the list both resynchronises what changed meanwhile and tells the state owner
+/// the kind is healthy again (a quiet kind would otherwise never say so). A 410 Gone is answered
+/// by the watcher itself with a relist.
 pub async fn pump<K>(
     watched: Watched,
     api: Api<K>,
@@ -144,16 +172,47 @@ pub async fn pump<K>(
 ) where
     K: Resource + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static,
 {
-    let stream = watcher(api, config).default_backoff();
+    let mut backoff = Backoff::new(RETRY_MIN, RETRY_MAX);
+    loop {
+        match watch_until_failure(watched, api.clone(), config.clone(), convert, &tx, &drain, &mut backoff).await {
+            Some(failure) => {
+                if tx.send(Update { watched, change: Change::Failed(failure) }).await.is_err() {
+                    return;
+                }
+            }
+            None => return,
+        }
+        tokio::select! {
+            _ = drain.draining() => return,
+            _ = tokio::time::sleep(backoff.next_delay()) => {}
+        }
+    }
+}
+
+/// One list and watch: returns the failure that ended it, or `None` when the pump must stop
+/// (drain, or nobody listening).
+async fn watch_until_failure<K>(
+    watched: Watched,
+    api: Api<K>,
+    config: watcher::Config,
+    convert: Convert<K>,
+    tx: &mpsc::Sender<Update>,
+    drain: &DrainWatcher,
+    backoff: &mut Backoff,
+) -> Option<Failure>
+where
+    K: Resource + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static,
+{
+    let stream = watcher(api, config);
     futures::pin_mut!(stream);
     let mut listing: Vec<K> = Vec::new();
     loop {
         let event = tokio::select! {
-            _ = drain.draining() => return,
+            _ = drain.draining() => return None,
             event = stream.next() => event,
         };
         let change = match event {
-            None => return,
+            None => return None,
             Some(Ok(Event::Init)) => {
                 listing.clear();
                 continue;
@@ -164,27 +223,28 @@ pub async fn pump<K>(
             }
             Some(Ok(Event::InitDone)) => {
                 let objects = std::mem::take(&mut listing);
-                let w = watched;
                 let converted = tokio::task::spawn_blocking(move || {
-                    objects.into_iter().map(|o| (name_of(&o), convert(&w, o))).collect::<Vec<_>>()
+                    objects.into_iter().map(|o| (name_of(&o), convert(&watched, o))).collect::<Vec<_>>()
                 })
                 .await;
                 match converted {
-                    Ok(items) => Change::Relisted(items),
-                    Err(e) => Change::Failed(Failure::Unreachable(format!("converting the list: {e}"))),
+                    Ok(items) => {
+                        backoff.reset();
+                        Change::Relisted(items)
+                    }
+                    Err(e) => return Some(Failure::Unreachable(format!("converting the list: {e}"))),
                 }
             }
             Some(Ok(Event::Apply(obj))) => {
                 let name = name_of(&obj);
-                let w = watched;
-                match tokio::task::spawn_blocking(move || convert(&w, obj)).await {
+                match tokio::task::spawn_blocking(move || convert(&watched, obj)).await {
                     Ok(item) => Change::Applied(name, item),
-                    Err(e) => Change::Failed(Failure::Unreachable(format!("converting {name}: {e}"))),
+                    Err(e) => return Some(Failure::Unreachable(format!("converting {name}: {e}"))),
                 }
             }
             Some(Ok(Event::Delete(obj))) => Change::Deleted(name_of(&obj)),
             Some(Err(e)) => match Failure::from_watcher(&e) {
-                Some(failure) => Change::Failed(failure),
+                Some(failure) => return Some(failure),
                 None => {
                     tracing::info!(kind = %watched, "kubernetes: watch expired (410 Gone); relisting");
                     continue;
@@ -192,7 +252,7 @@ pub async fn pump<K>(
             },
         };
         if tx.send(Update { watched, change }).await.is_err() {
-            return;
+            return None;
         }
     }
 }
