@@ -134,7 +134,7 @@ fn service(scale: &Scale, s: usize) -> Service {
         protocol: Some("TCP".into()),
         ..ServicePort::default()
     }];
-    if s % 2 == 0 {
+    if s.is_multiple_of(2) {
         ports.push(ServicePort {
             name: Some("grpc-metrics".into()),
             port: 9090,
@@ -292,7 +292,7 @@ fn endpoint_slice(scale: &Scale, s: usize) -> EndpointSlice {
         protocol: Some("TCP".into()),
         ..Default::default()
     }];
-    if s % 2 == 0 {
+    if s.is_multiple_of(2) {
         ports.push(EndpointPort {
             name: Some("grpc-metrics".into()),
             port: Some(9090),
@@ -838,8 +838,7 @@ fn median_ms(mut f: impl FnMut()) -> f64 {
 /// build. Medians of 7.
 fn build_breakdown(scale: &Scale) -> Value {
     use meshpilot::snapshot::{ChangeSet, Snapshot, SourceState, Version};
-    let mut mesh = meshpilot::mesh::MeshConfig::default();
-    mesh.domain = "cluster.local".into();
+    let mesh = meshpilot::mesh::MeshConfig { domain: "cluster.local".into(), ..Default::default() };
     let state = SourceState { kube: compact_objects(scale), mesh: std::sync::Arc::new(mesh), ..SourceState::default() };
     let registry_ms = median_ms(|| {
         let r = meshpilot::registry::build_registry(state.configs.values(), &state.kube, &state.mesh);
