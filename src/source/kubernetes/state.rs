@@ -17,8 +17,8 @@ use crate::source::{SourceEvent, SourceId};
 /// What a watched object last became.
 #[derive(Debug)]
 enum Held {
-    /// A registry object, as last sent.
-    Kube(KubeKey, Arc<KubeObject>),
+    /// A registry object, as last sent (its key is derived on deletion, not held twice).
+    Kube(Arc<KubeObject>),
     /// An Istio object: its last valid version (still served while a newer one is invalid).
     Config(ConfigKey, ValidConfig),
     /// An object of a kind meshpilot does not serve, or one never valid.
@@ -219,14 +219,14 @@ impl KubeState {
             Item::Mesh(mesh) => return self.set_mesh(*mesh),
             Item::Kube(obj) => {
                 let key = obj.key();
-                if let Some(Held::Kube(_, old)) = self.held.get(&slot) {
+                if let Some(Held::Kube(old)) = self.held.get(&slot) {
                     if **old == obj {
                         return None;
                     }
                 }
                 let obj = Arc::new(obj);
-                kube.push((key.clone(), Some(obj.clone())));
-                self.held.insert(slot, Held::Kube(key, obj));
+                kube.push((key, Some(obj.clone())));
+                self.held.insert(slot, Held::Kube(obj));
             }
             Item::Config(Document::Valid(obj)) => {
                 let key = obj.key.clone();
@@ -281,7 +281,7 @@ impl KubeState {
         let slot = (watched, name);
         self.clear_object_status(&slot);
         match self.held.remove(&slot) {
-            Some(Held::Kube(key, _)) => kube.push((key, None)),
+            Some(Held::Kube(obj)) => kube.push((obj.key(), None)),
             Some(Held::Config(key, _)) => configs.push((key, None)),
             Some(Held::Other) | None => {}
         }

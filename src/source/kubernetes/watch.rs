@@ -205,7 +205,11 @@ where
 {
     let stream = watcher(api, config);
     futures::pin_mut!(stream);
-    let mut listing: Vec<K> = Vec::new();
+    // A list is converted page by page as it arrives: holding a whole list of API objects (a
+    // Pod is kilobytes of JSON, the compact object a tenth of it) costs far more memory than
+    // the converted items, and the allocator keeps that peak.
+    let mut raw: Vec<K> = Vec::new();
+    let mut listing: Vec<(ObjectName, Item)> = Vec::new();
     loop {
         let event = tokio::select! {
             _ = drain.draining() => return None,
@@ -214,26 +218,28 @@ where
         let change = match event {
             None => return None,
             Some(Ok(Event::Init)) => {
+                raw.clear();
                 listing.clear();
                 continue;
             }
             Some(Ok(Event::InitApply(obj))) => {
-                listing.push(obj);
+                raw.push(obj);
+                if raw.len() >= LIST_CHUNK {
+                    match convert_all(watched, std::mem::take(&mut raw), convert).await {
+                        Ok(items) => listing.extend(items),
+                        Err(failure) => return Some(failure),
+                    }
+                }
                 continue;
             }
             Some(Ok(Event::InitDone)) => {
-                let objects = std::mem::take(&mut listing);
-                let converted = tokio::task::spawn_blocking(move || {
-                    objects.into_iter().map(|o| (name_of(&o), convert(&watched, o))).collect::<Vec<_>>()
-                })
-                .await;
-                match converted {
-                    Ok(items) => {
-                        backoff.reset();
-                        Change::Relisted(items)
-                    }
-                    Err(e) => return Some(Failure::Unreachable(format!("converting the list: {e}"))),
+                match convert_all(watched, std::mem::take(&mut raw), convert).await {
+                    Ok(items) => listing.extend(items),
+                    Err(failure) => return Some(failure),
                 }
+                backoff.reset();
+                listing.shrink_to_fit();
+                Change::Relisted(std::mem::take(&mut listing))
             }
             Some(Ok(Event::Apply(obj))) => {
                 let name = name_of(&obj);
@@ -255,6 +261,26 @@ where
             return None;
         }
     }
+}
+
+/// Objects converted per trip to the blocking pool while a list arrives.
+const LIST_CHUNK: usize = 256;
+
+/// Converts `objects` on the blocking pool.
+async fn convert_all<K>(
+    watched: Watched,
+    objects: Vec<K>,
+    convert: Convert<K>,
+) -> Result<Vec<(ObjectName, Item)>, Failure>
+where
+    K: Resource + Send + 'static,
+{
+    if objects.is_empty() {
+        return Ok(Vec::new());
+    }
+    tokio::task::spawn_blocking(move || objects.into_iter().map(|o| (name_of(&o), convert(&watched, o))).collect())
+        .await
+        .map_err(|e| Failure::Unreachable(format!("converting the list: {e}")))
 }
 
 fn name_of<K: Resource>(obj: &K) -> ObjectName {
