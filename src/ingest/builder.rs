@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::config::{ConfigError, IgnoredObject, Kind};
 use crate::registry::kubernetes::KubeKind;
-use crate::registry::Registry;
+use crate::registry::{IncrementalRegistry, Registry};
 use crate::snapshot::{ChangeSet, ChangedKey, Snapshot, SourceState, Version};
 use crate::source::{SourceEvent, SourceId};
 
@@ -19,6 +19,8 @@ pub struct SnapshotBuilder {
     /// Each config source's rejected and ignored documents; `state` holds them all.
     statuses: BTreeMap<SourceId, SourceStatus>,
     last: Option<Arc<Snapshot>>,
+    /// The registry's indexes across builds: an endpoint change rebuilds only what it reaches.
+    registry: IncrementalRegistry,
 }
 
 impl SnapshotBuilder {
@@ -37,19 +39,17 @@ impl SnapshotBuilder {
                                 self.state.configs.remove(&key);
                             }
                         }
+                        self.registry.config_changed(key.kind);
                         changes.keys.insert(ChangedKey::Config(key));
                     }
                 }
                 SourceEvent::Kube(objects) => {
                     for (key, object) in objects {
-                        match object {
-                            Some(obj) => {
-                                self.state.kube.insert(key.clone(), obj);
-                            }
-                            None => {
-                                self.state.kube.remove(&key);
-                            }
-                        }
+                        let old = match &object {
+                            Some(obj) => self.state.kube.insert(key.clone(), obj.clone()),
+                            None => self.state.kube.remove(&key),
+                        };
+                        self.registry.kube_changed(old.as_ref(), object.as_ref());
                         changes.keys.insert(ChangedKey::Kube(key));
                     }
                 }
@@ -62,6 +62,7 @@ impl SnapshotBuilder {
                 SourceEvent::Mesh(mesh) => {
                     if *self.state.mesh != *mesh {
                         self.state.mesh = mesh;
+                        self.registry.invalidate();
                         changes.full = true;
                         changes.keys.insert(ChangedKey::Mesh);
                     }
@@ -73,9 +74,15 @@ impl SnapshotBuilder {
     }
 
     /// Builds the snapshot `version` from the current state, classifying `changes` against the
-    /// last snapshot. The registry is built once and shared by the classification and the snapshot.
+    /// last snapshot. The registry is built once and shared by the classification and the snapshot;
+    /// when only EndpointSlices and Pods changed, it is the last one with those endpoints rebuilt.
     pub fn build(&mut self, version: Version, changes: ChangeSet) -> Arc<Snapshot> {
-        let registry = crate::registry::build_registry(self.state.configs.values(), &self.state.kube, &self.state.mesh);
+        if changes.full {
+            // A new term or resync: rebuild from scratch rather than trust what came before.
+            self.registry.invalidate();
+        }
+        let previous = self.last.as_ref().map(|s| &s.registry);
+        let registry = self.registry.build(previous, self.state.configs.values(), &self.state.kube, &self.state.mesh);
         let changes = match &self.last {
             None => ChangeSet::full(),
             Some(last) => classify(last, changes, &registry),

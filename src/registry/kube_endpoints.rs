@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use super::build::WorkloadEntries;
-use super::kube_index::KubeIndex;
+use super::kube_index::KubeLookup;
 use super::kubernetes::{KubeEndpointSlice, KubePod, KubeService, SliceEndpoint, TargetPort};
 use super::service::{Endpoint, EndpointHealth, Resolution, Service};
 use super::service_entry::workload_entry_endpoint;
@@ -29,7 +29,7 @@ const PERSISTENT_SESSION_LABELS: [&str; 2] = ["istio.io/persistent-session", "is
 pub(super) fn service_endpoints(
     svc: &KubeService,
     service: &Service,
-    index: &KubeIndex<'_>,
+    index: &impl KubeLookup,
     workload_entries: &WorkloadEntries<'_>,
 ) -> Vec<Endpoint> {
     if service.resolution == Resolution::Dns {
@@ -133,7 +133,7 @@ fn slice_ports(
 
 /// A Pod as an endpoint (address: its first IP, no ports yet): its labels with Istio's topology
 /// labels added, service account, locality and network.
-pub(super) fn pod_endpoint(pod: &KubePod, slice_node: Option<&str>, index: &KubeIndex<'_>) -> Endpoint {
+pub(super) fn pod_endpoint(pod: &KubePod, slice_node: Option<&str>, index: &impl KubeLookup) -> Endpoint {
     let node_name = if pod.node_name.is_empty() { slice_node.unwrap_or_default() } else { pod.node_name.as_str() };
     let locality = pod_locality(pod, node_name, index);
     let network = match pod.labels.get(NETWORK_LABEL) {
@@ -168,7 +168,7 @@ pub(super) fn pod_endpoint(pod: &KubePod, slice_node: Option<&str>, index: &Kube
 
 /// Istio's Pod locality: the `istio-locality` label (dots for slashes), else the Node's
 /// `region/zone/subzone`, else none.
-pub(super) fn pod_locality(pod: &KubePod, node_name: &str, index: &KubeIndex<'_>) -> String {
+pub(super) fn pod_locality(pod: &KubePod, node_name: &str, index: &impl KubeLookup) -> String {
     if let Some(label) = pod.labels.get(LOCALITY_LABEL).filter(|l| !l.is_empty()) {
         return label.replace('.', "/");
     }
@@ -180,7 +180,7 @@ pub(super) fn pod_locality(pod: &KubePod, node_name: &str, index: &KubeIndex<'_>
     }
 }
 
-fn namespace_network(namespace: &str, index: &KubeIndex<'_>) -> String {
+fn namespace_network(namespace: &str, index: &impl KubeLookup) -> String {
     index.namespace(namespace).and_then(|ns| ns.labels.get(NETWORK_LABEL)).cloned().unwrap_or_default()
 }
 

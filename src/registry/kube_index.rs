@@ -20,6 +20,23 @@ pub(super) struct KubeIndex<'a> {
     namespaces: HashMap<&'a str, &'a KubeNamespace>,
 }
 
+/// The joins the service model makes on Kubernetes objects, answered by the one-build
+/// [`KubeIndex`] or by the [`KubeStore`](super::kube_store::KubeStore) kept across builds.
+pub(super) trait KubeLookup {
+    /// The Pod `namespace/name`.
+    fn pod(&self, namespace: &str, name: &str) -> Option<&KubePod>;
+    /// A Pod of `namespace` with `ip` (host-network pods share IPs: the first in name order, as Istio guesses).
+    fn pod_by_ip(&self, namespace: &str, ip: &str) -> Option<&KubePod>;
+    /// Pods of `namespace`, in name order.
+    fn pods_in(&self, namespace: &str) -> Vec<&KubePod>;
+    /// EndpointSlices of the Service `namespace/service`, in name order.
+    fn slices_of(&self, namespace: &str, service: &str) -> Vec<&KubeEndpointSlice>;
+    /// The Node `name`.
+    fn node(&self, name: &str) -> Option<&KubeNode>;
+    /// The Namespace `name`.
+    fn namespace(&self, name: &str) -> Option<&KubeNamespace>;
+}
+
 impl<'a> KubeIndex<'a> {
     /// Indexes the objects of `kube` that `scope` keeps, in one pass.
     pub fn new(kube: &'a KubeObjects, scope: &NamespaceScope) -> KubeIndex<'a> {
@@ -48,34 +65,30 @@ impl<'a> KubeIndex<'a> {
         }
         index
     }
+}
 
-    /// The Pod `namespace/name`.
-    pub fn pod(&self, namespace: &str, name: &str) -> Option<&'a KubePod> {
+impl KubeLookup for KubeIndex<'_> {
+    fn pod(&self, namespace: &str, name: &str) -> Option<&KubePod> {
         self.pods.get(namespace)?.get(name).copied()
     }
 
-    /// A Pod of `namespace` with `ip` (host-network pods share IPs: the first in key order, as Istio guesses).
-    pub fn pod_by_ip(&self, namespace: &str, ip: &str) -> Option<&'a KubePod> {
+    fn pod_by_ip(&self, namespace: &str, ip: &str) -> Option<&KubePod> {
         self.pods_by_ip.get(ip)?.iter().find(|p| p.namespace == namespace).copied()
     }
 
-    /// Pods of `namespace`, in name order.
-    pub fn pods_in(&self, namespace: &str) -> &[&'a KubePod] {
-        self.pods_by_namespace.get(namespace).map(Vec::as_slice).unwrap_or_default()
+    fn pods_in(&self, namespace: &str) -> Vec<&KubePod> {
+        self.pods_by_namespace.get(namespace).cloned().unwrap_or_default()
     }
 
-    /// EndpointSlices of the Service `namespace/service`, in name order.
-    pub fn slices_of(&self, namespace: &str, service: &str) -> &[&'a KubeEndpointSlice] {
-        self.slices.get(namespace).and_then(|s| s.get(service)).map(Vec::as_slice).unwrap_or_default()
+    fn slices_of(&self, namespace: &str, service: &str) -> Vec<&KubeEndpointSlice> {
+        self.slices.get(namespace).and_then(|s| s.get(service)).cloned().unwrap_or_default()
     }
 
-    /// The Node `name`.
-    pub fn node(&self, name: &str) -> Option<&'a KubeNode> {
+    fn node(&self, name: &str) -> Option<&KubeNode> {
         self.nodes.get(name).copied()
     }
 
-    /// The Namespace `name`.
-    pub fn namespace(&self, name: &str) -> Option<&'a KubeNamespace> {
+    fn namespace(&self, name: &str) -> Option<&KubeNamespace> {
         self.namespaces.get(name).copied()
     }
 }

@@ -3,9 +3,11 @@
 mod build;
 mod discovery;
 mod hostname;
+mod incremental;
 mod kube_endpoints;
 mod kube_index;
 mod kube_service;
+mod kube_store;
 #[cfg(test)]
 mod kube_tests;
 pub mod kubernetes;
@@ -19,6 +21,7 @@ use std::sync::Arc;
 pub use build::build_registry;
 pub use discovery::NamespaceScope;
 pub use hostname::{host_matches, hosts_overlap, Hostname};
+pub use incremental::IncrementalRegistry;
 pub use kube_service::{kube_hostname, kube_port_protocol};
 pub use service::{Endpoint, EndpointHealth, Endpoints, Resolution, Service, ServiceKey, ServiceOrigin, ServicePort};
 pub use visibility::Visibility;

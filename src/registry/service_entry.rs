@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::build::WorkloadEntries;
 use super::kube_endpoints::pod_endpoint;
-use super::kube_index::KubeIndex;
+use super::kube_index::KubeLookup;
 use super::service::{Endpoint, EndpointHealth, Resolution, Service, ServiceKey, ServiceOrigin, ServicePort};
 use super::{Hostname, Registry, Visibility};
 use crate::config::api::service_entry::{Location, Resolution as SeResolution};
@@ -22,7 +22,7 @@ use crate::mesh::MeshConfig;
 pub(super) fn add_service_entries<'a>(
     registry: &mut Registry,
     configs: impl Iterator<Item = &'a ValidConfig>,
-    index: &KubeIndex<'_>,
+    index: &impl KubeLookup,
     workload_entries: &WorkloadEntries<'_>,
     mesh: &MeshConfig,
 ) {
@@ -80,10 +80,10 @@ fn port_protocol(protocol: &str, name: &str) -> Protocol {
     Protocol::parse(name.split('-').next().unwrap_or_default())
 }
 
-fn endpoints_of(
+pub(super) fn endpoints_of(
     se: &ServiceEntry,
     namespace: &str,
-    index: &KubeIndex<'_>,
+    index: &impl KubeLookup,
     workload_entries: &WorkloadEntries<'_>,
 ) -> Vec<Endpoint> {
     let Some(selector) = &se.workload_selector else {

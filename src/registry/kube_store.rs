@@ -1,0 +1,247 @@
+//! Kubernetes objects indexed for the registry's joins and kept across builds: each change
+//! updates the indexes of its one object, so an endpoint change costs no pass over all objects.
+//!
+//! Unlike the one-build [`KubeIndex`](super::kube_index::KubeIndex) it holds every namespace:
+//! every lookup is by a namespace the caller took from an in-scope service, so out-of-scope
+//! objects are never reached.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use super::kube_index::KubeLookup;
+use super::kubernetes::{KubeEndpointSlice, KubeKind, KubeNamespace, KubeNode, KubeObject, KubePod, KubeService};
+
+/// Objects by namespace, then by a name (or IP).
+type ByNamespace<T> = HashMap<String, HashMap<String, T>>;
+
+/// Every Kubernetes object, indexed by the keys the registry joins on.
+#[derive(Debug, Default)]
+pub struct KubeStore {
+    services: ByNamespace<Arc<KubeObject>>,
+    /// Pods by namespace, in name order.
+    pods: HashMap<String, BTreeMap<String, Arc<KubeObject>>>,
+    /// Pods by namespace and IP, in name order.
+    pods_by_ip: ByNamespace<BTreeMap<String, Arc<KubeObject>>>,
+    /// Slices by namespace and Service name, in slice name order.
+    slices: ByNamespace<BTreeMap<String, Arc<KubeObject>>>,
+    /// Services whose slices name a Pod in `targetRef`, with how many endpoints do.
+    refs_by_pod: ByNamespace<BTreeMap<String, usize>>,
+    /// Services whose slices list an address without `targetRef` (joined to a Pod by IP).
+    refs_by_ip: ByNamespace<BTreeMap<String, usize>>,
+    nodes: HashMap<String, Arc<KubeObject>>,
+    namespaces: HashMap<String, Arc<KubeObject>>,
+}
+
+impl KubeStore {
+    /// Replaces `old` (if any) by `new` (if any): both are versions of one object.
+    pub fn update(&mut self, old: Option<&Arc<KubeObject>>, new: Option<&Arc<KubeObject>>) {
+        if let Some(old) = old {
+            self.remove(old);
+        }
+        if let Some(new) = new {
+            self.insert(new);
+        }
+    }
+
+    /// The Service `namespace/name`.
+    pub fn service(&self, namespace: &str, name: &str) -> Option<&KubeService> {
+        match self.services.get(namespace)?.get(name)?.as_ref() {
+            KubeObject::Service(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// Names of the Services of `namespace` whose slices refer to `pod` by name or to one of `ips`.
+    pub fn services_referring_to(&self, namespace: &str, pod: &str, ips: &[String]) -> BTreeSet<String> {
+        let by_pod = self.refs_by_pod.get(namespace).and_then(|m| m.get(pod));
+        let by_ip = self.refs_by_ip.get(namespace);
+        let by_ip = ips.iter().filter_map(|ip| by_ip?.get(ip));
+        by_pod.into_iter().chain(by_ip).flat_map(|m| m.keys().cloned()).collect()
+    }
+
+    fn insert(&mut self, object: &Arc<KubeObject>) {
+        let shared = object.clone();
+        match object.as_ref() {
+            KubeObject::Service(s) => {
+                self.services.entry(s.namespace.clone()).or_default().insert(s.name.clone(), shared);
+            }
+            KubeObject::EndpointSlice(s) => {
+                for (map, key) in slice_refs(s) {
+                    let refs = match map {
+                        RefMap::Pod => &mut self.refs_by_pod,
+                        RefMap::Ip => &mut self.refs_by_ip,
+                    };
+                    let count = refs.entry(s.namespace.clone()).or_default().entry(key.to_string()).or_default();
+                    *count.entry(s.service_name.clone()).or_default() += 1;
+                }
+                let by_service = self.slices.entry(s.namespace.clone()).or_default();
+                by_service.entry(s.service_name.clone()).or_default().insert(s.name.clone(), shared);
+            }
+            KubeObject::Pod(p) => {
+                for ip in &p.ips {
+                    let by_ip = self.pods_by_ip.entry(p.namespace.clone()).or_default();
+                    by_ip.entry(ip.clone()).or_default().insert(p.name.clone(), shared.clone());
+                }
+                self.pods.entry(p.namespace.clone()).or_default().insert(p.name.clone(), shared);
+            }
+            KubeObject::Node(n) => {
+                self.nodes.insert(n.name.clone(), shared);
+            }
+            KubeObject::Namespace(n) => {
+                self.namespaces.insert(n.name.clone(), shared);
+            }
+        }
+    }
+
+    fn remove(&mut self, object: &KubeObject) {
+        match object {
+            KubeObject::Service(s) => {
+                if let Some(services) = self.services.get_mut(&s.namespace) {
+                    services.remove(&s.name);
+                    if services.is_empty() {
+                        self.services.remove(&s.namespace);
+                    }
+                }
+            }
+            KubeObject::EndpointSlice(s) => {
+                for (map, key) in slice_refs(s) {
+                    let refs = match map {
+                        RefMap::Pod => &mut self.refs_by_pod,
+                        RefMap::Ip => &mut self.refs_by_ip,
+                    };
+                    remove_nested(refs, &s.namespace, key, |m| {
+                        if let Some(count) = m.get_mut(&s.service_name) {
+                            *count = count.saturating_sub(1);
+                            if *count == 0 {
+                                m.remove(&s.service_name);
+                            }
+                        }
+                    });
+                }
+                remove_nested(&mut self.slices, &s.namespace, &s.service_name, |m| {
+                    m.remove(&s.name);
+                });
+            }
+            KubeObject::Pod(p) => {
+                for ip in &p.ips {
+                    remove_nested(&mut self.pods_by_ip, &p.namespace, ip, |m| {
+                        m.remove(&p.name);
+                    });
+                }
+                if let Some(pods) = self.pods.get_mut(&p.namespace) {
+                    pods.remove(&p.name);
+                    if pods.is_empty() {
+                        self.pods.remove(&p.namespace);
+                    }
+                }
+            }
+            KubeObject::Node(n) => {
+                self.nodes.remove(&n.name);
+            }
+            KubeObject::Namespace(n) => {
+                self.namespaces.remove(&n.name);
+            }
+        }
+    }
+}
+
+/// Which reverse index a slice endpoint's reference goes to.
+enum RefMap {
+    Pod,
+    Ip,
+}
+
+/// The references of a slice's endpoints: a Pod name, else each address (joined by IP).
+fn slice_refs(slice: &KubeEndpointSlice) -> impl Iterator<Item = (RefMap, &str)> {
+    slice.endpoints.iter().flat_map(|e| -> Box<dyn Iterator<Item = (RefMap, &str)>> {
+        match &e.pod {
+            Some(pod) => Box::new(std::iter::once((RefMap::Pod, pod.as_str()))),
+            None => Box::new(e.addresses.iter().map(|a| (RefMap::Ip, a.as_str()))),
+        }
+    })
+}
+
+/// Applies `edit` to the entry `namespace/key` of `map` and drops the entries it leaves empty,
+/// so the maps keep no dead keys.
+fn remove_nested<T: Emptiness>(map: &mut ByNamespace<T>, namespace: &str, key: &str, edit: impl FnOnce(&mut T)) {
+    let Some(inner) = map.get_mut(namespace) else { return };
+    if let Some(value) = inner.get_mut(key) {
+        edit(value);
+        if value.is_empty() {
+            inner.remove(key);
+        }
+    }
+    if inner.is_empty() {
+        map.remove(namespace);
+    }
+}
+
+/// A container that can be empty.
+trait Emptiness {
+    fn is_empty(&self) -> bool;
+}
+
+impl<K, V> Emptiness for BTreeMap<K, V> {
+    fn is_empty(&self) -> bool {
+        BTreeMap::is_empty(self)
+    }
+}
+
+impl<K, V> Emptiness for HashMap<K, V> {
+    fn is_empty(&self) -> bool {
+        HashMap::is_empty(self)
+    }
+}
+
+fn as_pod(object: &KubeObject) -> Option<&KubePod> {
+    match object {
+        KubeObject::Pod(p) => Some(p),
+        _ => None,
+    }
+}
+
+impl KubeLookup for KubeStore {
+    fn pod(&self, namespace: &str, name: &str) -> Option<&KubePod> {
+        as_pod(self.pods.get(namespace)?.get(name)?)
+    }
+
+    fn pod_by_ip(&self, namespace: &str, ip: &str) -> Option<&KubePod> {
+        as_pod(self.pods_by_ip.get(namespace)?.get(ip)?.values().next()?)
+    }
+
+    fn pods_in(&self, namespace: &str) -> Vec<&KubePod> {
+        self.pods.get(namespace).into_iter().flat_map(|m| m.values()).filter_map(|p| as_pod(p)).collect()
+    }
+
+    fn slices_of(&self, namespace: &str, service: &str) -> Vec<&KubeEndpointSlice> {
+        let slices = self.slices.get(namespace).and_then(|m| m.get(service));
+        slices
+            .into_iter()
+            .flat_map(|m| m.values())
+            .filter_map(|s| match s.as_ref() {
+                KubeObject::EndpointSlice(s) => Some(s),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn node(&self, name: &str) -> Option<&KubeNode> {
+        match self.nodes.get(name)?.as_ref() {
+            KubeObject::Node(n) => Some(n),
+            _ => None,
+        }
+    }
+
+    fn namespace(&self, name: &str) -> Option<&KubeNamespace> {
+        match self.namespaces.get(name)?.as_ref() {
+            KubeObject::Namespace(n) => Some(n),
+            _ => None,
+        }
+    }
+}
+
+/// Whether a change of this kind can change only endpoints (never a service definition, the
+/// discovery scope or every endpoint at once).
+pub fn endpoint_kind(kind: KubeKind) -> bool {
+    matches!(kind, KubeKind::EndpointSlice | KubeKind::Pod)
+}
