@@ -209,7 +209,7 @@ mod tests {
 
     fn service(ns: &str, i: usize) -> KubeObject {
         // Even services resolve their target port by name through the Pod.
-        let target_port = if i % 2 == 0 { TargetPort::Name("http".into()) } else { TargetPort::Number(8080) };
+        let target_port = if i.is_multiple_of(2) { TargetPort::Name("http".into()) } else { TargetPort::Number(8080) };
         KubeObject::Service(KubeService {
             name: format!("s{i}"),
             namespace: ns.into(),
