@@ -209,7 +209,7 @@ mod tests {
 
     fn service(ns: &str, i: usize) -> KubeObject {
         // Even services resolve their target port by name through the Pod.
-        let target_port = if i % 2 == 0 { TargetPort::Name("http".into()) } else { TargetPort::Number(8080) };
+        let target_port = if i.is_multiple_of(2) { TargetPort::Name("http".into()) } else { TargetPort::Number(8080) };
         KubeObject::Service(KubeService {
             name: format!("s{i}"),
             namespace: ns.into(),
@@ -284,7 +284,7 @@ spec:
   hosts: [pods.example.com, s3.a.svc.cluster.local]
   location: MESH_INTERNAL
   resolution: STATIC
-  ports: [{number: 80, name: http}]
+  ports: [{number: 80, name: http, protocol: HTTP}]
   workloadSelector: {labels: {app: s1}}
 ---
 apiVersion: networking.istio.io/v1
@@ -294,7 +294,7 @@ spec:
   hosts: [v1.example.com]
   location: MESH_INTERNAL
   resolution: STATIC
-  ports: [{number: 80, name: http}]
+  ports: [{number: 80, name: http, protocol: HTTP}]
   workloadSelector: {labels: {version: v1}}
 ---
 apiVersion: networking.istio.io/v1
