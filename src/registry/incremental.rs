@@ -294,7 +294,7 @@ spec:
   hosts: [v1.example.com]
   location: MESH_INTERNAL
   resolution: STATIC
-  ports: [{number: 80, name: http}]
+  ports: [{number: 80, name: http, protocol: HTTP}]
   workloadSelector: {labels: {version: v1}}
 ---
 apiVersion: networking.istio.io/v1

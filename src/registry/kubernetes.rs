@@ -254,5 +254,7 @@ impl KubeObject {
     }
 }
 
-/// Every Kubernetes registry object by key; values are shared between states and snapshots.
-pub type KubeObjects = BTreeMap<KubeKey, Arc<KubeObject>>;
+/// Every Kubernetes registry object by key, in key order. A persistent map: a snapshot's copy is
+/// O(1) and shares structure with the state it came from (tens of thousands of Pods are not
+/// copied per snapshot), and a diff skips the shared parts. Values are shared too.
+pub type KubeObjects = imbl::OrdMap<KubeKey, Arc<KubeObject>>;

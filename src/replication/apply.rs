@@ -115,16 +115,22 @@ fn replace(old: &SourceState, new: &mut SourceState) -> ChangeSet {
     }
     let deleted = old.configs.keys().filter(|k| !new.configs.contains_key(*k));
     changes.keys.extend(deleted.cloned().map(ChangedKey::Config));
-    for (key, obj) in new.kube.iter_mut() {
+    // Starting from `old`'s persistent map shares its structure too, not only its values.
+    let mut kube = old.kube.clone();
+    for (key, obj) in new.kube.iter() {
         match old.kube.get(key) {
-            Some(held) if held == obj => *obj = held.clone(),
+            Some(held) if held == obj => {}
             _ => {
+                kube.insert(key.clone(), obj.clone());
                 changes.keys.insert(ChangedKey::Kube(key.clone()));
             }
         }
     }
-    let deleted = old.kube.keys().filter(|k| !new.kube.contains_key(*k));
-    changes.keys.extend(deleted.cloned().map(ChangedKey::Kube));
+    for key in old.kube.keys().filter(|k| !new.kube.contains_key(*k)) {
+        kube.remove(key);
+        changes.keys.insert(ChangedKey::Kube(key.clone()));
+    }
+    new.kube = kube;
     if old.mesh == new.mesh {
         new.mesh = old.mesh.clone();
     } else {

@@ -4,6 +4,8 @@ use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use imbl::ordmap::DiffItem;
+
 use crate::config::IgnoredObject;
 use crate::config::{ConfigError, ConfigKey, ValidConfig};
 use crate::mesh::MeshConfig;
@@ -40,7 +42,7 @@ impl Delta {
     /// `Arc` of untouched objects) are skipped without comparing their contents.
     pub fn between(prev: &Snapshot, next: &Snapshot) -> Delta {
         let (upserted, deleted) = diff(&prev.configs, &next.configs);
-        let (kube_upserted, kube_deleted) = diff(&prev.kube, &next.kube);
+        let (kube_upserted, kube_deleted) = diff_kube(&prev.kube, &next.kube);
         let mesh = changed(&prev.mesh, &next.mesh);
         // A skipped version (the reader saw only the latest of a burst) means `next.changes`
         // misses the skipped snapshot's keys: derive the changes from the diff instead.
@@ -158,6 +160,24 @@ fn diff<K: Ord + Clone, V: PartialEq>(
     (upserted, deleted)
 }
 
+/// [`diff`] for Kubernetes objects: the persistent maps' own diff, which skips the subtrees both
+/// share (a snapshot shares all but the changed paths with its predecessor), with the same result.
+fn diff_kube(old: &KubeObjects, new: &KubeObjects) -> (KubeObjects, BTreeSet<KubeKey>) {
+    let mut upserted = KubeObjects::new();
+    let mut deleted = BTreeSet::new();
+    for item in old.diff(new) {
+        match item {
+            DiffItem::Add(k, v) | DiffItem::Update { new: (k, v), .. } => {
+                upserted.insert(k.clone(), v.clone());
+            }
+            DiffItem::Remove(k, _) => {
+                deleted.insert(k.clone());
+            }
+        }
+    }
+    (upserted, deleted)
+}
+
 /// The new value when it differs from the old one.
 fn changed<T: PartialEq>(old: &Arc<T>, new: &Arc<T>) -> Option<Arc<T>> {
     (!Arc::ptr_eq(old, new) && old != new).then(|| new.clone())
@@ -190,6 +210,38 @@ mod tests {
 
     fn build(v: Version, changes: ChangeSet, s: &SourceState) -> Snapshot {
         Snapshot::build(v, changes, s)
+    }
+
+    /// The persistent maps' diff finds what the merge walk over the same entries finds, with
+    /// many Pods (several tree levels) and a few upserts, changes, equal copies and deletions.
+    #[test]
+    fn kube_diff_matches_the_merge_walk() {
+        let mut old = KubeObjects::new();
+        for i in 0..3000 {
+            let p = pod(&format!("p{i:04}"), &format!("10.0.{}.{}", i / 250, i % 250), "v1");
+            old.insert(p.key(), Arc::new(p));
+        }
+        let mut new = old.clone();
+        for i in (0..3000).step_by(97) {
+            let p = pod(&format!("p{i:04}"), "10.9.0.1", "v2");
+            new.insert(p.key(), Arc::new(p));
+        }
+        for i in (5..3000).step_by(331) {
+            let p = pod(&format!("p{i:04}"), "", "");
+            new.remove(&p.key());
+        }
+        // An equal copy under a new `Arc` is no change; a new key is.
+        let copy = pod("p0001", "10.0.0.1", "v1");
+        new.insert(copy.key(), Arc::new(copy));
+        let added = pod("q", "10.8.0.1", "v1");
+        new.insert(added.key(), Arc::new(added));
+
+        let plain = |m: &KubeObjects| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect::<BTreeMap<_, _>>();
+        let (walk_upserted, walk_deleted) = diff(&plain(&old), &plain(&new));
+        let (upserted, deleted) = diff_kube(&old, &new);
+        assert_eq!(plain(&upserted), walk_upserted);
+        assert_eq!(deleted, walk_deleted);
+        assert_eq!((upserted.len(), deleted.len()), (32, 10));
     }
 
     #[test]
