@@ -47,7 +47,7 @@ pub fn apiserver_binary() -> Option<PathBuf> {
 }
 
 fn repo_path(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+    super::deploy::repo().join(rel)
 }
 
 fn openssl(dir: &Path, args: &[&str]) {
