@@ -287,7 +287,12 @@ impl Connection {
     /// Takes the proxy's identity from the snapshot's registry (its Pod), moving to another view
     /// (and cache lease) when that changes what the proxy's config depends on.
     fn apply_registry(&mut self, snapshot: &Snapshot) {
-        let proxy = self.node_proxy.with_registry(&snapshot.kube);
+        let pod = self.node_proxy.registry_pod(&snapshot.kube);
+        // Most pushes leave a proxy without a Pod as it was: no copy of it per snapshot then.
+        if pod.is_none() && self.proxy == self.node_proxy {
+            return;
+        }
+        let proxy = self.node_proxy.with_pod(pod);
         if proxy == self.proxy {
             return;
         }

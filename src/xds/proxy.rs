@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::cluster::ownership::ProxyIdentity;
 use crate::config::api::Labels;
-use crate::registry::kubernetes::{KubeKey, KubeKind, KubeObject, KubeObjects};
+use crate::registry::kubernetes::{KubeKey, KubeKind, KubeObject, KubeObjects, KubePod};
 
 /// Role of a proxy, from the first part of its node id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -127,18 +127,32 @@ impl Proxy {
     /// the proxy's namespace, as Istio looks it up), labels, service account and IPs come from
     /// the Pod, which the proxy cannot forge; otherwise the proxy stays as its node described it.
     pub fn with_registry(&self, kube: &KubeObjects) -> Proxy {
+        self.with_pod(self.registry_pod(kube))
+    }
+
+    /// The Pod `kube` holds for this proxy's node id, if any.
+    pub fn registry_pod<'a>(&self, kube: &'a KubeObjects) -> Option<&'a KubePod> {
         let pod_id = self.id.split('~').nth(2).unwrap_or_default();
-        let Some((name, namespace)) = pod_id.split_once('.') else { return self.clone() };
+        let (name, namespace) = pod_id.split_once('.')?;
         if namespace != self.namespace || name.is_empty() {
-            return self.clone();
+            return None;
         }
         let key = KubeKey { kind: KubeKind::Pod, namespace: namespace.to_string(), name: name.to_string() };
-        let Some(KubeObject::Pod(pod)) = kube.get(&key).map(|o| o.as_ref()) else { return self.clone() };
+        match kube.get(&key).map(|o| o.as_ref()) {
+            Some(KubeObject::Pod(pod)) => Some(pod),
+            _ => None,
+        }
+    }
+
+    /// This proxy with the identity of `pod` (itself without one).
+    pub fn with_pod(&self, pod: Option<&KubePod>) -> Proxy {
         let mut proxy = self.clone();
-        proxy.labels = pod.labels.clone();
-        proxy.service_account = pod.service_account.clone();
-        if !pod.ips.is_empty() {
-            proxy.ips = pod.ips.clone();
+        if let Some(pod) = pod {
+            proxy.labels = pod.labels.clone();
+            proxy.service_account = pod.service_account.clone();
+            if !pod.ips.is_empty() {
+                proxy.ips = pod.ips.clone();
+            }
         }
         proxy
     }
