@@ -462,6 +462,11 @@ async fn mp_builds(mp: &Meshpilot) -> (f64, f64) {
     )
 }
 
+/// Live heap bytes of meshpilot (`meshpilot_heap_allocated_bytes`).
+async fn mp_heap(mp: &Meshpilot) -> Option<f64> {
+    metric_value(&mp.try_metrics().await?, "meshpilot_heap_allocated_bytes")
+}
+
 /// Waits until `count()` reaches `want` (→ the time it took) or stops growing for 30 s (→ None).
 async fn wait_count<F: std::future::Future<Output = usize>>(
     what: &str,
@@ -1005,7 +1010,12 @@ async fn run(full: bool, scale: Scale) {
     }
     tokio::time::sleep(IDLE_BEFORE_RSS).await;
     let mp_rss0 = mp_a.pid().and_then(rss_bytes);
+    let mp_heap0 = mp_heap(&mp_a).await;
     let istiod_rss0 = istiod_a.as_ref().ok().and_then(|i| i.pid()).and_then(rss_bytes);
+    let istiod_heap0 = match &istiod_a {
+        Ok(i) => Some(i.metrics().await.value("go_memstats_heap_alloc_bytes", &[])),
+        Err(_) => None,
+    };
 
     let t = Instant::now();
     create_pods_and_slices(&client, &scale).await;
@@ -1027,7 +1037,12 @@ async fn run(full: bool, scale: Scale) {
     }
     tokio::time::sleep(IDLE_BEFORE_RSS).await;
     let mp_rss1 = mp_a.pid().and_then(rss_bytes);
+    let mp_heap1 = mp_heap(&mp_a).await;
     let istiod_rss1 = istiod_a.as_ref().ok().and_then(|i| i.pid()).and_then(rss_bytes);
+    let istiod_heap1 = match &istiod_a {
+        Ok(i) => Some(i.metrics().await.value("go_memstats_heap_alloc_bytes", &[])),
+        Err(_) => None,
+    };
     drop(mp_a);
     if let Ok(i) = istiod_a {
         drop(i);
@@ -1145,6 +1160,15 @@ async fn run(full: bool, scale: Scale) {
                 mp_rss0.unwrap_or(0.0) / 1e6,
                 mp_rss1.unwrap_or(0.0) / 1e6
             ),
+        },
+        Figure {
+            name: "heap_per_pod",
+            value: per_pod(mp_heap0, mp_heap1).filter(|_| mp_a_synced.is_some()),
+            unit: "bytes",
+            physical: Ok((compact_bytes, "heap of the compact model, one copy (KubePod + its slice endpoint, allocator-counted)".into())),
+            istiod: istiod_val(per_pod(istiod_heap0, istiod_heap1), "heap"),
+            note: "live heap allocations at N pods − at 0, / pods (meshpilot_heap_allocated_bytes; istiod go_memstats_heap_alloc_bytes); the rest of rss_per_pod is what the allocator keeps".into(),
+            ..Figure::default()
         },
         Figure {
             name: "rss_full_start",

@@ -65,14 +65,16 @@ fn service(i: usize, port: u16) -> KubeObject {
 fn pod(i: usize, j: usize, version: &str) -> KubeObject {
     KubeObject::Pod(KubePod {
         name: format!("svc-{i}-{j}"),
-        namespace: ns(i),
-        labels: [("app".to_string(), format!("svc-{i}")), ("version".to_string(), version.to_string())].into(),
-        service_account: format!("svc-{i}"),
+        namespace: ns(i).into(),
+        labels: Arc::new(
+            [("app".to_string(), format!("svc-{i}")), ("version".to_string(), version.to_string())].into(),
+        ),
+        service_account: format!("svc-{i}").into(),
         ips: vec![ip(i, j)],
-        node_name: format!("node-{}", j % NODES),
+        node_name: format!("node-{}", j % NODES).into(),
         ready: true,
         terminating: false,
-        named_ports: [("http".to_string(), 8080)].into(),
+        named_ports: Arc::from(vec![("http".to_string(), 8080)]),
     })
 }
 
@@ -90,9 +92,7 @@ fn slice(i: usize, pods: usize) -> KubeObject {
                 serving: Some(true),
                 terminating: Some(false),
                 pod: Some(format!("svc-{i}-{j}")),
-                node_name: Some(format!("node-{}", j % NODES)),
-                zone: None,
-                hostname: None,
+                node_name: Some(format!("node-{}", j % NODES).into()),
             })
             .collect(),
     })

@@ -13,14 +13,16 @@ use meshpilot::ingest::DebounceSettings;
 use meshpilot::source::files::parse_tree;
 use meshpilot::source::kubernetes::ClusterChoice;
 use meshpilot::source::{KubeSettings, SourceSettings};
+use meshpilot::telemetry::heap::Counting;
 use meshpilot::telemetry::metrics::Registry;
 use meshpilot::telemetry::{init_logging, Role};
 
 /// mimalloc instead of glibc's malloc: memory freed after a burst of connections (the generation
 /// cache dropping a view, a closed stream's buffers) goes back to the OS instead of staying in
 /// per-thread arenas (measured: 1.17 GB kept idle after 200 distinct views with glibc).
+/// Counted, for `meshpilot_heap_allocated_bytes`.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: Counting<mimalloc::MiMalloc> = Counting(mimalloc::MiMalloc);
 
 /// meshpilot: an Istio-compatible, horizontally scalable xDS control plane.
 #[derive(Parser)]

@@ -222,8 +222,6 @@ mod tests {
                     terminating: None,
                     pod: None,
                     node_name: None,
-                    zone: None,
-                    hostname: None,
                 })
                 .collect(),
         })
@@ -233,7 +231,9 @@ mod tests {
         KubeObject::Pod(KubePod {
             name: "a-0".into(),
             namespace: "shop".into(),
-            labels: [("app".to_string(), "a".to_string()), ("version".to_string(), version.to_string())].into(),
+            labels: Arc::new(
+                [("app".to_string(), "a".to_string()), ("version".to_string(), version.to_string())].into(),
+            ),
             service_account: "default".into(),
             ips: vec!["10.0.0.1".into()],
             node_name: "n1".into(),

@@ -32,7 +32,7 @@ pub struct IncrementalRegistry {
     /// Kubernetes Services (namespace, name) whose endpoints the pending changes may change.
     services: BTreeSet<(String, String)>,
     /// Labels (before and after) of the changed Pods, by namespace: ServiceEntries select on them.
-    pod_labels: BTreeMap<String, Vec<Labels>>,
+    pod_labels: BTreeMap<String, Vec<Arc<Labels>>>,
     /// Of the last full build: the discovery scope, and the in-scope WorkloadEntries and
     /// Pod-selecting ServiceEntries by namespace, in key order.
     scope: NamespaceScope,
@@ -55,8 +55,8 @@ impl IncrementalRegistry {
                 }
                 KubeObject::Pod(p) => {
                     let referring = self.store.services_referring_to(&p.namespace, &p.name, &p.ips);
-                    self.services.extend(referring.into_iter().map(|s| (p.namespace.clone(), s)));
-                    self.pod_labels.entry(p.namespace.clone()).or_default().push(p.labels.clone());
+                    self.services.extend(referring.into_iter().map(|s| (p.namespace.to_string(), s)));
+                    self.pod_labels.entry(p.namespace.to_string()).or_default().push(p.labels.clone());
                 }
                 _ => {}
             }
@@ -117,7 +117,7 @@ impl IncrementalRegistry {
         &self,
         previous: &Registry,
         services: BTreeSet<(String, String)>,
-        pod_labels: BTreeMap<String, Vec<Labels>>,
+        pod_labels: BTreeMap<String, Vec<Arc<Labels>>>,
         mesh: &MeshConfig,
     ) -> Registry {
         let mut registry = previous.clone();
@@ -148,7 +148,7 @@ impl IncrementalRegistry {
             for config in self.selecting_entries.get(namespace).into_iter().flatten() {
                 let Spec::ServiceEntry(se) = &config.spec else { continue };
                 let Some(selector) = &se.workload_selector else { continue };
-                let selects = |l: &Labels| selector.labels.iter().all(|(k, v)| l.get(k) == Some(v));
+                let selects = |l: &Arc<Labels>| selector.labels.iter().all(|(k, v)| l.get(k) == Some(v));
                 if !labels.iter().any(selects) {
                     continue;
                 }
@@ -234,14 +234,18 @@ mod tests {
         KubeObject::Pod(KubePod {
             name: format!("p{i}"),
             namespace: ns.into(),
-            labels: labels(rng.below(SERVICES), rng.below(2)),
+            labels: Arc::new(labels(rng.below(SERVICES), rng.below(2))),
             service_account: "default".into(),
             // IPs collide across pods now and then, as host-network pods' do.
             ips: vec![format!("10.0.0.{}", rng.below(PODS + 4))],
-            node_name: format!("n{}", rng.below(3)),
+            node_name: format!("n{}", rng.below(3)).into(),
             ready: rng.below(4) != 0,
             terminating: rng.below(8) == 0,
-            named_ports: if rng.below(3) == 0 { BTreeMap::new() } else { [("http".to_string(), 9000)].into() },
+            named_ports: if rng.below(3) == 0 {
+                Arc::from(vec![])
+            } else {
+                Arc::from(vec![("http".to_string(), 9000)])
+            },
         })
     }
 
@@ -257,8 +261,6 @@ mod tests {
                     // Some endpoints name a Pod (maybe one that does not exist), others join by IP.
                     pod: (rng.below(3) != 0).then(|| format!("p{p}")),
                     node_name: Some("n0".into()),
-                    zone: None,
-                    hostname: None,
                 }
             })
             .collect();

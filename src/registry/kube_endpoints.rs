@@ -4,23 +4,17 @@
 //! conditions; plus the WorkloadEntries the Service's selector picks.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::build::WorkloadEntries;
 use super::kube_index::KubeLookup;
 use super::kubernetes::{KubeEndpointSlice, KubePod, KubeService, SliceEndpoint, TargetPort};
-use super::service::{Endpoint, EndpointHealth, Resolution, Service};
+use super::service::{Endpoint, EndpointHealth, EndpointPorts, Resolution, Service, NETWORK_LABEL};
 use super::service_entry::workload_entry_endpoint;
 use crate::config::api::Labels;
 
 /// Pod label that overrides the Node's locality (`region.zone.subzone`).
 const LOCALITY_LABEL: &str = "istio-locality";
-/// Pod or Namespace label naming the endpoint's network.
-const NETWORK_LABEL: &str = "topology.istio.io/network";
-/// Labels Istio adds to a Pod's labels on its endpoints, so subsets can select on them.
-const REGION_LABEL: &str = "topology.kubernetes.io/region";
-const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
-const SUBZONE_LABEL: &str = "topology.istio.io/subzone";
-const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 /// Service labels that turn on persistent sessions, for which terminating endpoints drain.
 const PERSISTENT_SESSION_LABELS: [&str; 2] = ["istio.io/persistent-session", "istio.io/persistent-session-header"];
 
@@ -34,7 +28,7 @@ pub(super) fn service_endpoints(
 ) -> Vec<Endpoint> {
     if service.resolution == Resolution::Dns {
         let Some(name) = &svc.external_name else { return Vec::new() };
-        return vec![Endpoint { address: name.clone(), ..workload_default() }];
+        return vec![Endpoint::at(name.clone())];
     }
     let supports_draining = PERSISTENT_SESSION_LABELS.iter().any(|l| svc.labels.get(*l).is_some_and(|v| !v.is_empty()));
     let mut out: Vec<Endpoint> = Vec::new();
@@ -62,13 +56,13 @@ pub(super) fn service_endpoints(
                 }
                 match by_address.get(address) {
                     Some(&i) => {
-                        for (name, port) in ports {
-                            out[i].ports.entry(name).or_insert(port);
+                        for (name, port) in ports.iter() {
+                            out[i].ports.insert_if_absent(name.to_string(), port);
                         }
                     }
                     None => {
                         let mut ep = match pod {
-                            Some(pod) => pod_endpoint(pod, endpoint.node_name.as_deref(), index),
+                            Some(pod) => pod_endpoint(pod, endpoint.node_name.as_ref(), index),
                             None => {
                                 Endpoint { network: namespace_network(&slice.namespace, index), ..workload_default() }
                             }
@@ -87,6 +81,7 @@ pub(super) fn service_endpoints(
     if service.resolution == Resolution::Static {
         out.extend(selected_workload_entries(svc, service, workload_entries));
     }
+    out.shrink_to_fit();
     out
 }
 
@@ -109,11 +104,7 @@ pub(super) fn slice_health(e: &SliceEndpoint, supports_draining: bool) -> Endpoi
 
 /// The ports an address of `slice` serves, by Service port name. A slice port without a number
 /// is resolved through the Service's `targetPort` (by name against the Pod's container ports).
-fn slice_ports(
-    svc: &KubeService,
-    slice: &KubeEndpointSlice,
-    pod: Option<&KubePod>,
-) -> std::collections::BTreeMap<String, u16> {
+fn slice_ports(svc: &KubeService, slice: &KubeEndpointSlice, pod: Option<&KubePod>) -> EndpointPorts {
     slice
         .ports
         .iter()
@@ -123,7 +114,7 @@ fn slice_ports(
             let number = match (sp.port, &service_port.target_port) {
                 (Some(n), _) => n,
                 (None, Some(TargetPort::Number(n))) => *n,
-                (None, Some(TargetPort::Name(name))) => *pod?.named_ports.get(name)?,
+                (None, Some(TargetPort::Name(name))) => pod?.named_port(name)?,
                 (None, None) => service_port.port,
             };
             (number != 0).then(|| (sp.name.clone(), number))
@@ -131,35 +122,22 @@ fn slice_ports(
         .collect()
 }
 
-/// A Pod as an endpoint (address: its first IP, no ports yet): its labels with Istio's topology
-/// labels added, service account, locality and network.
-pub(super) fn pod_endpoint(pod: &KubePod, slice_node: Option<&str>, index: &impl KubeLookup) -> Endpoint {
-    let node_name = if pod.node_name.is_empty() { slice_node.unwrap_or_default() } else { pod.node_name.as_str() };
-    let locality = pod_locality(pod, node_name, index);
+/// A Pod as an endpoint (address: its first IP, no ports yet): its labels (shared with the
+/// Pod), node, service account, locality and network.
+pub(super) fn pod_endpoint(pod: &KubePod, slice_node: Option<&Arc<str>>, index: &impl KubeLookup) -> Endpoint {
+    let node: Arc<str> = match slice_node {
+        Some(n) if pod.node_name.is_empty() => n.clone(),
+        _ => pod.node_name.clone(),
+    };
     let network = match pod.labels.get(NETWORK_LABEL) {
-        Some(n) if !n.is_empty() => n.clone(),
+        Some(n) if !n.is_empty() => Arc::from(n.as_str()),
         _ => namespace_network(&pod.namespace, index),
     };
-    let mut labels = pod.labels.clone();
-    let mut parts = locality.splitn(3, '/');
-    for key in [REGION_LABEL, ZONE_LABEL, SUBZONE_LABEL] {
-        match parts.next() {
-            Some(v) if !v.is_empty() => {
-                labels.insert(key.to_string(), v.to_string());
-            }
-            _ => {}
-        }
-    }
-    if !node_name.is_empty() {
-        labels.insert(HOSTNAME_LABEL.to_string(), node_name.to_string());
-    }
-    if !network.is_empty() {
-        labels.entry(NETWORK_LABEL.to_string()).or_insert_with(|| network.clone());
-    }
     Endpoint {
         address: pod.ips.first().cloned().unwrap_or_default(),
-        labels,
-        locality,
+        labels: pod.labels.clone(),
+        locality: pod_locality(pod, &node, index),
+        node,
         network,
         service_account: pod.service_account.clone(),
         ..workload_default()
@@ -168,20 +146,15 @@ pub(super) fn pod_endpoint(pod: &KubePod, slice_node: Option<&str>, index: &impl
 
 /// Istio's Pod locality: the `istio-locality` label (dots for slashes), else the Node's
 /// `region/zone/subzone`, else none.
-pub(super) fn pod_locality(pod: &KubePod, node_name: &str, index: &impl KubeLookup) -> String {
-    if let Some(label) = pod.labels.get(LOCALITY_LABEL).filter(|l| !l.is_empty()) {
-        return label.replace('.', "/");
-    }
-    match index.node(node_name) {
-        Some(n) if !(n.region.is_empty() && n.zone.is_empty() && n.subzone.is_empty()) => {
-            format!("{}/{}/{}", n.region, n.zone, n.subzone)
-        }
-        _ => String::new(),
+pub(super) fn pod_locality(pod: &KubePod, node_name: &str, index: &impl KubeLookup) -> Arc<str> {
+    match pod.labels.get(LOCALITY_LABEL).filter(|l| !l.is_empty()) {
+        Some(label) => Arc::from(label.replace('.', "/")),
+        None => index.topology().locality(node_name),
     }
 }
 
-fn namespace_network(namespace: &str, index: &impl KubeLookup) -> String {
-    index.namespace(namespace).and_then(|ns| ns.labels.get(NETWORK_LABEL)).cloned().unwrap_or_default()
+fn namespace_network(namespace: &str, index: &impl KubeLookup) -> Arc<str> {
+    index.topology().network(namespace)
 }
 
 /// WorkloadEntries of the Service's namespace its selector picks (Istio's default
@@ -200,7 +173,7 @@ fn selected_workload_entries<'a>(
         if we.labels.is_empty() || !selector.iter().all(|(k, v)| we.labels.get(k) == Some(v)) {
             return None;
         }
-        let ports: std::collections::BTreeMap<String, u16> = svc
+        let ports: EndpointPorts = svc
             .ports
             .iter()
             .filter(|p| service.ports.iter().any(|sp| sp.name == p.name))
@@ -220,17 +193,7 @@ fn selected_workload_entries<'a>(
     })
 }
 
-/// An endpoint with no identity yet: weight 1, healthy, ports falling back to the service's.
+/// An endpoint with no identity yet.
 fn workload_default() -> Endpoint {
-    Endpoint {
-        address: String::new(),
-        ports: Default::default(),
-        listed_ports_only: false,
-        labels: Labels::new(),
-        locality: String::new(),
-        network: String::new(),
-        weight: 1,
-        service_account: String::new(),
-        health: EndpointHealth::Healthy,
-    }
+    Endpoint::at(String::new())
 }

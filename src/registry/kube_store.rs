@@ -5,11 +5,12 @@
 //! every lookup is by a namespace the caller took from an in-scope service, so out-of-scope
 //! objects are never reached.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use super::kube_index::KubeLookup;
-use super::kubernetes::{KubeEndpointSlice, KubeKind, KubeNamespace, KubeNode, KubeObject, KubePod, KubeService};
+use super::kube_index::{KubeLookup, Topology};
+use super::kubernetes::{KubeEndpointSlice, KubeKind, KubeObject, KubePod, KubeService};
 
 /// Objects by namespace, then by a name (or IP).
 type ByNamespace<T> = HashMap<String, HashMap<String, T>>;
@@ -20,16 +21,15 @@ pub struct KubeStore {
     services: ByNamespace<Arc<KubeObject>>,
     /// Pods by namespace, in name order.
     pods: HashMap<String, BTreeMap<String, Arc<KubeObject>>>,
-    /// Pods by namespace and IP, in name order.
-    pods_by_ip: ByNamespace<BTreeMap<String, Arc<KubeObject>>>,
+    /// Pods by namespace and IP, in name order (host-network pods share an IP).
+    pods_by_ip: ByNamespace<Vec<Arc<KubeObject>>>,
     /// Slices by namespace and Service name, in slice name order.
     slices: ByNamespace<BTreeMap<String, Arc<KubeObject>>>,
     /// Services whose slices name a Pod in `targetRef`, with how many endpoints do.
-    refs_by_pod: ByNamespace<BTreeMap<String, usize>>,
+    refs_by_pod: ByNamespace<Few<String, usize>>,
     /// Services whose slices list an address without `targetRef` (joined to a Pod by IP).
-    refs_by_ip: ByNamespace<BTreeMap<String, usize>>,
-    nodes: HashMap<String, Arc<KubeObject>>,
-    namespaces: HashMap<String, Arc<KubeObject>>,
+    refs_by_ip: ByNamespace<Few<String, usize>>,
+    topology: Topology,
 }
 
 impl KubeStore {
@@ -72,24 +72,22 @@ impl KubeStore {
                         RefMap::Ip => &mut self.refs_by_ip,
                     };
                     let count = refs.entry(s.namespace.clone()).or_default().entry(key.to_string()).or_default();
-                    *count.entry(s.service_name.clone()).or_default() += 1;
+                    *count.entry(s.service_name.clone(), 0) += 1;
                 }
                 let by_service = self.slices.entry(s.namespace.clone()).or_default();
                 by_service.entry(s.service_name.clone()).or_default().insert(s.name.clone(), shared);
             }
             KubeObject::Pod(p) => {
                 for ip in &p.ips {
-                    let by_ip = self.pods_by_ip.entry(p.namespace.clone()).or_default();
-                    by_ip.entry(ip.clone()).or_default().insert(p.name.clone(), shared.clone());
+                    let by_ip = self.pods_by_ip.entry(p.namespace.to_string()).or_default();
+                    let pods = by_ip.entry(ip.clone()).or_default();
+                    let at = pods.partition_point(|o| as_pod(o).is_some_and(|o| o.name < p.name));
+                    pods.insert(at, shared.clone());
                 }
-                self.pods.entry(p.namespace.clone()).or_default().insert(p.name.clone(), shared);
+                self.pods.entry(p.namespace.to_string()).or_default().insert(p.name.clone(), shared);
             }
-            KubeObject::Node(n) => {
-                self.nodes.insert(n.name.clone(), shared);
-            }
-            KubeObject::Namespace(n) => {
-                self.namespaces.insert(n.name.clone(), shared);
-            }
+            KubeObject::Node(n) => self.topology.set_node(n),
+            KubeObject::Namespace(n) => self.topology.set_namespace(n),
         }
     }
 
@@ -124,24 +122,73 @@ impl KubeStore {
             }
             KubeObject::Pod(p) => {
                 for ip in &p.ips {
-                    remove_nested(&mut self.pods_by_ip, &p.namespace, ip, |m| {
-                        m.remove(&p.name);
+                    remove_nested(&mut self.pods_by_ip, &p.namespace, ip, |pods| {
+                        pods.retain(|o| as_pod(o).is_none_or(|o| o.name != p.name));
                     });
                 }
-                if let Some(pods) = self.pods.get_mut(&p.namespace) {
+                if let Some(pods) = self.pods.get_mut(&*p.namespace) {
                     pods.remove(&p.name);
                     if pods.is_empty() {
-                        self.pods.remove(&p.namespace);
+                        self.pods.remove(&*p.namespace);
                     }
                 }
             }
-            KubeObject::Node(n) => {
-                self.nodes.remove(&n.name);
-            }
-            KubeObject::Namespace(n) => {
-                self.namespaces.remove(&n.name);
-            }
+            KubeObject::Node(n) => self.topology.remove_node(&n.name),
+            KubeObject::Namespace(n) => self.topology.remove_namespace(&n.name),
         }
+    }
+}
+
+/// A small map in key order: the values under one key of an index are usually one (a Pod per
+/// IP, a Service per Pod), for which a map's node would cost several hundred bytes.
+#[derive(Debug)]
+struct Few<K, V>(Vec<(K, V)>);
+
+impl<K, V> Default for Few<K, V> {
+    fn default() -> Self {
+        Few(Vec::new())
+    }
+}
+
+impl<K: Ord, V> Few<K, V> {
+    fn find<Q: Ord + ?Sized>(&self, key: &Q) -> Result<usize, usize>
+    where
+        K: Borrow<Q>,
+    {
+        self.0.binary_search_by(|(k, _)| k.borrow().cmp(key))
+    }
+
+    /// The value of `key`, inserted as `value` if absent.
+    fn entry(&mut self, key: K, value: V) -> &mut V {
+        let i = match self.find(&key) {
+            Ok(i) => i,
+            Err(i) => {
+                self.0.insert(i, (key, value));
+                i
+            }
+        };
+        &mut self.0[i].1
+    }
+
+    fn get_mut<Q: Ord + ?Sized>(&mut self, key: &Q) -> Option<&mut V>
+    where
+        K: Borrow<Q>,
+    {
+        let i = self.find(key).ok()?;
+        Some(&mut self.0[i].1)
+    }
+
+    fn remove<Q: Ord + ?Sized>(&mut self, key: &Q)
+    where
+        K: Borrow<Q>,
+    {
+        if let Ok(i) = self.find(key) {
+            self.0.remove(i);
+        }
+    }
+
+    fn keys(&self) -> impl Iterator<Item = &K> {
+        self.0.iter().map(|(k, _)| k)
     }
 }
 
@@ -181,6 +228,18 @@ trait Emptiness {
     fn is_empty(&self) -> bool;
 }
 
+impl<K, V> Emptiness for Few<K, V> {
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl<T> Emptiness for Vec<T> {
+    fn is_empty(&self) -> bool {
+        Vec::is_empty(self)
+    }
+}
+
 impl<K, V> Emptiness for BTreeMap<K, V> {
     fn is_empty(&self) -> bool {
         BTreeMap::is_empty(self)
@@ -206,7 +265,7 @@ impl KubeLookup for KubeStore {
     }
 
     fn pod_by_ip(&self, namespace: &str, ip: &str) -> Option<&KubePod> {
-        as_pod(self.pods_by_ip.get(namespace)?.get(ip)?.values().next()?)
+        as_pod(self.pods_by_ip.get(namespace)?.get(ip)?.first()?)
     }
 
     fn pods_in(&self, namespace: &str) -> Vec<&KubePod> {
@@ -225,18 +284,8 @@ impl KubeLookup for KubeStore {
             .collect()
     }
 
-    fn node(&self, name: &str) -> Option<&KubeNode> {
-        match self.nodes.get(name)?.as_ref() {
-            KubeObject::Node(n) => Some(n),
-            _ => None,
-        }
-    }
-
-    fn namespace(&self, name: &str) -> Option<&KubeNamespace> {
-        match self.namespaces.get(name)?.as_ref() {
-            KubeObject::Namespace(n) => Some(n),
-            _ => None,
-        }
+    fn topology(&self) -> &Topology {
+        &self.topology
     }
 }
 

@@ -1,7 +1,6 @@
 //! Registry builds from Kubernetes objects: endpoints, health, locality, selectors across kinds,
 //! discovery scope, and a 1,000-Service / 10,000-Pod build.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::kubernetes::*;
@@ -43,13 +42,13 @@ fn pod(name: &str, ns: &str, ip: &str, node: &str, pod_labels: &[(&str, &str)]) 
     KubePod {
         name: name.into(),
         namespace: ns.into(),
-        labels: labels(pod_labels),
-        service_account: format!("{name}-sa"),
+        labels: Arc::new(labels(pod_labels)),
+        service_account: format!("{name}-sa").into(),
         ips: vec![ip.into()],
         node_name: node.into(),
         ready: true,
         terminating: false,
-        named_ports: BTreeMap::new(),
+        named_ports: Arc::from(vec![]),
     }
 }
 
@@ -61,8 +60,6 @@ fn endpoint(ip: &str, pod: Option<&str>) -> SliceEndpoint {
         terminating: Some(false),
         pod: pod.map(str::to_string),
         node_name: None,
-        zone: None,
-        hostname: None,
     }
 }
 
@@ -109,7 +106,7 @@ fn port<'a>(reg: &'a Registry, k: &ServiceKey, name: &str) -> &'a ServicePort {
 #[test]
 fn slice_endpoints_join_pods_nodes_and_namespaces() {
     let mut p1 = pod("reviews-1", "shop", "10.0.0.1", "node-a", &[("app", "reviews"), ("version", "v1")]);
-    p1.named_ports.insert("web".into(), 9080);
+    p1.named_ports = Arc::from(vec![("web".to_string(), 9080)]);
     let p2 =
         pod("reviews-2", "shop", "10.0.0.2", "node-b", &[("app", "reviews"), ("topology.istio.io/network", "net-2")]);
     let kube = objects(vec![
@@ -149,14 +146,18 @@ fn slice_endpoints_join_pods_nodes_and_namespaces() {
     let eps = &reg.endpoints[&k];
     assert_eq!(eps.len(), 2, "the endpoint whose Pod is unknown is left out: {eps:?}");
     let (e1, e2) = (&eps[0], &eps[1]);
-    assert_eq!((e1.address.as_str(), e1.service_account.as_str()), ("10.0.0.1", "reviews-1-sa"));
-    assert_eq!(e1.locality, "us-east/us-east-1a/rack-4");
-    assert_eq!(e1.labels.get("topology.kubernetes.io/zone").map(String::as_str), Some("us-east-1a"));
-    assert_eq!(e1.labels.get("version").map(String::as_str), Some("v1"));
-    assert_eq!(e1.network, "net-1", "the namespace's network");
+    assert_eq!((e1.address.as_str(), &*e1.service_account), ("10.0.0.1", "reviews-1-sa"));
+    assert_eq!(&*e1.locality, "us-east/us-east-1a/rack-4");
+    assert_eq!(e1.label("topology.kubernetes.io/zone"), Some("us-east-1a"));
+    assert_eq!(e1.label("kubernetes.io/hostname"), Some("node-a"));
+    assert_eq!(e1.label("topology.istio.io/network"), Some("net-1"), "the namespace's network as a label");
+    assert_eq!(e1.label("version"), Some("v1"));
+    assert!(e1.matches(&labels(&[("version", "v1"), ("topology.istio.io/subzone", "rack-4")])));
+    assert!(!e1.matches(&labels(&[("topology.kubernetes.io/region", "eu")])));
+    assert_eq!(&*e1.network, "net-1", "the namespace's network");
     assert_eq!(e1.port_for(port(&reg, &k, "http")), Some(9080));
-    assert_eq!((e2.service_account.as_str(), e2.network.as_str()), ("reviews-2-sa", "net-2"), "joined by IP");
-    assert_eq!(e2.locality, "", "a node without topology labels gives no locality");
+    assert_eq!((&*e2.service_account, &*e2.network), ("reviews-2-sa", "net-2"), "joined by IP");
+    assert_eq!(&*e2.locality, "", "a node without topology labels gives no locality");
     assert!(matches!(reg.services[&k].origin, ServiceOrigin::Kube(_)));
 }
 
@@ -181,15 +182,15 @@ fn locality_label_on_the_pod_overrides_the_node() {
         }),
     ]);
     let reg = build_registry([].iter(), &kube, &MeshConfig::default());
-    assert_eq!(reg.endpoints[&key("a.ns.svc.cluster.local", "ns")][0].locality, "eu/west-1/z1");
+    assert_eq!(&*reg.endpoints[&key("a.ns.svc.cluster.local", "ns")][0].locality, "eu/west-1/z1");
 }
 
 #[test]
 fn named_target_ports_resolve_per_endpoint_and_missing_ports_are_not_served() {
     let mut old = pod("api-old", "ns", "10.0.0.1", "", &[("app", "api")]);
-    old.named_ports.insert("web".into(), 8080);
+    old.named_ports = Arc::from(vec![("web".to_string(), 8080)]);
     let mut new = pod("api-new", "ns", "10.0.0.2", "", &[("app", "api")]);
-    new.named_ports.insert("web".into(), 9090);
+    new.named_ports = Arc::from(vec![("web".to_string(), 9090)]);
     let svc = service("api", "ns", &[("http", 80, Some(TargetPort::Name("web".into()))), ("admin", 81, None)]);
     let kube = objects(vec![
         KubeObject::Service(svc),
@@ -307,7 +308,7 @@ spec: {address: 192.168.0.2, labels: {app: reviews}}
 #[test]
 fn selectors_cross_kinds() {
     let mut legacy = pod("legacy-1", "shop", "10.0.1.1", "", &[("app", "legacy")]);
-    legacy.named_ports.insert("http".into(), 8000);
+    legacy.named_ports = Arc::from(vec![("http".to_string(), 8000)]);
     let mut not_ready = pod("legacy-2", "shop", "10.0.1.2", "", &[("app", "legacy")]);
     not_ready.ready = false;
     let elsewhere = pod("legacy-3", "other", "10.0.1.3", "", &[("app", "legacy")]);
@@ -325,7 +326,7 @@ fn selectors_cross_kinds() {
     let eps = &reg.endpoints[&se];
     assert_eq!(eps.iter().map(|e| e.address.as_str()).collect::<Vec<_>>(), ["10.0.1.1"]);
     assert_eq!(eps[0].port_for(port(&reg, &se, "http")), Some(8000), "the Pod's port of that name");
-    assert_eq!(eps[0].service_account, "legacy-1-sa");
+    assert_eq!(&*eps[0].service_account, "legacy-1-sa");
 
     // A Service's selector picks WorkloadEntries of its namespace; the named targetPort maps to the entry's port.
     let svc = key("reviews.shop.svc.cluster.local", "shop");
@@ -399,7 +400,7 @@ fn thousand_services_ten_thousand_pods() {
             let pod_name = format!("{name}-{i}");
             let mut p =
                 pod(&pod_name, &ns, &ip, &format!("node-{}", (s + i) % 50), &[("app", &name), ("version", "v1")]);
-            p.named_ports.insert("http".into(), 8080);
+            p.named_ports = Arc::from(vec![("http".to_string(), 8080)]);
             list.push(KubeObject::Pod(p));
             endpoints.push(endpoint(&ip, Some(&pod_name)));
         }

@@ -5,7 +5,6 @@
 //! replication carries them, and the registry builds services and endpoints from them. Storing
 //! only these fields (not the API objects) keeps a large cluster's pods cheap to hold.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -155,12 +154,8 @@ pub struct SliceEndpoint {
     pub terminating: Option<bool>,
     /// Name of the Pod in `targetRef`, when it refers to one.
     pub pod: Option<String>,
-    /// `nodeName`.
-    pub node_name: Option<String>,
-    /// `zone`.
-    pub zone: Option<String>,
-    /// `hostname`.
-    pub hostname: Option<String>,
+    /// `nodeName` (shared: a node's name is repeated by every endpoint on it).
+    pub node_name: Option<Arc<str>>,
 }
 
 /// An EndpointSlice.
@@ -180,27 +175,39 @@ pub struct KubeEndpointSlice {
     pub endpoints: Vec<SliceEndpoint>,
 }
 
-/// A Pod.
+/// A Pod. The parts its ReplicaSet's pods have in common (labels, named ports, namespace,
+/// service account, node) are shared values: the Kubernetes source interns them, so ten
+/// thousand pods of a few hundred workloads hold each label set once.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct KubePod {
     /// Name.
     pub name: String,
     /// Namespace.
-    pub namespace: String,
+    pub namespace: Arc<str>,
     /// Labels.
-    pub labels: Labels,
+    pub labels: Arc<Labels>,
     /// Service account (`spec.serviceAccountName`, `default` when unset).
-    pub service_account: String,
+    pub service_account: Arc<str>,
     /// Pod IPs (`status.podIPs`, else `status.podIP`).
     pub ips: Vec<String>,
     /// `spec.nodeName`.
-    pub node_name: String,
+    pub node_name: Arc<str>,
     /// Whether the `Ready` condition is true.
     pub ready: bool,
     /// Whether it is being deleted (`metadata.deletionTimestamp` set).
     pub terminating: bool,
-    /// Named container ports (`targetPort` by name resolves against these).
-    pub named_ports: BTreeMap<String, u16>,
+    /// Named container ports (`targetPort` by name resolves against these), in name order.
+    pub named_ports: NamedPorts,
+}
+
+/// A Pod's named container ports, in name order (a handful; shared by a workload's pods).
+pub type NamedPorts = Arc<[(String, u16)]>;
+
+impl KubePod {
+    /// The container port named `name`.
+    pub fn named_port(&self, name: &str) -> Option<u16> {
+        self.named_ports.iter().find(|(n, _)| n == name).map(|(_, p)| *p)
+    }
 }
 
 /// A Node, reduced to its locality and network labels.
@@ -246,7 +253,7 @@ impl KubeObject {
         let (kind, namespace, name) = match self {
             KubeObject::Service(s) => (KubeKind::Service, s.namespace.as_str(), s.name.as_str()),
             KubeObject::EndpointSlice(s) => (KubeKind::EndpointSlice, s.namespace.as_str(), s.name.as_str()),
-            KubeObject::Pod(p) => (KubeKind::Pod, p.namespace.as_str(), p.name.as_str()),
+            KubeObject::Pod(p) => (KubeKind::Pod, &*p.namespace, p.name.as_str()),
             KubeObject::Node(n) => (KubeKind::Node, "", n.name.as_str()),
             KubeObject::Namespace(n) => (KubeKind::Namespace, "", n.name.as_str()),
         };

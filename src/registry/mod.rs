@@ -4,6 +4,7 @@ mod build;
 mod discovery;
 mod hostname;
 mod incremental;
+pub mod intern;
 mod kube_endpoints;
 mod kube_index;
 mod kube_service;
@@ -23,7 +24,9 @@ pub use discovery::NamespaceScope;
 pub use hostname::{host_matches, hosts_overlap, Hostname};
 pub use incremental::IncrementalRegistry;
 pub use kube_service::{kube_hostname, kube_port_protocol};
-pub use service::{Endpoint, EndpointHealth, Endpoints, Resolution, Service, ServiceKey, ServiceOrigin, ServicePort};
+pub use service::{
+    Endpoint, EndpointHealth, EndpointPorts, Endpoints, Resolution, Service, ServiceKey, ServiceOrigin, ServicePort,
+};
 pub use visibility::Visibility;
 
 /// All services and their endpoints at one point in time.

@@ -1,6 +1,5 @@
 //! Services and their endpoints, as xDS generation sees them.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -109,44 +108,142 @@ pub enum EndpointHealth {
     Terminating,
 }
 
+/// Labels Istio adds to an endpoint's workload labels, so subsets can select on them.
+const REGION_LABEL: &str = "topology.kubernetes.io/region";
+const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+const SUBZONE_LABEL: &str = "topology.istio.io/subzone";
+const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+/// Also a workload label of its own, which wins over the endpoint's network.
+pub(super) const NETWORK_LABEL: &str = "topology.istio.io/network";
+
 /// A workload instance serving a service.
+///
+/// Held once per pod and service port set, so it is kept small: the workload's labels are
+/// shared with its Pod (or WorkloadEntry), and the topology labels Istio adds to them are read
+/// off `locality`, `node` and `network` rather than stored per endpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 pub struct Endpoint {
     /// IP address, hostname (DNS resolution) or `unix://` path.
     pub address: String,
     /// Port overrides by service port name.
-    pub ports: BTreeMap<String, u16>,
+    pub ports: EndpointPorts,
     /// Whether the endpoint serves only the ports in `ports` (Kubernetes endpoints: a pod without
     /// a named target port is not an endpoint of that port); otherwise other ports fall back to
     /// the service's target port or number (WorkloadEntries).
     pub listed_ports_only: bool,
-    /// Labels (subsets select on these).
-    pub labels: Labels,
+    /// The workload's own labels (a Pod's or WorkloadEntry's); see [`Endpoint::label`].
+    pub labels: Arc<Labels>,
+    /// Node the workload runs on (empty when unknown).
+    pub node: Arc<str>,
     /// `region/zone/subzone`.
-    pub locality: String,
+    pub locality: Arc<str>,
     /// Network.
-    pub network: String,
+    pub network: Arc<str>,
     /// Load-balancing weight (≥ 1).
     pub weight: u32,
     /// Service account.
-    pub service_account: String,
+    pub service_account: Arc<str>,
     /// Health.
     pub health: EndpointHealth,
 }
 
 impl Endpoint {
+    /// An endpoint at `address` with no identity yet: no labels, weight 1, healthy, ports
+    /// falling back to the service's.
+    pub fn at(address: String) -> Endpoint {
+        let none: Arc<str> = Arc::from("");
+        Endpoint {
+            address,
+            ports: EndpointPorts::default(),
+            listed_ports_only: false,
+            labels: Arc::default(),
+            node: none.clone(),
+            locality: none.clone(),
+            network: none.clone(),
+            weight: 1,
+            service_account: none,
+            health: EndpointHealth::Healthy,
+        }
+    }
+
     /// The port this endpoint serves `port` on, or `None` if it does not serve that port.
     pub fn port_for(&self, port: &ServicePort) -> Option<u16> {
         match self.ports.get(&port.name) {
-            Some(p) => Some(*p),
+            Some(p) => Some(p),
             None if self.listed_ports_only => None,
             None => Some(port.target_port.unwrap_or(port.number)),
         }
     }
 
+    /// The label `key` as subsets see it: Istio's topology labels (region, zone and subzone of
+    /// the locality, the node's hostname) over the workload's, which keep their own network.
+    pub fn label(&self, key: &str) -> Option<&str> {
+        let topology = match key {
+            REGION_LABEL => self.locality.split('/').next(),
+            ZONE_LABEL => self.locality.split('/').nth(1),
+            SUBZONE_LABEL => self.locality.split('/').nth(2),
+            HOSTNAME_LABEL => Some(&*self.node),
+            _ => None,
+        };
+        if let Some(value) = topology.filter(|v| !v.is_empty()) {
+            return Some(value);
+        }
+        match self.labels.get(key) {
+            Some(v) => Some(v.as_str()),
+            None if key == NETWORK_LABEL && !self.network.is_empty() => Some(&self.network),
+            None => None,
+        }
+    }
+
     /// Whether the endpoint carries every label of `selector`.
     pub fn matches(&self, selector: &Labels) -> bool {
-        selector.iter().all(|(k, v)| self.labels.get(k) == Some(v))
+        selector.iter().all(|(k, v)| self.label(k) == Some(v.as_str()))
+    }
+}
+
+/// An endpoint's port overrides by service port name, in name order: one or two per endpoint,
+/// so a sorted list costs far less than a map.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize)]
+pub struct EndpointPorts(Vec<(String, u16)>);
+
+impl EndpointPorts {
+    /// The port for the service port `name`.
+    pub fn get(&self, name: &str) -> Option<u16> {
+        self.0.binary_search_by(|(n, _)| n.as_str().cmp(name)).ok().map(|i| self.0[i].1)
+    }
+
+    /// Adds `name` → `port` unless `name` already has a port.
+    pub fn insert_if_absent(&mut self, name: String, port: u16) {
+        if let Err(i) = self.0.binary_search_by(|(n, _)| n.cmp(&name)) {
+            self.0.insert(i, (name, port));
+        }
+    }
+
+    /// How many ports are listed.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The ports, in name order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, u16)> {
+        self.0.iter().map(|(n, p)| (n.as_str(), *p))
+    }
+}
+
+impl FromIterator<(String, u16)> for EndpointPorts {
+    /// The first port of each name wins, as in a map built with `entry().or_insert()`.
+    fn from_iter<I: IntoIterator<Item = (String, u16)>>(iter: I) -> Self {
+        let mut ports = EndpointPorts::default();
+        for (name, port) in iter {
+            ports.insert_if_absent(name, port);
+        }
+        ports.0.shrink_to_fit();
+        ports
     }
 }
 

@@ -3,13 +3,14 @@
 //! A ServiceEntry's `workloadSelector` selects the WorkloadEntries and, as Istio does by default
 //! (`PILOT_ENABLE_SERVICEENTRY_SELECT_PODS`), the ready Pods of its namespace.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::build::WorkloadEntries;
 use super::kube_endpoints::pod_endpoint;
 use super::kube_index::KubeLookup;
-use super::service::{Endpoint, EndpointHealth, Resolution, Service, ServiceKey, ServiceOrigin, ServicePort};
+use super::service::{
+    Endpoint, EndpointHealth, EndpointPorts, Resolution, Service, ServiceKey, ServiceOrigin, ServicePort,
+};
 use super::{Hostname, Registry, Visibility};
 use crate::config::api::service_entry::{Location, Resolution as SeResolution};
 use crate::config::api::{Protocol, ServiceEntry, WorkloadEntry};
@@ -100,11 +101,8 @@ pub(super) fn endpoints_of(
         }
         let mut ep = pod_endpoint(pod, None, index);
         // A ServiceEntry port is served on the Pod's container port of the same name, if any.
-        ep.ports = se
-            .ports
-            .iter()
-            .filter_map(|p| Some((p.name.clone(), *pod.named_ports.get(&p.name)?)))
-            .collect::<BTreeMap<_, _>>();
+        ep.ports =
+            se.ports.iter().filter_map(|p| Some((p.name.clone(), pod.named_port(&p.name)?))).collect::<EndpointPorts>();
         out.push(ep);
     }
     out
@@ -118,13 +116,14 @@ pub(super) fn workload_entry_endpoint(we: &WorkloadEntry) -> Endpoint {
             .ports
             .iter()
             .filter_map(|(name, port)| Some((name.clone(), u16::try_from(*port).ok()?)))
-            .collect::<BTreeMap<_, _>>(),
+            .collect::<EndpointPorts>(),
         listed_ports_only: false,
-        labels: we.labels.clone(),
-        locality: we.locality.clone(),
-        network: we.network.clone(),
+        labels: Arc::new(we.labels.clone()),
+        node: Arc::from(""),
+        locality: Arc::from(we.locality.as_str()),
+        network: Arc::from(we.network.as_str()),
         weight: we.weight.filter(|w| *w > 0).unwrap_or(1),
-        service_account: we.service_account.clone(),
+        service_account: Arc::from(we.service_account.as_str()),
         health: EndpointHealth::Healthy,
     }
 }

@@ -71,7 +71,7 @@ pub fn histogram_vec(registry: &Registry, name: &str, help: &str, labels: &[&str
 /// Metric names and buckets are constants of this crate: an invalid one is a bug caught by the
 /// first test that builds the metrics, never input from outside.
 #[track_caller]
-fn invalid_name(name: &str) -> ! {
+pub(crate) fn invalid_name(name: &str) -> ! {
     panic!("invalid metric definition {name:?}")
 }
 
@@ -92,6 +92,7 @@ pub struct ProcessMetrics {
 impl ProcessMetrics {
     /// Registers the process metrics in `registry`.
     pub fn register(registry: &Registry) -> ProcessMetrics {
+        register(registry, super::heap::HeapCollector::new());
         ProcessMetrics {
             build_info: gauge_vec(
                 registry,

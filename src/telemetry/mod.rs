@@ -10,6 +10,7 @@
 //!
 //! See [`otlp`] for the environment variables and the resource attributes.
 
+pub mod heap;
 pub mod metrics;
 pub mod otlp;
 mod otlp_metrics;

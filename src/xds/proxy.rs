@@ -148,8 +148,8 @@ impl Proxy {
     pub fn with_pod(&self, pod: Option<&KubePod>) -> Proxy {
         let mut proxy = self.clone();
         if let Some(pod) = pod {
-            proxy.labels = pod.labels.clone();
-            proxy.service_account = pod.service_account.clone();
+            proxy.labels = (*pod.labels).clone();
+            proxy.service_account = pod.service_account.to_string();
             if !pod.ips.is_empty() {
                 proxy.ips = pod.ips.clone();
             }
@@ -261,7 +261,7 @@ mod tests {
         let pod = |ns: &str| KubePod {
             name: "reviews-1".into(),
             namespace: ns.into(),
-            labels: [("app".to_string(), "reviews".to_string())].into_iter().collect(),
+            labels: std::sync::Arc::new([("app".to_string(), "reviews".to_string())].into()),
             service_account: "bookinfo-reviews".into(),
             ips: vec!["10.1.2.3".into(), "fd00::3".into()],
             node_name: "n1".into(),

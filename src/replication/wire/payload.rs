@@ -228,7 +228,9 @@ pub(crate) mod tests {
         KubeObject::Pod(KubePod {
             name: name.into(),
             namespace: "bookinfo".into(),
-            labels: [("app".to_string(), "ratings".to_string()), ("version".to_string(), version.to_string())].into(),
+            labels: Arc::new(
+                [("app".to_string(), "ratings".to_string()), ("version".to_string(), version.to_string())].into(),
+            ),
             service_account: "bookinfo-ratings".into(),
             ips: vec![ip.into()],
             node_name: "node-a".into(),
@@ -255,8 +257,6 @@ pub(crate) mod tests {
                     terminating: None,
                     pod: Some(pod.to_string()),
                     node_name: Some("node-a".into()),
-                    zone: Some("zone-1".into()),
-                    hostname: None,
                 })
                 .collect(),
         })

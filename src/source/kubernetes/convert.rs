@@ -2,6 +2,7 @@
 //! reads are kept, so a large cluster's pods stay cheap to hold.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -120,9 +121,7 @@ pub fn endpoint_slice(s: EndpointSlice) -> KubeObject {
                         serving: conditions.serving,
                         terminating: conditions.terminating,
                         pod: e.target_ref.filter(|r| r.kind.as_deref() == Some("Pod")).and_then(|r| r.name),
-                        node_name: e.node_name,
-                        zone: e.zone,
-                        hostname: e.hostname,
+                        node_name: e.node_name.map(Arc::from),
                     }
                 })
                 .collect(),
@@ -140,22 +139,26 @@ pub fn pod(p: Pod) -> KubeObject {
         _ => status.pod_ip.into_iter().collect(),
     };
     let ready = status.conditions.unwrap_or_default().iter().any(|c| c.type_ == "Ready" && c.status == "True");
-    let named_ports = spec
+    let mut named_ports: Vec<(String, u16)> = spec
         .containers
         .iter()
         .flat_map(|c| c.ports.iter().flatten())
         .filter_map(|p| Some((p.name.clone()?, port(p.container_port)?)))
         .collect();
+    // Sorted by name, the first container's port winning a repeated name (as a map's entry would).
+    named_ports.sort_by(|a, b| a.0.cmp(&b.0));
+    named_ports.dedup_by(|later, earlier| later.0 == earlier.0);
+    let service_account = spec.service_account_name.filter(|s| !s.is_empty());
     KubeObject::Pod(KubePod {
         name: meta.name.unwrap_or_default(),
-        namespace: meta.namespace.unwrap_or_default(),
-        labels: labels(meta.labels),
-        service_account: spec.service_account_name.filter(|s| !s.is_empty()).unwrap_or_else(|| "default".into()),
-        ips,
-        node_name: spec.node_name.unwrap_or_default(),
+        namespace: meta.namespace.unwrap_or_default().into(),
+        labels: Arc::new(labels(meta.labels)),
+        service_account: service_account.as_deref().unwrap_or("default").into(),
+        ips: tight(ips),
+        node_name: spec.node_name.unwrap_or_default().into(),
         ready,
         terminating: meta.deletion_timestamp.is_some(),
-        named_ports,
+        named_ports: named_ports.into(),
     })
 }
 
@@ -241,9 +244,9 @@ mod tests {
         }));
         let KubeObject::Pod(p) = pod(p) else { panic!() };
         assert_eq!(p.ips, ["10.1.0.1"]);
-        assert_eq!(p.service_account, "default");
+        assert_eq!(&*p.service_account, "default");
         assert!(p.ready && !p.terminating);
-        assert_eq!(p.named_ports["web"], 9080);
+        assert_eq!(p.named_port("web"), Some(9080));
     }
 
     #[test]

@@ -11,6 +11,7 @@ use super::watch::{Change, Failure, Item, ObjectName, Update};
 use crate::config::parse::Document;
 use crate::config::{ConfigError, ConfigKey, FieldError, IgnoredObject, ValidConfig};
 use crate::mesh::MeshConfig;
+use crate::registry::intern::Interner;
 use crate::registry::kubernetes::{KubeKey, KubeObject};
 use crate::source::{SourceEvent, SourceId};
 
@@ -47,6 +48,8 @@ pub struct KubeState {
     errors: BTreeMap<(Watched, ObjectName), ConfigError>,
     ignored: BTreeMap<(Watched, ObjectName), IgnoredObject>,
     status_dirty: bool,
+    /// The values many registry objects repeat (a workload's pods' labels), held once.
+    interner: Interner,
 }
 
 impl KubeState {
@@ -64,6 +67,7 @@ impl KubeState {
             errors: BTreeMap::new(),
             ignored: BTreeMap::new(),
             status_dirty: true,
+            interner: Interner::default(),
         }
     }
 
@@ -224,7 +228,7 @@ impl KubeState {
                         return None;
                     }
                 }
-                let obj = Arc::new(obj);
+                let obj = Arc::new(self.interner.object(obj));
                 kube.push((key, Some(obj.clone())));
                 self.held.insert(slot, Held::Kube(obj));
             }

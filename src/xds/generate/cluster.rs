@@ -19,7 +19,7 @@ use super::traffic_policy::{self, Policy};
 use super::Resource;
 use crate::config::api::destination_rule::Subset;
 use crate::config::api::DestinationRule;
-use crate::registry::{Endpoint, EndpointHealth, Resolution, Service, ServicePort};
+use crate::registry::{Endpoint, Resolution, Service, ServicePort};
 
 /// One outbound cluster to build: a service port, optionally narrowed to a subset.
 pub(super) struct OutboundCluster<'a> {
@@ -107,17 +107,7 @@ fn dns_assignment(scope: &Scope<'_>, oc: &OutboundCluster<'_>, logical: bool) ->
     let empty = cla.endpoints.iter().all(|l| l.lb_endpoints.is_empty());
     let registry_empty = scope.snapshot.endpoints(oc.service).is_none_or(|e| e.is_empty());
     if empty && (registry_empty || logical) {
-        let host = Endpoint {
-            address: oc.service.hostname.to_string(),
-            ports: Default::default(),
-            listed_ports_only: false,
-            labels: Default::default(),
-            locality: String::new(),
-            network: String::new(),
-            weight: 1,
-            service_account: String::new(),
-            health: EndpointHealth::Healthy,
-        };
+        let host = Endpoint::at(oc.service.hostname.to_string());
         let port = oc.port.target_port.unwrap_or(oc.port.number);
         cla.endpoints = vec![locality_endpoints("", &[(&host, port)])];
     }

@@ -51,7 +51,7 @@ pub(super) fn assignment(
         .filter_map(|e| Some((e, e.port_for(cluster.port)?)));
     let mut by_locality: BTreeMap<&str, Vec<(&Endpoint, u16)>> = BTreeMap::new();
     for (endpoint, port) in selected {
-        by_locality.entry(endpoint.locality.as_str()).or_default().push((endpoint, port));
+        by_locality.entry(&*endpoint.locality).or_default().push((endpoint, port));
     }
     let endpoints =
         by_locality.into_iter().map(|(locality, endpoints)| locality_endpoints(locality, &endpoints)).collect();
@@ -202,8 +202,6 @@ mod tests {
             terminating: Some(terminating),
             pod: None,
             node_name: None,
-            zone: None,
-            hostname: None,
         };
         let port = |name: &str, n: u16| KubeServicePort {
             name: name.into(),
