@@ -165,6 +165,11 @@ pub struct Isolation {
 }
 
 impl Isolation {
+    /// What the proxy holds: the last response it ACKed.
+    pub fn acked(&self) -> Option<&Holding> {
+        self.acked.as_ref()
+    }
+
     /// The rejected resources, by name.
     pub fn rejected(&self) -> &BTreeMap<String, Rejected> {
         &self.rejected
