@@ -93,7 +93,13 @@ impl Protocol for StateOfTheWorld {
             session.nack(type_url, &req.response_nonce, &err.message, &mut watch.isolation, &sent.holding)
         } else {
             let names_changed = type_url.is_named() && sent.names != requested_names;
-            let due = session.ack(type_url, req.version_info.clone(), &req.response_nonce, &mut watch.isolation, &sent.holding);
+            let due = session.ack(
+                type_url,
+                req.version_info.clone(),
+                &req.response_nonce,
+                &mut watch.isolation,
+                &sent.holding,
+            );
             if names_changed {
                 watch.names = requested_names;
                 return self.respond(session, type_url, true).await.map(|_| ());

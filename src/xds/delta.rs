@@ -96,15 +96,12 @@ impl Protocol for Delta {
         let due = !req.response_nonce.is_empty() && watch.answer(session, type_url, &req);
         if first {
             // A reconnecting proxy says what it holds: only what differs is sent.
-            watch.held = req.initial_resource_versions.iter().map(|(n, v)| (n.clone(), changes::parse_version(v))).collect();
+            watch.held =
+                req.initial_resource_versions.iter().map(|(n, v)| (n.clone(), changes::parse_version(v))).collect();
             watch.acked = watch.held.clone();
         }
-        let change = watch.subscription.apply(
-            type_url,
-            first,
-            &req.resource_names_subscribe,
-            &req.resource_names_unsubscribe,
-        );
+        let change =
+            watch.subscription.apply(type_url, first, &req.resource_names_subscribe, &req.resource_names_unsubscribe);
         for name in &change.dropped {
             // The proxy dropped it: a later subscription gets it afresh.
             watch.held.remove(name);

@@ -163,8 +163,12 @@ impl<R> Session<R> {
         self.push_trace.answered(nonce, Some(message));
         let message = capped(message);
         warn!(proxy = %self.proxy.id, %type_url, nonce = %limits::loggable(nonce), error = %limits::loggable(&message), "proxy rejected config (NACK)");
-        let nack =
-            Nack { version: nonce_version(nonce), nonce: nonce.to_string(), message: message.clone(), at: SystemTime::now() };
+        let nack = Nack {
+            version: nonce_version(nonce),
+            nonce: nonce.to_string(),
+            message: message.clone(),
+            at: SystemTime::now(),
+        };
         self.registration.update(|s| s.types.entry(type_url).or_default().last_nack = Some(nack));
         let outcome = isolation.on_nack(sent, &message);
         self.set_rejected(type_url, isolation.rejected().clone());
@@ -183,15 +187,26 @@ impl<R> Session<R> {
 
     /// Records an ACK of the response `nonce` (snapshot `version`) that carried `sent`. Returns
     /// whether a new response is due (the next step of a bisection).
-    pub fn ack(&mut self, type_url: TypeUrl, version: String, nonce: &str, isolation: &mut Isolation, sent: &Holding) -> bool {
+    pub fn ack(
+        &mut self,
+        type_url: TypeUrl,
+        version: String,
+        nonce: &str,
+        isolation: &mut Isolation,
+        sent: &Holding,
+    ) -> bool {
         let next_test = isolation.on_ack(sent);
         self.push_trace.answered(nonce, None);
         let nonce = nonce.to_string();
+        // The rejection stays on show while resources it named are still held back.
+        let settled = isolation.rejected().is_empty();
         self.registration.update(|s| {
             let t = s.types.entry(type_url).or_default();
             t.acked_version = version;
             t.acked_nonce = nonce;
-            t.last_nack = None;
+            if settled {
+                t.last_nack = None;
+            }
         });
         next_test
     }

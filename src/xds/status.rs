@@ -26,7 +26,8 @@ pub struct TypeStatus {
     pub acked_version: String,
     /// Nonce of the last acknowledged response.
     pub acked_nonce: String,
-    /// Last rejection, if the proxy's latest answer was a NACK.
+    /// Last rejection, while the proxy's latest answer was a NACK or resources it rejected are
+    /// still held back.
     pub last_nack: Option<Nack>,
     /// Responses of this type sent on this connection.
     pub responses: u64,
