@@ -189,3 +189,79 @@ impl StateOfTheWorld {
         Ok(true)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+    use prost::Message;
+
+    use super::*;
+    use crate::xds::stream_testing::{cluster, node, rejection, service, Harness};
+
+    fn request(type_url: TypeUrl, names: &[String], answering: Option<&DiscoveryResponse>) -> DiscoveryRequest {
+        DiscoveryRequest {
+            node: Some(node()),
+            type_url: type_url.as_str().into(),
+            resource_names: names.to_vec(),
+            version_info: answering.map(|r| r.version_info.clone()).unwrap_or_default(),
+            response_nonce: answering.map(|r| r.nonce.clone()).unwrap_or_default(),
+            ..Default::default()
+        }
+    }
+
+    fn load_assignments(r: &DiscoveryResponse) -> Vec<String> {
+        r.resources.iter().map(|a| ClusterLoadAssignment::decode(a.value.as_slice()).unwrap().cluster_name).collect()
+    }
+
+    fn cluster_names(r: &DiscoveryResponse) -> Vec<String> {
+        use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+        r.resources.iter().map(|a| Cluster::decode(a.value.as_slice()).unwrap().name).collect()
+    }
+
+    #[tokio::test]
+    async fn endpoint_pushes_carry_only_changed_assignments_and_clusters_stay_complete() {
+        let mesh = |a: &str, b: &str, more: &str| [service("a", a), service("b", b), more.to_string()].join("---\n");
+        let mut h = Harness::start(StateOfTheWorld::default(), &mesh("10.0.0.1", "10.0.0.2", ""));
+        let eds_names = [cluster("a"), cluster("b")];
+        h.send(request(TypeUrl::Cluster, &[], None)).await;
+        let cds = h.next().await.expect("CDS");
+        h.send(request(TypeUrl::Cluster, &[], Some(&cds))).await;
+        h.send(request(TypeUrl::Endpoint, &eds_names, None)).await;
+        let eds = h.next().await.expect("EDS");
+        assert_eq!(load_assignments(&eds), eds_names, "a request is answered in full");
+        h.send(request(TypeUrl::Endpoint, &eds_names, Some(&eds))).await;
+
+        // a's endpoints change: only a's assignment is pushed, CDS not at all.
+        h.publish(&mesh("10.0.0.9", "10.0.0.2", ""));
+        let update = h.next().await.expect("EDS push");
+        assert_eq!(
+            (update.type_url.as_str(), load_assignments(&update)),
+            (TypeUrl::Endpoint.as_str(), vec![cluster("a")])
+        );
+        assert!(h.next().await.is_none());
+
+        // A NACK of it: a is held back at the version the proxy holds; nothing is resent.
+        let mut nack = request(TypeUrl::Endpoint, &eds_names, Some(&update));
+        nack.version_info = eds.version_info.clone();
+        nack.error_detail = Some(rejection(&format!("{} is bad", cluster("a"))));
+        h.send(nack).await;
+        assert!(h.next().await.is_none(), "the rejected assignment was sent again");
+        let status = h.registry.snapshot();
+        let t = &status[0].types[&TypeUrl::Endpoint];
+        assert_eq!((t.acked_nonce.as_str(), t.acked_version.as_str()), (eds.nonce.as_str(), eds.version_info.as_str()));
+        assert!(t.rejected.contains_key(&cluster("a")));
+        assert_eq!(t.last_nack.as_ref().map(|n| n.nonce.as_str()), Some(update.nonce.as_str()));
+
+        // b changes: b alone is pushed (a still held back), and accepted.
+        h.publish(&mesh("10.0.0.9", "10.0.0.8", ""));
+        let update = h.next().await.expect("EDS push");
+        assert_eq!(load_assignments(&update), [cluster("b")]);
+        h.send(request(TypeUrl::Endpoint, &eds_names, Some(&update))).await;
+
+        // A new service: CDS is pushed complete.
+        h.publish(&mesh("10.0.0.9", "10.0.0.8", &service("c", "10.0.0.3")));
+        let cds = h.next().await.expect("CDS push");
+        let names = cluster_names(&cds);
+        assert!(["a", "b", "c"].iter().all(|s| names.contains(&cluster(s))), "{names:?}");
+    }
+}

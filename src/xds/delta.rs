@@ -270,3 +270,92 @@ impl Delta {
         Ok(true)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::xds::stream_testing::{cluster, node, rejection, service, Harness};
+
+    fn request(type_url: TypeUrl, subscribe: &[String], nonce: &str, nack: Option<&str>) -> DeltaDiscoveryRequest {
+        DeltaDiscoveryRequest {
+            node: Some(node()),
+            type_url: type_url.as_str().into(),
+            resource_names_subscribe: subscribe.to_vec(),
+            response_nonce: nonce.into(),
+            error_detail: nack.map(rejection),
+            ..Default::default()
+        }
+    }
+
+    /// Subscribes and ACKs the answer.
+    async fn subscribe(h: &mut Harness<Delta>, type_url: TypeUrl, names: &[String]) -> DeltaDiscoveryResponse {
+        h.send(request(type_url, names, "", None)).await;
+        let response = h.next().await.expect("an answer");
+        h.send(request(type_url, &[], &response.nonce, None)).await;
+        response
+    }
+
+    fn names(r: &DeltaDiscoveryResponse) -> Vec<String> {
+        r.resources.iter().map(|r| r.name.clone()).collect()
+    }
+
+    #[tokio::test]
+    async fn removals_of_clusters_and_endpoints_come_after_listeners_and_routes() {
+        let mut h =
+            Harness::start(Delta::default(), &[service("a", "10.0.0.1"), service("b", "10.0.0.2")].join("---\n"));
+        let cds = subscribe(&mut h, TypeUrl::Cluster, &[]).await;
+        assert!(names(&cds).contains(&cluster("b")), "{:?}", names(&cds));
+        let eds = subscribe(&mut h, TypeUrl::Endpoint, &[cluster("a"), cluster("b")]).await;
+        assert_eq!(names(&eds), [cluster("a"), cluster("b")]);
+        subscribe(&mut h, TypeUrl::Listener, &[]).await;
+        let rds = subscribe(&mut h, TypeUrl::Route, &["80".to_string()]).await;
+        assert_eq!(names(&rds), ["80"]);
+
+        // b goes: the route stops naming it first, then its endpoints and cluster are removed.
+        h.publish(&service("a", "10.0.0.1"));
+        let mut pushed = Vec::new();
+        while let Some(r) = h.next().await {
+            pushed.push((TypeUrl::parse(&r.type_url), names(&r), r.removed_resources.clone()));
+        }
+        let gone = vec![cluster("b")];
+        assert_eq!(
+            pushed,
+            [
+                (Some(TypeUrl::Route), vec!["80".to_string()], vec![]),
+                (Some(TypeUrl::Endpoint), vec![], gone.clone()),
+                (Some(TypeUrl::Cluster), vec![], gone),
+            ],
+            "route update, then endpoint and cluster removals; a is unchanged and not resent"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_nack_is_recorded_and_the_last_good_version_kept() {
+        let mut h = Harness::start(Delta::default(), &service("a", "10.0.0.1"));
+        let eds = subscribe(&mut h, TypeUrl::Endpoint, &[cluster("a")]).await;
+        let (first_version, first_nonce) = (eds.resources[0].version.clone(), eds.nonce.clone());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+
+        h.publish(&service("a", "10.0.0.9"));
+        let update = h.next().await.expect("the new endpoints");
+        assert_eq!(names(&update), [cluster("a")]);
+        assert_ne!(update.resources[0].version, first_version);
+        h.send(request(TypeUrl::Endpoint, &[], &update.nonce, Some(&format!("{} is bad", cluster("a"))))).await;
+        // The rejected version is held back: nothing is resent until it changes.
+        assert!(h.next().await.is_none(), "the rejected version was sent again");
+
+        let status = h.registry.snapshot();
+        let eds = &status[0].types[&TypeUrl::Endpoint];
+        assert_eq!(eds.acked_nonce, first_nonce);
+        assert_ne!(eds.acked_nonce, update.nonce, "a rejected response never counts as acked");
+        assert_eq!(eds.last_nack.as_ref().map(|n| n.nonce.as_str()), Some(update.nonce.as_str()));
+        assert!(eds.rejected.contains_key(&cluster("a")), "{:?}", eds.rejected);
+
+        // A newer version of it is tried again.
+        h.publish(&service("a", "10.0.0.7"));
+        let retry = h.next().await.expect("the newer endpoints");
+        assert_eq!(names(&retry), [cluster("a")]);
+    }
+}

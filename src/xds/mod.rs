@@ -13,6 +13,8 @@ pub mod server;
 pub mod session;
 pub mod status;
 pub mod stream;
+#[cfg(test)]
+pub(crate) mod stream_testing;
 pub mod subscription;
 use std::fmt;
 
