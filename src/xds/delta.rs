@@ -358,4 +358,17 @@ mod tests {
         let retry = h.next().await.expect("the newer endpoints");
         assert_eq!(names(&retry), [cluster("a")]);
     }
+
+    #[tokio::test]
+    async fn nothing_is_served_before_the_first_snapshot_and_a_drain_ends_the_stream() {
+        let mut h = Harness::before_first_snapshot(Delta::default());
+        h.send(request(TypeUrl::Cluster, &[], "", None)).await;
+        assert!(h.next().await.is_none(), "served before any snapshot");
+        h.publish(&service("a", "10.0.0.1"));
+        let cds = h.next().await.expect("clusters once the snapshot exists");
+        assert!(names(&cds).contains(&cluster("a")));
+        h.drain();
+        let status = h.end_status().await.expect("the stream ends with a status");
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+    }
 }

@@ -47,7 +47,7 @@ pub(crate) struct Harness<P: Protocol> {
     requests: mpsc::Sender<Result<P::Request, Status>>,
     responses: mpsc::Receiver<Result<P::Response, Status>>,
     version: u64,
-    _drain: crate::drain::DrainTrigger,
+    drain: Option<crate::drain::DrainTrigger>,
 }
 
 impl<P> Harness<P>
@@ -58,6 +58,13 @@ where
 {
     /// Serves `protocol` on a stream, the first snapshot made of `yaml`.
     pub fn start(protocol: P, yaml: &str) -> Self {
+        let mut h = Self::before_first_snapshot(protocol);
+        h.publish(yaml);
+        h
+    }
+
+    /// Serves `protocol` on a stream; no snapshot exists yet.
+    pub fn before_first_snapshot(protocol: P) -> Self {
         let (writer, reader) = crate::snapshot::channel();
         let (trigger, drain) = crate::drain::new();
         let metrics = XdsMetrics::default();
@@ -72,9 +79,22 @@ where
         let (requests, rx) = mpsc::channel(16);
         let (tx, responses) = mpsc::channel(16);
         tokio::spawn(serve(ctx, protocol, ReceiverStream::new(rx), tx));
-        let mut h = Harness { writer, registry, requests, responses, version: 0, _drain: trigger };
-        h.publish(yaml);
-        h
+        Harness { writer, registry, requests, responses, version: 0, drain: Some(trigger) }
+    }
+
+    /// Starts the frontend's drain.
+    pub fn drain(&mut self) {
+        self.drain = None;
+    }
+
+    /// The status the stream ended with, `None` if it did not end with one within half a second.
+    pub async fn end_status(&mut self) -> Option<Status> {
+        loop {
+            match tokio::time::timeout(Duration::from_millis(500), self.responses.recv()).await.ok()?? {
+                Ok(_) => continue,
+                Err(status) => return Some(status),
+            }
+        }
     }
 
     /// Publishes a new snapshot made of `yaml`.
