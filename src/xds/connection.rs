@@ -232,6 +232,7 @@ mod tests {
         h.send(request(TypeUrl::Endpoint, &eds_names, Some(&eds))).await;
 
         // a's endpoints change: only a's assignment is pushed, CDS not at all.
+        h.settle().await;
         h.publish(&mesh("10.0.0.9", "10.0.0.2", ""));
         let update = h.next().await.expect("EDS push");
         assert_eq!(
@@ -245,7 +246,12 @@ mod tests {
         nack.version_info = eds.version_info.clone();
         nack.error_detail = Some(rejection(&format!("{} is bad", cluster("a"))));
         h.send(nack).await;
-        assert!(h.next().await.is_none(), "the rejected assignment was sent again");
+        let again = h.next().await;
+        assert!(
+            again.is_none(),
+            "the rejected assignment was sent again: {:?}",
+            again.map(|r| (r.type_url.clone(), load_assignments(&r), r.nonce))
+        );
         let status = h.registry.snapshot();
         let t = &status[0].types[&TypeUrl::Endpoint];
         assert_eq!((t.acked_nonce.as_str(), t.acked_version.as_str()), (eds.nonce.as_str(), eds.version_info.as_str()));
@@ -253,12 +259,14 @@ mod tests {
         assert_eq!(t.last_nack.as_ref().map(|n| n.nonce.as_str()), Some(update.nonce.as_str()));
 
         // b changes: b alone is pushed (a still held back), and accepted.
+        h.settle().await;
         h.publish(&mesh("10.0.0.9", "10.0.0.8", ""));
         let update = h.next().await.expect("EDS push");
         assert_eq!(load_assignments(&update), [cluster("b")]);
         h.send(request(TypeUrl::Endpoint, &eds_names, Some(&update))).await;
 
         // A new service: CDS is pushed complete.
+        h.settle().await;
         h.publish(&mesh("10.0.0.9", "10.0.0.8", &service("c", "10.0.0.3")));
         let cds = h.next().await.expect("CDS push");
         let names = cluster_names(&cds);

@@ -107,10 +107,19 @@ impl Protocol for Delta {
             watch.held.remove(name);
             watch.acked.remove(name);
         }
-        if first || change.wants_more() {
-            self.respond(session, type_url, Reason::Request { absent: change.subscribed }).await?;
+        let sent = if first || change.wants_more() {
+            self.respond(session, type_url, Reason::Request { absent: change.subscribed }).await?
         } else if due {
-            self.respond(session, type_url, Reason::Retry).await?;
+            self.respond(session, type_url, Reason::Retry).await?
+        } else {
+            false
+        };
+        // A cluster Envoy (re)builds warms until its endpoints arrive, and over delta Envoy need not
+        // ask for them again (a reconnect may subscribe to endpoints before clusters): send them.
+        if sent && type_url == TypeUrl::Cluster && !self.clusters_changed.is_empty() && self.watches(TypeUrl::Endpoint)
+        {
+            self.respond(session, TypeUrl::Endpoint, Reason::Retry).await?;
+            self.clusters_changed.clear();
         }
         Ok(())
     }
@@ -135,6 +144,7 @@ impl Protocol for Delta {
     }
 
     async fn finish_push(&mut self, session: &mut Session<DeltaDiscoveryResponse>) -> Result<bool, StreamEnd> {
+        self.clusters_changed.clear();
         let mut sent = false;
         for type_url in [TypeUrl::Endpoint, TypeUrl::Cluster] {
             let Some((holding, removed)) = self.watches.get_mut(&type_url).and_then(|w| w.deferred.take()) else {
@@ -199,7 +209,7 @@ impl Delta {
             let held = watch.held.get(name).copied();
             held.filter(|_| type_url != TypeUrl::Endpoint || !rebuilt.contains(name))
         });
-        if type_url == TypeUrl::Cluster && reason == Reason::Push {
+        if type_url == TypeUrl::Cluster {
             self.clusters_changed = updated.iter().map(|p| p.name().to_string()).collect();
         }
         let mut removed = changes::removed(&watch.held, &holding);
@@ -273,8 +283,6 @@ impl Delta {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
     use crate::xds::stream_testing::{cluster, node, rejection, service, Harness};
 
@@ -314,6 +322,7 @@ mod tests {
         assert_eq!(names(&rds), ["80"]);
 
         // b goes: the route stops naming it first, then its endpoints and cluster are removed.
+        h.settle().await;
         h.publish(&service("a", "10.0.0.1"));
         let mut pushed = Vec::new();
         while let Some(r) = h.next().await {
@@ -336,7 +345,7 @@ mod tests {
         let mut h = Harness::start(Delta::default(), &service("a", "10.0.0.1"));
         let eds = subscribe(&mut h, TypeUrl::Endpoint, &[cluster("a")]).await;
         let (first_version, first_nonce) = (eds.resources[0].version.clone(), eds.nonce.clone());
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        h.settle().await;
 
         h.publish(&service("a", "10.0.0.9"));
         let update = h.next().await.expect("the new endpoints");
@@ -354,6 +363,7 @@ mod tests {
         assert!(eds.rejected.contains_key(&cluster("a")), "{:?}", eds.rejected);
 
         // A newer version of it is tried again.
+        h.settle().await;
         h.publish(&service("a", "10.0.0.7"));
         let retry = h.next().await.expect("the newer endpoints");
         assert_eq!(names(&retry), [cluster("a")]);
@@ -370,5 +380,39 @@ mod tests {
         h.drain();
         let status = h.end_status().await.expect("the stream ends with a status");
         assert_eq!(status.code(), tonic::Code::Unavailable);
+    }
+
+    #[tokio::test]
+    async fn a_changed_cluster_gets_its_endpoints_again() {
+        let policy = "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: a, namespace: default}\nspec: {host: a.example.com, trafficPolicy: {loadBalancer: {simple: RANDOM}}}\n";
+        let mut h = Harness::start(Delta::default(), &service("a", "10.0.0.1"));
+        // As a reconnecting Envoy may: endpoints first, then clusters with a version it no longer has.
+        subscribe(&mut h, TypeUrl::Endpoint, &[cluster("a")]).await;
+        let mut cds = request(TypeUrl::Cluster, &[], "", None);
+        cds.initial_resource_versions = [(cluster("a"), "0000000000000001".to_string())].into_iter().collect();
+        h.send(cds).await;
+        let clusters = h.next().await.expect("CDS");
+        assert!(names(&clusters).contains(&cluster("a")), "{:?}", names(&clusters));
+        let endpoints = h.next().await.expect("the endpoints of the rebuilt cluster");
+        assert_eq!(
+            (TypeUrl::parse(&endpoints.type_url), names(&endpoints)),
+            (Some(TypeUrl::Endpoint), vec![cluster("a")])
+        );
+        h.send(request(TypeUrl::Cluster, &[], &clusters.nonce, None)).await;
+        h.send(request(TypeUrl::Endpoint, &[], &endpoints.nonce, None)).await;
+        assert!(h.next().await.is_none());
+
+        // A push changing the cluster (not its endpoints) sends both, clusters first.
+        h.settle().await;
+        h.publish(&[service("a", "10.0.0.1"), policy.to_string()].join("---\n"));
+        let pushed: Vec<_> = [h.next().await, h.next().await]
+            .into_iter()
+            .flatten()
+            .map(|r| (TypeUrl::parse(&r.type_url), names(&r)))
+            .collect();
+        assert_eq!(
+            pushed,
+            [(Some(TypeUrl::Cluster), vec![cluster("a")]), (Some(TypeUrl::Endpoint), vec![cluster("a")])]
+        );
     }
 }

@@ -105,6 +105,11 @@ where
         self.writer.publish(Arc::new(snap)).expect("versions grow");
     }
 
+    /// Lets the stream handle the requests sent so far (before a publish races them).
+    pub async fn settle(&self) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
     /// Sends a request.
     pub async fn send(&self, request: P::Request) {
         self.requests.send(Ok(request)).await.expect("stream open");
