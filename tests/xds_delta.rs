@@ -31,7 +31,13 @@ const EDS: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssig
 
 /// Starts a proxy Envoy speaking delta ADS; waits until ready.
 async fn start_delta(cp: &Meshpilot, node_id: &str, metadata: Value) -> Envoy {
-    let envoy = Envoy::builder(node_id, cp.xds_addr()).metadata(metadata).delta().start();
+    start_envoy(cp, node_id, metadata, true).await
+}
+
+/// Starts a proxy Envoy speaking delta (`delta`) or state-of-the-world ADS; waits until ready.
+async fn start_envoy(cp: &Meshpilot, node_id: &str, metadata: Value, delta: bool) -> Envoy {
+    let builder = Envoy::builder(node_id, cp.xds_addr()).metadata(metadata);
+    let envoy = if delta { builder.delta() } else { builder }.start();
     envoy.wait_ready(STARTUP_TIMEOUT).await;
     envoy
 }
@@ -107,6 +113,18 @@ fn update_counters(stats: &HashMap<String, u64>) -> BTreeMap<String, u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_endpoint_change_updates_only_that_services_endpoints() {
+    endpoint_change_updates_only_its_clusters(true).await;
+}
+
+/// State of the world as well: the EDS push carries only the changed assignment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_change_updates_only_that_services_endpoints_over_state_of_the_world() {
+    endpoint_change_updates_only_its_clusters(false).await;
+}
+
+/// An Envoy (delta or not) with reviews (three clusters) and ratings: a new ratings endpoint
+/// moves the EDS counters of the ratings cluster only, by one update.
+async fn endpoint_change_updates_only_its_clusters(delta: bool) {
     let (v1, v2) = (Backend::new("reviews-v1"), Backend::new("reviews-v2"));
     let (ratings1, ratings2) = (Backend::new("ratings-1"), Backend::new("ratings-2"));
     let port = free_port();
@@ -120,7 +138,7 @@ async fn an_endpoint_change_updates_only_that_services_endpoints() {
     let config =
         temp_dir_with(&[("services.yaml", &services(&[(&ratings1, "v1")])), ("sidecar.yaml", &sidecar_resource(port))]);
     let cp = start_meshpilot(config.path()).await;
-    let envoy = start_delta(&cp, SIDECAR_NODE_ID, sidecar_metadata()).await;
+    let envoy = start_envoy(&cp, SIDECAR_NODE_ID, sidecar_metadata(), delta).await;
     let at_ratings = Ingress::new(port, &fqdn("ratings"));
     at_ratings.wait_backend("/", &[], "ratings-1").await;
     wait_synced(&cp, &[SIDECAR_NODE_ID]).await;
