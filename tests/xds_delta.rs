@@ -1,7 +1,7 @@
 //! Delta ADS (`DELTA_GRPC`, what Istio's sidecars and gateways use since 1.22) against the
 //! meshpilot binary: real Envoys route and take live edits; an endpoint change reaches only the
-//! changed service's clusters; a rejected resource is recorded for its proxy; and a reconnecting
-//! client that states the versions it holds gets only what changed.
+//! changed service's clusters (over state of the world too); a rejected resource is recorded for
+//! its proxy; and a reconnecting client that states the versions it holds gets only what changed.
 
 mod common;
 
