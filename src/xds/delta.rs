@@ -415,4 +415,20 @@ mod tests {
             [(Some(TypeUrl::Cluster), vec![cluster("a")]), (Some(TypeUrl::Endpoint), vec![cluster("a")])]
         );
     }
+
+    #[tokio::test]
+    async fn the_limits_and_node_checks_of_state_of_the_world_apply() {
+        let mut h = Harness::start(Delta::default(), &service("a", "10.0.0.1"));
+        let mut bad_node = request(TypeUrl::Cluster, &[], "", None);
+        bad_node.node = Some(Node { id: "envoy-1".into(), ..Default::default() });
+        h.send(bad_node).await;
+        let status = h.end_status().await.expect("refused");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+
+        let mut h = Harness::start(Delta::default(), &service("a", "10.0.0.1"));
+        let too_many: Vec<String> = (0..=limits::MAX_RESOURCE_NAMES).map(|i| format!("n{i}")).collect();
+        h.send(request(TypeUrl::Endpoint, &too_many, "", None)).await;
+        let status = h.end_status().await.expect("refused");
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    }
 }
