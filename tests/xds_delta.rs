@@ -8,6 +8,7 @@ mod common;
 use std::collections::{BTreeMap, HashMap};
 
 use common::backend::Backend;
+use common::config_dump::dynamic_listener;
 use common::envoy::Envoy;
 use common::files::{temp_dir_with, write_atomic};
 use common::ingress::Ingress;
@@ -218,6 +219,13 @@ async fn a_rejected_listener_is_recorded_for_its_proxy_and_the_rest_served() {
     assert!(nack["message"].as_str().is_some_and(|m| m.contains(&rejected_name)), "{lds:#}");
     assert_ne!(lds["acked_nonce"], nack["nonce"], "the rejected response must not count as acked: {lds:#}");
     assert_eq!(lds["rejected"].as_object().map(|o| o.len()), Some(1), "only that listener is held back: {lds:#}");
+    // Envoy does not hold the rejected listener; the good one it holds at its delta version.
+    let dump = envoy.config_dump().await;
+    assert!(dynamic_listener(&dump, &rejected_name).is_none(), "{rejected_name} was accepted after all");
+    let version = lds["rejected"][&rejected_name]["version"].as_str().unwrap_or_default();
+    assert_eq!(version.len(), 16, "the rejected content's version: {lds:#}");
+    let held = dynamic_listener(&dump, &format!("0.0.0.0_{good}")).map(|l| l["active_state"]["version_info"].clone());
+    assert!(held.as_ref().and_then(Value::as_str).is_some_and(|v| v.len() == 16 && v != version), "{held:?}");
     // The rest reached Envoy: the good server routes.
     Ingress::new(good, HOST).wait_backend("/", &[], "ratings-v1").await;
     let rejects = cp.metrics().await;
