@@ -47,6 +47,16 @@ struct InFlight {
     removed: Vec<String>,
 }
 
+/// One response's content.
+struct Change {
+    /// Resources the proxy lacks at their current version.
+    updated: Vec<Piece>,
+    /// Names it should drop.
+    removed: Vec<String>,
+    /// What it holds of the type once it accepts the response.
+    holding: Holding,
+}
+
 /// One type's state on a delta stream.
 #[derive(Debug, Default)]
 struct Watch {
@@ -150,9 +160,8 @@ impl Protocol for Delta {
             let Some((holding, removed)) = self.watches.get_mut(&type_url).and_then(|w| w.deferred.take()) else {
                 continue;
             };
-            let Some(snapshot) = session.snapshot.clone() else { continue };
-            let nonce = session.next_nonce(&snapshot);
-            sent |= self.send(session, type_url, Vec::new(), removed, holding, nonce, Instant::now(), true).await?;
+            let change = Change { updated: Vec::new(), removed, holding };
+            sent |= self.send(session, type_url, change, Instant::now(), true).await?;
         }
         Ok(sent)
     }
@@ -197,7 +206,7 @@ impl Delta {
         reason: Reason,
     ) -> Result<bool, StreamEnd> {
         let started = Instant::now();
-        let Some((snapshot, generated)) = session.generated(type_url).await else {
+        let Some((_, generated)) = session.generated(type_url).await else {
             return Ok(false);
         };
         let Some(watch) = self.watches.get_mut(&type_url) else {
@@ -225,26 +234,24 @@ impl Delta {
         if updated.is_empty() && removed.is_empty() && !matches!(reason, Reason::Request { .. }) {
             return Ok(false);
         }
-        let nonce = session.next_nonce(&snapshot);
-        self.send(session, type_url, updated, removed, holding, nonce, started, reason == Reason::Push).await
+        let change = Change { updated, removed, holding };
+        self.send(session, type_url, change, started, reason == Reason::Push).await
     }
 
     /// Sends one response and notes what the proxy will hold once it applies it.
-    #[allow(clippy::too_many_arguments)]
     async fn send(
         &mut self,
         session: &mut Session<DeltaDiscoveryResponse>,
         type_url: TypeUrl,
-        updated: Vec<Piece>,
-        removed: Vec<String>,
-        holding: Holding,
-        nonce: String,
+        change: Change,
         started: Instant,
         push: bool,
     ) -> Result<bool, StreamEnd> {
-        let Some(watch) = self.watches.get_mut(&type_url) else {
+        let (Some(snapshot), Some(watch)) = (session.snapshot.clone(), self.watches.get_mut(&type_url)) else {
             return Ok(false);
         };
+        let Change { updated, removed, holding } = change;
+        let nonce = session.next_nonce(&snapshot);
         let version = nonce_version(&nonce);
         let resources: Vec<Resource> = updated
             .iter()
