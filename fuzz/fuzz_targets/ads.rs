@@ -1,5 +1,5 @@
 //! ADS request handling: sequences of `DiscoveryRequest`s, decoded from arbitrary bytes, fed to
-//! one stream handler (`xds::connection::serve`) serving a small snapshot. The harness can point
+//! one stream handler (`xds::stream::serve` with the state-of-the-world protocol) serving a small snapshot. The harness can point
 //! a request at a real type URL, a nonce the server actually sent, or a NACK, so the fuzzer gets
 //! past the first request into ACK/NACK bookkeeping and resource-name changes.
 //! Every input must end with the handler returning once the request stream ends.
@@ -17,7 +17,8 @@ use libfuzzer_sys::fuzz_target;
 use meshpilot::config::parse::{parse_file, Document};
 use meshpilot::snapshot::{ChangeSet, Snapshot, SnapshotWriter, SourceState, Version};
 use meshpilot::xds::cache::{GenerationCache, DEFAULT_BUDGET_BYTES};
-use meshpilot::xds::connection::{serve, ConnectionContext};
+use meshpilot::xds::connection::StateOfTheWorld;
+use meshpilot::xds::stream::{serve, ConnectionContext};
 use meshpilot::xds::metrics::XdsMetrics;
 use meshpilot::xds::status::ConnectionRegistry;
 use meshpilot::xds::TypeUrl;
@@ -127,7 +128,7 @@ async fn settle(rx: &mut mpsc::Receiver<Result<DiscoveryResponse, tonic::Status>
 async fn run(ctx: ConnectionContext, input: Input) {
     let (req_tx, req_rx) = mpsc::channel::<Result<DiscoveryRequest, tonic::Status>>(64);
     let (tx, mut rx) = mpsc::channel(64);
-    let handler = tokio::spawn(serve(ctx, tokio_stream_of(req_rx), tx));
+    let handler = tokio::spawn(serve(ctx, StateOfTheWorld::default(), tokio_stream_of(req_rx), tx));
     let mut seen: Vec<DiscoveryResponse> = Vec::new();
     let mut answers = 0;
     for (i, r) in input.requests.into_iter().take(32).enumerate() {

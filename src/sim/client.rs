@@ -64,9 +64,10 @@ pub struct TypeState {
     pub responses: u64,
     /// Version of the last response.
     pub version: String,
-    /// Names of the resources in the last response.
+    /// Names of the resources it holds as of the last response (for EDS and RDS, those it asks
+    /// for that any response carried).
     pub names: BTreeSet<String>,
-    /// Names of the resources in the last response it accepted (what an Envoy would hold).
+    /// Names of the resources it holds as of the last response it accepted (what an Envoy would hold).
     pub acked_names: BTreeSet<String>,
     /// Last version ACKed.
     pub acked_version: String,
@@ -231,14 +232,20 @@ async fn run(
         if !reject {
             nonces.insert(type_url, (resp.version_info.clone(), resp.nonce.clone()));
         }
+        // Like Envoy, a proxy keeps the endpoints and routes it asks for that a response leaves out.
+        let asked = type_url.is_named().then(|| wanted.get(&type_url).cloned().unwrap_or_default());
+        let holds = |before: &BTreeSet<String>| match &asked {
+            Some(asked) => before.intersection(asked).chain(&names).cloned().collect(),
+            None => names.clone(),
+        };
         update(&state, |s| {
             let t = s.types.entry(type_url).or_default();
             t.responses += 1;
             t.version = resp.version_info.clone();
-            t.names = names.clone();
+            t.names = holds(&t.names);
             if !reject {
                 t.acked_version = resp.version_info.clone();
-                t.acked_names = names.clone();
+                t.acked_names = holds(&t.acked_names);
             }
         });
         // Like Envoy: clusters and listeners tell which endpoints and routes to ask for.

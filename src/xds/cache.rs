@@ -2,7 +2,6 @@
 //! sidecars cost one generation and one encoding per snapshot.
 
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -54,12 +53,15 @@ impl Generated {
     }
 }
 
+/// A content hash stable across processes and builds: delta xDS sends it as the resource's
+/// version, so frontends agree on versions and a reconnecting proxy's versions still match.
 fn resource_hash(r: &Resource) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    r.name.hash(&mut h);
-    r.body.type_url.hash(&mut h);
-    r.body.value.hash(&mut h);
-    h.finish()
+    let mut h = xxhash_rust::xxh64::Xxh64::new(0);
+    for part in [r.name.as_bytes(), r.body.type_url.as_bytes(), &r.body.value] {
+        h.update(&(part.len() as u64).to_le_bytes());
+        h.update(part);
+    }
+    h.digest()
 }
 
 /// Memory the cache may hold by default: about 800 distinct views of a 2,000-service mesh.

@@ -116,6 +116,8 @@ pub struct Rejected {
     /// Hash of the rejected bytes: a new version of the resource is tried again.
     #[serde(skip)]
     pub hash: u64,
+    /// That version as delta xDS names it (a hash of the content).
+    pub version: String,
     /// The proxy's error message.
     pub message: String,
 }
@@ -165,6 +167,11 @@ pub struct Isolation {
 }
 
 impl Isolation {
+    /// What the proxy holds: the last response it ACKed.
+    pub fn acked(&self) -> Option<&Holding> {
+        self.acked.as_ref()
+    }
+
     /// The rejected resources, by name.
     pub fn rejected(&self) -> &BTreeMap<String, Rejected> {
         &self.rejected
@@ -262,7 +269,8 @@ impl Isolation {
     fn reject(&mut self, sent: &Holding, names: &[String], message: &str) {
         for name in names {
             if let Some(piece) = sent.get(name) {
-                self.rejected.insert(name.clone(), Rejected { hash: piece.hash(), message: message.to_string() });
+                let (hash, version) = (piece.hash(), super::changes::resource_version(piece.hash()));
+                self.rejected.insert(name.clone(), Rejected { hash, version, message: message.to_string() });
             }
         }
     }

@@ -1,14 +1,21 @@
 //! xDS: the ADS server, per-proxy connections, and the generators of Envoy resources.
 
 pub mod cache;
+pub mod changes;
 pub mod connection;
+pub mod delta;
 pub mod generate;
 pub mod isolation;
 pub mod limits;
 pub mod metrics;
 pub mod proxy;
 pub mod server;
+pub mod session;
 pub mod status;
+pub mod stream;
+#[cfg(test)]
+pub(crate) mod stream_testing;
+pub mod subscription;
 use std::fmt;
 
 /// The xDS resource types meshpilot serves.

@@ -15,9 +15,11 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::cache::{GenerationCache, DEFAULT_BUDGET_BYTES};
-use super::connection::{serve, ConnectionContext};
+use super::connection::StateOfTheWorld;
+use super::delta::Delta;
 use super::metrics::XdsMetrics;
 use super::status::ConnectionRegistry;
+use super::stream::{serve, ConnectionContext};
 use crate::drain::DrainWatcher;
 use crate::snapshot::SnapshotReader;
 
@@ -73,15 +75,21 @@ impl AggregatedDiscoveryService for AdsServer {
         let (tx, rx) = mpsc::channel(RESPONSE_QUEUE);
         let ctx = self.ctx.clone();
         tokio::spawn(async move {
-            serve(ctx, requests, tx).await;
+            serve(ctx, StateOfTheWorld::default(), requests, tx).await;
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
     async fn delta_aggregated_resources(
         &self,
-        _request: Request<Streaming<DeltaDiscoveryRequest>>,
+        request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        Err(Status::unimplemented("delta xDS is not served yet; use state-of-the-world ADS"))
+        let requests = request.into_inner();
+        let (tx, rx) = mpsc::channel(RESPONSE_QUEUE);
+        let ctx = self.ctx.clone();
+        tokio::spawn(async move {
+            serve(ctx, Delta::default(), requests, tx).await;
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }

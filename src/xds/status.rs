@@ -26,7 +26,8 @@ pub struct TypeStatus {
     pub acked_version: String,
     /// Nonce of the last acknowledged response.
     pub acked_nonce: String,
-    /// Last rejection, if the proxy's latest answer was a NACK.
+    /// Last rejection, while the proxy's latest answer was a NACK or resources it rejected are
+    /// still held back.
     pub last_nack: Option<Nack>,
     /// Responses of this type sent on this connection.
     pub responses: u64,
@@ -48,6 +49,15 @@ pub struct Nack {
     pub at: SystemTime,
 }
 
+/// The ADS protocol a stream speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Transport {
+    /// State of the world (`StreamAggregatedResources`).
+    StateOfTheWorld,
+    /// Incremental (`DeltaAggregatedResources`).
+    Delta,
+}
+
 /// Sync state of one connection.
 #[derive(Debug, Clone, Serialize)]
 pub struct ConnectionStatus {
@@ -61,6 +71,8 @@ pub struct ConnectionStatus {
     pub snapshot_version: String,
     /// Pushes (snapshots that led to at least one response) on this connection.
     pub pushes: u64,
+    /// The ADS protocol of the stream.
+    pub transport: Transport,
     /// Per type.
     pub types: BTreeMap<TypeUrl, TypeStatus>,
 }
@@ -102,6 +114,7 @@ impl ConnectionRegistry {
             connected_at: SystemTime::now(),
             snapshot_version: String::new(),
             pushes: 0,
+            transport: Transport::StateOfTheWorld,
             types: BTreeMap::new(),
         }));
         self.metrics.proxy_connected(&status.load().proxy.istio_version);

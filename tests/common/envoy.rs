@@ -147,6 +147,11 @@ impl EnvoyBuilder {
         }
         self
     }
+    /// Delta ADS (`DELTA_GRPC`, what pilot-agent configures since Istio 1.22) instead of
+    /// state-of-the-world.
+    pub fn delta(self) -> Self {
+        self.bootstrap_patch(json!({"dynamic_resources": {"ads_config": {"api_type": "DELTA_GRPC"}}}))
+    }
     /// An extra command-line argument.
     pub fn arg(mut self, arg: &str) -> Self {
         self.args.push(arg.to_string());

@@ -1,0 +1,194 @@
+//! One ADS stream, whatever its protocol: the first request's node checks, the readiness gate,
+//! the request rate, pushes of new snapshots in Envoy's warming order, and the drain. The
+//! protocols (state of the world in `connection`, delta in `delta`) only answer requests and
+//! compute one type's response.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+use envoy_types::pb::envoy::config::core::v3::Node;
+use futures::{Stream, StreamExt};
+use tokio::sync::mpsc;
+use tonic::Status;
+use tracing::warn;
+
+use super::cache::GenerationCache;
+use super::limits::{self, RequestRate};
+use super::metrics::XdsMetrics;
+use super::proxy::Proxy;
+use super::session::Session;
+use super::status::{ConnectionRegistry, Transport};
+use super::TypeUrl;
+use crate::drain::DrainWatcher;
+use crate::snapshot::{Snapshot, SnapshotReader};
+
+/// What a connection needs from its frontend.
+#[derive(Clone)]
+pub struct ConnectionContext {
+    /// Latest snapshot.
+    pub snapshots: SnapshotReader,
+    /// Shared generation cache.
+    pub cache: Arc<GenerationCache>,
+    /// Live connections.
+    pub registry: Arc<ConnectionRegistry>,
+    /// Metrics of this server.
+    pub metrics: XdsMetrics,
+    /// Held by every stream; when the drain starts each ends, so proxies reconnect elsewhere.
+    pub drain: DrainWatcher,
+}
+
+/// Why a stream ended.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamEnd {
+    /// The proxy closed it.
+    #[error("closed by the proxy")]
+    Closed,
+    /// The proxy sent something unusable.
+    #[error("{0}")]
+    Invalid(String),
+    /// The request broke a limit or did not decode; the client gets this status.
+    #[error("refused: {}", limits::loggable(.0.message()))]
+    Refused(Status),
+    /// The response channel is gone.
+    #[error("response stream dropped")]
+    Dropped,
+    /// The frontend is shutting down.
+    #[error("frontend shutting down")]
+    Draining,
+}
+
+/// A limit the request broke, as the status the stream ends with.
+pub fn over_limit(error: limits::LimitError) -> StreamEnd {
+    StreamEnd::Refused(Status::resource_exhausted(error.to_string()))
+}
+
+/// One ADS protocol: how requests are answered and how one type's response is computed.
+pub trait Protocol: Send {
+    /// The request message.
+    type Request: Send;
+    /// The response message.
+    type Response: Send;
+    /// How `/debug/syncz` names it.
+    const TRANSPORT: Transport;
+
+    /// The node a request carries (the first request of a stream must).
+    fn node(request: &Self::Request) -> Option<&Node>;
+
+    /// Handles one request: subscriptions, ACK or NACK, and any response it calls for.
+    fn on_request(
+        &mut self,
+        session: &mut Session<Self::Response>,
+        request: Self::Request,
+    ) -> impl Future<Output = Result<(), StreamEnd>> + Send;
+
+    /// Whether the proxy subscribed to `type_url`.
+    fn watches(&self, type_url: TypeUrl) -> bool;
+
+    /// A new snapshot is about to be pushed (a bisection of the old one is moot).
+    fn on_new_snapshot(&mut self);
+
+    /// Pushes what changed of `type_url` in the session's snapshot; returns whether it sent.
+    fn push(
+        &mut self,
+        session: &mut Session<Self::Response>,
+        type_url: TypeUrl,
+    ) -> impl Future<Output = Result<bool, StreamEnd>> + Send;
+
+    /// After every type was pushed: sends what had to wait for the rest (removals of clusters
+    /// and endpoints nothing refers to any more); returns whether it sent.
+    fn finish_push(
+        &mut self,
+        _session: &mut Session<Self::Response>,
+    ) -> impl Future<Output = Result<bool, StreamEnd>> + Send {
+        async { Ok(false) }
+    }
+}
+
+/// Serves one ADS stream of protocol `P` until it ends.
+pub async fn serve<P, S>(
+    ctx: ConnectionContext,
+    mut protocol: P,
+    mut requests: S,
+    tx: mpsc::Sender<Result<P::Response, Status>>,
+) -> StreamEnd
+where
+    P: Protocol,
+    S: Stream<Item = Result<P::Request, Status>> + Unpin,
+{
+    let first = match requests.next().await {
+        Some(Ok(r)) => r,
+        Some(Err(status)) => return refuse(&tx, status).await,
+        None => return StreamEnd::Closed,
+    };
+    if let Some(node) = P::node(&first) {
+        if let Err(e) = limits::check_node(node) {
+            return refuse(&tx, Status::resource_exhausted(e.to_string())).await;
+        }
+    }
+    let proxy = match Proxy::from_node(P::node(&first)) {
+        Ok(p) => p,
+        Err(e) => return refuse(&tx, Status::invalid_argument(e.to_string())).await,
+    };
+    let mut session = Session::new(ctx.clone(), proxy, P::TRANSPORT, tx);
+    let mut snapshots = ctx.snapshots.clone();
+    let drain = ctx.drain.clone();
+    let mut rate = RequestRate::default();
+    let end = async {
+        rate.acquire().await;
+        protocol.on_request(&mut session, first).await?;
+        loop {
+            tokio::select! {
+                req = requests.next() => match req {
+                    Some(Ok(r)) => {
+                        // A stream over its rate waits here; HTTP/2 flow control slows the client.
+                        rate.acquire().await;
+                        protocol.on_request(&mut session, r).await?
+                    }
+                    Some(Err(status)) => return Err(StreamEnd::Refused(status)),
+                    None => return Err(StreamEnd::Closed),
+                },
+                snap = snapshots.next() => match snap {
+                    Some(s) => push_snapshot(&mut protocol, &mut session, s).await?,
+                    // The snapshot writer is gone (shutdown): keep serving what we have until the proxy leaves.
+                    None => std::future::pending::<()>().await,
+                },
+                _ = drain.draining() => return Err(StreamEnd::Draining),
+            }
+        }
+    }
+    .await;
+    let end = match end {
+        Ok(()) => StreamEnd::Closed,
+        Err(e) => e,
+    };
+    session.close(&end);
+    end
+}
+
+/// Pushes a new snapshot: each subscribed type in Envoy's warming order, then what had to wait.
+async fn push_snapshot<P: Protocol>(
+    protocol: &mut P,
+    session: &mut Session<P::Response>,
+    snapshot: Arc<Snapshot>,
+) -> Result<(), StreamEnd> {
+    let queued_at = Instant::now();
+    session.use_snapshot(snapshot.clone());
+    protocol.on_new_snapshot();
+    let mut pushed = false;
+    for type_url in TypeUrl::PUSH_ORDER {
+        if protocol.watches(type_url) {
+            pushed |= protocol.push(session, type_url).await?;
+        }
+    }
+    pushed |= protocol.finish_push(session).await?;
+    session.pushed(&snapshot, pushed, queued_at);
+    Ok(())
+}
+
+/// Ends a stream before it was registered: the client gets `status`, not OK.
+async fn refuse<R>(tx: &mpsc::Sender<Result<R, Status>>, status: Status) -> StreamEnd {
+    warn!(code = ?status.code(), reason = %limits::loggable(status.message()), "xDS stream refused");
+    let _ = tx.send(Err(status.clone())).await;
+    StreamEnd::Refused(status)
+}

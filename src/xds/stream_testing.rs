@@ -1,0 +1,123 @@
+//! Test helpers: one ADS stream of either protocol, served in-process from snapshots the test
+//! publishes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::google::rpc::Status as RpcStatus;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Status;
+
+use super::cache::GenerationCache;
+use super::generate::testing::snapshot;
+use super::metrics::XdsMetrics;
+use super::status::ConnectionRegistry;
+use super::stream::{serve, ConnectionContext, Protocol};
+use crate::snapshot::{SnapshotWriter, Version};
+
+/// A sidecar in `default`.
+pub(crate) fn node() -> Node {
+    Node { id: "sidecar~10.0.0.5~app.default~default.svc.cluster.local".into(), ..Default::default() }
+}
+
+/// A ServiceEntry `NAME.example.com` (port 80, HTTP) in `default` with one endpoint.
+pub(crate) fn service(name: &str, address: &str) -> String {
+    format!(
+        "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: {name}, namespace: default}}\nspec: {{hosts: [{name}.example.com], location: MESH_INTERNAL, resolution: STATIC, ports: [{{number: 80, name: http}}], endpoints: [{{address: {address}}}]}}\n"
+    )
+}
+
+/// The outbound cluster (and load assignment) name of [`service`] `name`.
+pub(crate) fn cluster(name: &str) -> String {
+    format!("outbound|80||{name}.example.com")
+}
+
+/// A NACK's error detail.
+pub(crate) fn rejection(message: &str) -> RpcStatus {
+    RpcStatus { code: 3, message: message.into(), details: vec![] }
+}
+
+/// One stream of protocol `P` served from snapshots published with [`Harness::publish`].
+pub(crate) struct Harness<P: Protocol> {
+    writer: SnapshotWriter,
+    /// The server's connections, for what `/debug/syncz` would show.
+    pub registry: Arc<ConnectionRegistry>,
+    requests: mpsc::Sender<Result<P::Request, Status>>,
+    responses: mpsc::Receiver<Result<P::Response, Status>>,
+    version: u64,
+    drain: Option<crate::drain::DrainTrigger>,
+}
+
+impl<P> Harness<P>
+where
+    P: Protocol + 'static,
+    P::Request: 'static,
+    P::Response: 'static,
+{
+    /// Serves `protocol` on a stream, the first snapshot made of `yaml`.
+    pub fn start(protocol: P, yaml: &str) -> Self {
+        let mut h = Self::before_first_snapshot(protocol);
+        h.publish(yaml);
+        h
+    }
+
+    /// Serves `protocol` on a stream; no snapshot exists yet.
+    pub fn before_first_snapshot(protocol: P) -> Self {
+        let (writer, reader) = crate::snapshot::channel();
+        let (trigger, drain) = crate::drain::new();
+        let metrics = XdsMetrics::default();
+        let registry = Arc::new(ConnectionRegistry::new(metrics.clone()));
+        let ctx = ConnectionContext {
+            snapshots: reader,
+            cache: Arc::new(GenerationCache::default()),
+            registry: registry.clone(),
+            metrics,
+            drain,
+        };
+        let (requests, rx) = mpsc::channel(16);
+        let (tx, responses) = mpsc::channel(16);
+        tokio::spawn(serve(ctx, protocol, ReceiverStream::new(rx), tx));
+        Harness { writer, registry, requests, responses, version: 0, drain: Some(trigger) }
+    }
+
+    /// Starts the frontend's drain.
+    pub fn drain(&mut self) {
+        self.drain = None;
+    }
+
+    /// The status the stream ended with, `None` if it did not end with one within half a second.
+    pub async fn end_status(&mut self) -> Option<Status> {
+        loop {
+            match tokio::time::timeout(Duration::from_millis(500), self.responses.recv()).await.ok()?? {
+                Ok(_) => continue,
+                Err(status) => return Some(status),
+            }
+        }
+    }
+
+    /// Publishes a new snapshot made of `yaml`.
+    pub fn publish(&mut self, yaml: &str) {
+        self.version += 1;
+        let mut snap = snapshot(yaml);
+        snap.version = Version::new(1, self.version);
+        self.writer.publish(Arc::new(snap)).expect("versions grow");
+    }
+
+    /// Lets the stream handle the requests sent so far (before a publish races them).
+    pub async fn settle(&self) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    /// Sends a request.
+    pub async fn send(&self, request: P::Request) {
+        self.requests.send(Ok(request)).await.expect("stream open");
+    }
+
+    /// The next response, `None` if none comes within half a second.
+    pub async fn next(&mut self) -> Option<P::Response> {
+        let r = tokio::time::timeout(Duration::from_millis(500), self.responses.recv()).await.ok()??;
+        Some(r.expect("no error status"))
+    }
+}
