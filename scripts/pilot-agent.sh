@@ -30,7 +30,6 @@ fi
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-log "building pilot-agent istio.io/istio@$VERSION from the Go module proxy (a few minutes the first time)"
 dir="$(cd "$work" && GOFLAGS=-mod=mod go mod download -json "istio.io/istio@$VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
 if [[ -z "$dir" || ! -f "$dir/go.mod" ]]; then
     log "could not download istio.io/istio@$VERSION"
@@ -43,6 +42,7 @@ if [[ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | head -n 1)" != "$need" ]]
     log "Go $have is older than the Go $need istio.io/istio@$VERSION asks for: cannot build pilot-agent (the sidecar tests will skip)"
     exit 1
 fi
+log "building pilot-agent istio.io/istio@$VERSION from the Go module proxy (a few minutes the first time)"
 # What Istio's own build stamps (VERSION-dev, the commit): pilot-agent sends it as ISTIO_VERSION.
 revision="${VERSION##*-}"
 ldflags="-X istio.io/istio/pkg/version.buildVersion=$(tr -d '[:space:]' <"$dir/VERSION")-dev"

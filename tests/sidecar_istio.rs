@@ -154,7 +154,7 @@ impl Mesh {
 
     /// A client of `host` whose connections the app makes to `target` (through the sidecar's
     /// outbound side).
-    async fn from_app(&self, target: (Ipv4Addr, u16), host: &str) -> (common::netns::Forward, Ingress) {
+    async fn app_client(&self, target: (Ipv4Addr, u16), host: &str) -> (common::netns::Forward, Ingress) {
         let forward = self.pod.outbound(SocketAddr::from(target)).await;
         let ingress = Ingress::new(forward.port(), host);
         (forward, ingress)
@@ -219,7 +219,7 @@ async fn a_client_in_another_namespace_reaches_the_app_through_the_inbound_side(
 #[tokio::test]
 async fn the_app_reaches_services_through_the_outbound_side_and_a_virtual_service_edit_reroutes_it_live() {
     let Some(mesh) = Mesh::start().await else { return };
-    let (_forward, reviews) = mesh.from_app(REVIEWS, &format!("reviews:{}", REVIEWS.1)).await;
+    let (_forward, reviews) = mesh.app_client(REVIEWS, &format!("reviews:{}", REVIEWS.1)).await;
 
     // Nothing listens on the cluster IP: iptables sends the connection to 15001, Envoy routes it.
     reviews.wait_all_from("/", &[], "reviews-v1", 10).await;
@@ -235,7 +235,7 @@ async fn the_app_reaches_services_through_the_outbound_side_and_a_virtual_servic
 #[tokio::test]
 async fn an_http_port_declared_without_protocol_is_sniffed_and_routed_as_http() {
     let Some(mesh) = Mesh::start().await else { return };
-    let (_forward, ratings) = mesh.from_app(RATINGS, &format!("ratings:{}", RATINGS.1)).await;
+    let (_forward, ratings) = mesh.app_client(RATINGS, &format!("ratings:{}", RATINGS.1)).await;
 
     // A header match can only apply if Envoy speaks HTTP on the port: over TCP every request
     // would reach ratings.

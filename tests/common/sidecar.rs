@@ -61,7 +61,8 @@ pub struct PilotAgent {
 }
 
 /// pilot-agent: `$MESHPILOT_PILOT_AGENT`, else what `scripts/pilot-agent.sh` built. `None` (the
-/// test skips, saying why) where neither exists, except in CI, where that is a failure.
+/// test skips, saying why) where neither exists or the iptables binaries `pilot-agent
+/// istio-iptables` runs are missing, except in CI, where that is a failure.
 pub fn pilot_agent() -> Option<PilotAgent> {
     let binary = match std::env::var_os("MESHPILOT_PILOT_AGENT").filter(|p| !p.is_empty()) {
         Some(p) => Some(PathBuf::from(p)),
@@ -71,13 +72,21 @@ pub fn pilot_agent() -> Option<PilotAgent> {
             out.filter(|o| o.status.success()).map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
         }
     };
-    if let Some(binary) = binary.filter(|b| b.is_file()) {
-        let template = binary.with_file_name("envoy_bootstrap_tmpl.json");
-        assert!(template.is_file(), "{} is missing: `bash scripts/pilot-agent.sh` installs it", template.display());
-        return Some(PilotAgent { binary, template });
-    }
-    let why = "pilot-agent is not available: `bash scripts/pilot-agent.sh` builds it where Go exists \
-               (or set MESHPILOT_PILOT_AGENT)";
+    let has_iptables = Command::new("iptables-restore").arg("--version").output().is_ok_and(|o| o.status.success());
+    let why = match binary.filter(|b| b.is_file()) {
+        Some(_) if !has_iptables => {
+            "the iptables binaries are missing: `bash scripts/setup.sh` installs Debian's iptables package"
+        }
+        Some(binary) => {
+            let template = binary.with_file_name("envoy_bootstrap_tmpl.json");
+            assert!(template.is_file(), "{} is missing: `bash scripts/pilot-agent.sh` installs it", template.display());
+            return Some(PilotAgent { binary, template });
+        }
+        None => {
+            "pilot-agent is not available: `bash scripts/pilot-agent.sh` builds it where Go exists \
+             (or set MESHPILOT_PILOT_AGENT)"
+        }
+    };
     assert!(std::env::var("CI").as_deref() != Ok("true"), "{why} (CI=true: this test must run)");
     eprintln!("SKIPPED: {why}");
     None
@@ -420,7 +429,16 @@ impl SidecarPod {
             })
             .await;
         if !ready {
-            self.fail(&format!("Envoy not ready after {timeout:?} (last /ready: {last:?})"));
+            // The log's tail may be all retries; the last xDS stream error says why up front.
+            let logs = self.logs();
+            let xds_error = logs.lines().rev().find(|l| {
+                l.contains("upstream terminated with unexpected error")
+                    || l.contains("config stream to xds-grpc closed")
+            });
+            self.fail(&format!(
+                "Envoy not ready after {timeout:?} (last /ready: {last:?}; last xDS stream error: {})",
+                xds_error.unwrap_or("none")
+            ));
         }
     }
 
