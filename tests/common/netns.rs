@@ -142,6 +142,11 @@ impl NetNs {
         let (a, b) = (format!("mpl{}x{n}a", self.subnet), format!("mpl{}x{n}b", other.subnet));
         let made = (|| {
             ip(&["link", "add", &a, "netns", &self.name, "type", "veth", "peer", "name", &b, "netns", &other.name])?;
+            // Each end carries its namespace's first address once more: iptables' REDIRECT of a
+            // connection arriving over the link rewrites it to the link's address (and drops it
+            // without one), and a new address would be one more pod IP to pilot-agent.
+            ip(&["-n", &self.name, "addr", "add", &format!("{}/32", self.addr(0)), "dev", &a])?;
+            ip(&["-n", &other.name, "addr", "add", &format!("{}/32", other.addr(0)), "dev", &b])?;
             ip(&["-n", &self.name, "link", "set", &a, "up"])?;
             ip(&["-n", &other.name, "link", "set", &b, "up"])?;
             let src = self.addr(0).to_string();
