@@ -65,7 +65,11 @@ pub struct PilotAgent {
 /// istio-iptables` runs are missing, except in CI, where that is a failure.
 pub fn pilot_agent() -> Option<PilotAgent> {
     let binary = match std::env::var_os("MESHPILOT_PILOT_AGENT").filter(|p| !p.is_empty()) {
-        Some(p) => Some(PathBuf::from(p)),
+        Some(p) => {
+            let p = PathBuf::from(p);
+            assert!(p.is_file(), "MESHPILOT_PILOT_AGENT={} does not exist", p.display());
+            Some(p)
+        }
         None => {
             let script = super::deploy::repo().join("scripts/pilot-agent.sh");
             let out = Command::new("bash").arg(script).output().ok();
