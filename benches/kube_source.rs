@@ -495,8 +495,9 @@ async fn wait_count<F: std::future::Future<Output = usize>>(
 // ---------------------------------------------------------------------------------------------
 // istiod (pilot-discovery), where this machine can build it.
 
-/// The istio module version the Go module proxy serves here (release tags answer 403).
-const ISTIO_VERSION: &str = "v0.0.0-20260827124520-eed52ebb66ad";
+/// The istio module version the Go module proxy serves here (release tags answer 403); the one
+/// place it is named is `scripts/istio-version`, which the sidecar tests' pilot-agent is built at.
+const ISTIO_VERSION: &str = include_str!("../scripts/istio-version").trim_ascii();
 
 fn istiod_binary() -> Result<PathBuf, String> {
     match std::env::var("MESHPILOT_BENCH_ISTIOD").ok().filter(|v| !v.is_empty()) {

@@ -17,6 +17,13 @@ if kube_apiserver="$(bash scripts/kube-apiserver.sh)"; then
     echo "kube-apiserver: $MESHPILOT_KUBE_APISERVER"
 fi
 
+# Istio's pilot-agent for the sidecar tests, at the version of scripts/istio-version (built by
+# setup.sh where Go is new enough; cached). Without it the sidecar tests skip, except under CI=true.
+if pilot_agent="$(bash scripts/pilot-agent.sh)"; then
+    export MESHPILOT_PILOT_AGENT="$pilot_agent"
+    echo "pilot-agent: $MESHPILOT_PILOT_AGENT"
+fi
+
 # Standards first: formatting and lints fail the run before any test starts.
 cargo fmt --check
 cargo clippy --all-targets --locked -- -D warnings

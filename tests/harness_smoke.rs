@@ -1,5 +1,5 @@
 //! Exercises the integration-test harness (tests/common) itself: the HTTP backends, a real
-//! Envoy, and the HTTP helpers.
+//! Envoy, the HTTP helpers, and network namespaces (linked, dialed from the host).
 
 mod common;
 
@@ -10,8 +10,10 @@ use common::backend::Backend;
 use common::config_dump::dump_section;
 use common::envoy::{envoy_path, Envoy};
 use common::http::{http_client, http_get, http_get_no_redirect, http_request};
+use common::ingress::Ingress;
 use common::meshpilot::Meshpilot;
-use common::poll::{CONVERGE_TIMEOUT, STARTUP_TIMEOUT};
+use common::netns::NetNs;
+use common::poll::{poll, CONVERGE_TIMEOUT, STARTUP_TIMEOUT};
 use common::ports::{free_addr, free_port};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -254,4 +256,29 @@ async fn envoy_with_static_config_proxies_to_backend() {
 fn meshpilot_binary_is_built() {
     assert!(Meshpilot::binary().is_file(), "{}", Meshpilot::binary().display());
     assert!(envoy_path().is_file());
+}
+
+#[tokio::test]
+async fn linked_namespaces_reach_each_other_and_forwards_dial_from_inside() {
+    let Some(a) = NetNs::create(1) else { return };
+    let Some(b) = NetNs::create(1) else { return };
+    a.link(&b);
+    let port = free_port();
+    let in_b = Backend::builder("in-b").listener(b.listen(std::net::SocketAddr::from((b.addr(0), port)))).start();
+    // Only a connection made inside `a` uses the link (the host does not forward between them).
+    let from_a = a.forward(in_b.addr()).await;
+    let answer = Ingress::new(from_a.port(), "b").echo("/x", &[]).await;
+    assert_eq!(answer["backend"], "in-b");
+    assert_eq!(in_b.requests(), 1);
+    // A process left in a namespace (as Envoy is when pilot-agent is killed) dies with it.
+    let mut sleeper = std::process::Command::new("ip")
+        .args(["netns", "exec", a.name(), "sleep", "60"])
+        .spawn()
+        .expect("starting sleep in the namespace");
+    let pid = sleeper.id();
+    assert!(poll(STARTUP_TIMEOUT, async || a.pids().contains(&pid)).await, "sleep {pid} not in {}", a.name());
+    drop(from_a);
+    drop(a);
+    let status = sleeper.wait().expect("waiting for sleep");
+    assert!(!status.success(), "sleep was not killed with its namespace: {status}");
 }

@@ -1,6 +1,7 @@
 //! A standalone meshpilot with Envoys of the `shop` mesh: the ingress gateway and a `client`
 //! sidecar with the node identities meshpilot expects, and checks that they took every update.
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use serde_json::{json, Value};
@@ -50,39 +51,39 @@ pub async fn start_sidecar(cp: &Meshpilot) -> Envoy {
     envoy
 }
 
-/// Asserts that Envoy rejected no xDS update: every stat ending in `update_rejected` (CDS, LDS,
-/// each RDS route configuration's `http.<stat_prefix>.rds.<name>.update_rejected`, EDS per
-/// cluster) is 0. Also checks that the CDS and LDS counters and one RDS counter per dynamic route
-/// configuration exist, so a renamed stat cannot make this pass vacuously. Panics with the
-/// non-zero stats and Envoy's log lines about rejections.
+/// Asserts that Envoy rejected no xDS update (see [`rejection_problem`]). Panics with the problem
+/// and Envoy's log lines about rejections.
 pub async fn assert_no_rejections(envoy: &Envoy) {
-    let stats = envoy.stats().await;
+    let (stats, dump) = (envoy.stats().await, envoy.config_dump().await);
+    if let Some(problem) = rejection_problem(&stats, &dump) {
+        let logs = envoy.logs();
+        let lines: Vec<&str> = logs.lines().filter(|l| l.contains("rejected") || l.contains("error")).collect();
+        panic!("Envoy ({}) {problem}\nlog lines:\n{}", envoy.node_id(), lines.join("\n"));
+    }
+}
+
+/// What is wrong, if anything, with Envoy's `/stats` and `/config_dump` as far as rejected xDS
+/// updates go: every stat ending in `update_rejected` (CDS, LDS, each RDS route configuration's
+/// `http.<stat_prefix>.rds.<name>.update_rejected`, EDS per cluster) must be 0, and the CDS and
+/// LDS counters and one RDS counter per dynamic route configuration must exist, so a renamed stat
+/// cannot make this pass vacuously.
+pub fn rejection_problem(stats: &HashMap<String, u64>, dump: &Value) -> Option<String> {
     let mut checked: Vec<&String> = stats.keys().filter(|k| k.ends_with("update_rejected")).collect();
     checked.sort();
     for required in ["cluster_manager.cds.update_rejected", "listener_manager.lds.update_rejected"] {
-        assert!(stats.contains_key(required), "Envoy ({}) has no stat {required}; has: {checked:?}", envoy.node_id());
+        if !stats.contains_key(required) {
+            return Some(format!("has no stat {required}; has: {checked:?}"));
+        }
     }
-    let dump = envoy.config_dump().await;
-    for rc in dynamic_route_config_names(&dump) {
+    for rc in dynamic_route_config_names(dump) {
         let suffix = format!(".rds.{rc}.update_rejected");
-        assert!(
-            checked.iter().any(|k| k.starts_with("http.") && k.ends_with(&suffix)),
-            "Envoy ({}) holds route config {rc} but has no http.*{suffix} stat; has: {checked:?}",
-            envoy.node_id()
-        );
+        if !checked.iter().any(|k| k.starts_with("http.") && k.ends_with(&suffix)) {
+            return Some(format!("holds route config {rc} but has no http.*{suffix} stat; has: {checked:?}"));
+        }
     }
     let rejected: Vec<String> =
         checked.iter().filter(|k| stats[k.as_str()] != 0).map(|k| format!("{k}: {}", stats[k.as_str()])).collect();
-    if !rejected.is_empty() {
-        let logs = envoy.logs();
-        let lines: Vec<&str> = logs.lines().filter(|l| l.contains("rejected") || l.contains("error")).collect();
-        panic!(
-            "Envoy ({}) rejected xDS updates:\n  {}\nlog lines:\n{}",
-            envoy.node_id(),
-            rejected.join("\n  "),
-            lines.join("\n")
-        );
-    }
+    (!rejected.is_empty()).then(|| format!("rejected xDS updates:\n  {}", rejected.join("\n  ")))
 }
 
 /// The four xDS types as `/debug/syncz` names them.

@@ -51,6 +51,7 @@ pub struct MeshpilotBuilder {
     lease_ttl: Option<u64>,
     debounce_after: Option<String>,
     proxy_key: Option<String>,
+    xds_addr: Option<SocketAddr>,
     args: Vec<String>,
     env: Vec<(String, String)>,
 }
@@ -66,6 +67,7 @@ impl MeshpilotBuilder {
             lease_ttl: None,
             debounce_after: None,
             proxy_key: None,
+            xds_addr: None,
             args: Vec::new(),
             env: Vec::new(),
         }
@@ -113,6 +115,13 @@ impl MeshpilotBuilder {
         self.proxy_key = Some(key.to_string());
         self
     }
+    /// `--xds-addr` (standalone, frontend; default 127.0.0.1 and a free port): e.g. the host end
+    /// of a test network namespace's veth, for proxies inside it.
+    pub fn xds_addr(mut self, addr: SocketAddr) -> Self {
+        self.only("--xds-addr", &[Mode::Standalone, Mode::Frontend]);
+        self.xds_addr = Some(addr);
+        self
+    }
     /// An extra command-line argument (after the standard ones).
     pub fn arg(mut self, arg: &str) -> Self {
         self.args.push(arg.to_string());
@@ -133,9 +142,9 @@ impl MeshpilotBuilder {
     pub fn start(self) -> Meshpilot {
         let admin_addr = free_addr();
         let (subcommand, xds_addr, snapshot_addr) = match self.mode {
-            Mode::Standalone => ("standalone", Some(free_addr()), None),
+            Mode::Standalone => ("standalone", Some(self.xds_addr.unwrap_or_else(free_addr)), None),
             Mode::Ingest => ("ingest", None, Some(free_addr())),
-            Mode::Frontend => ("frontend", Some(free_addr()), None),
+            Mode::Frontend => ("frontend", Some(self.xds_addr.unwrap_or_else(free_addr)), None),
         };
         let id = match self.mode {
             Mode::Standalone => None,

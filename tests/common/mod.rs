@@ -1,9 +1,10 @@
 //! The integration-test harness shared by every test binary (each declares `mod common;` at its
 //! root and uses the modules it needs, hence `dead_code` is allowed here).
 //!
-//! Everything a test starts listens on 127.0.0.1 (or another loopback address) on a port from
-//! [`ports`], and is stopped when dropped; processes print the tail of their log when dropped by
-//! a failing test. `MESHPILOT_KEEP_TEMP=1` keeps their temp dirs (bootstraps, logs).
+//! Everything a test starts listens on 127.0.0.1 (or another loopback address, or an address in a
+//! network namespace the test made) on a port from [`ports`], and is stopped when dropped;
+//! processes print the tail of their log when dropped by a failing test. `MESHPILOT_KEEP_TEMP=1`
+//! keeps their temp dirs (bootstraps, logs).
 #![allow(dead_code)]
 
 /// HTTP backends (axum) that tell which backend answered and echo the request.
@@ -46,6 +47,8 @@ pub mod ports;
 pub mod process;
 /// Prometheus text and a real Prometheus.
 pub mod prometheus;
+/// A pod with Istio's real sidecar (pilot-agent + Envoy) behind Istio's iptables rules.
+pub mod sidecar;
 /// In-process meshpilot parts in their own task, stopped gracefully or dropped.
 pub mod task;
 /// The hashing load balancer in front of the frontends.
