@@ -795,9 +795,14 @@ fn compact_objects(scale: &Scale) -> meshpilot::registry::kubernetes::KubeObject
     }
     for i in 0..scale.pods {
         let (p, status) = pod(scale, i);
-        add(convert::pod(Pod { status: Some(status), ..p }));
+        add(convert::pod(slim(Pod { status: Some(status), ..p })));
     }
     objects
+}
+
+/// `pod` as the source decodes it from the API server's JSON.
+fn slim(pod: Pod) -> meshpilot::source::kubernetes::slim::SlimPod {
+    serde_json::to_value(&pod).and_then(serde_json::from_value).expect("a pod decodes as the source reads it")
 }
 
 /// Heap bytes per pod of the compact model, one copy: the pods (`KubePod` in an `Arc`, keyed in
@@ -808,9 +813,10 @@ fn compact_pod_bytes(scale: &Scale) -> (f64, usize) {
     let pod_json = serde_json::to_vec(&Pod { status: Some(status), ..p }).map_or(0, |v| v.len());
     let before = live();
     let mut pods = meshpilot::registry::kubernetes::KubeObjects::new();
+    let mut interner = meshpilot::registry::intern::Interner::default();
     for i in 0..scale.pods {
         let (p, status) = pod(scale, i);
-        let o = convert::pod(Pod { status: Some(status), ..p });
+        let o = interner.object(convert::pod(slim(Pod { status: Some(status), ..p })));
         pods.insert(o.key(), std::sync::Arc::new(o));
     }
     let mid = live();

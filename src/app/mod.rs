@@ -75,6 +75,13 @@ pub enum RunError<E: std::error::Error + 'static> {
     Panicked(String),
 }
 
+/// Threads for blocking work (snapshot builds, config conversion, xDS generation): two per core,
+/// at least four. Each such thread's allocator heap keeps its own partly used pages, so tokio's
+/// default of 512, reached in a burst, holds far more memory than the work needs.
+fn blocking_threads() -> usize {
+    std::thread::available_parallelism().map_or(4, |n| (n.get() * 2).max(4))
+}
+
 /// Runs `role` (given the drain watcher every task holds) on a new runtime until it stops by
 /// itself or a signal arrives; then drains for at most [`DRAIN_DEADLINE`].
 pub fn run<F, Fut, E>(role: F) -> Result<(), RunError<E>>
@@ -83,7 +90,11 @@ where
     Fut: Future<Output = Result<(), E>> + Send + 'static,
     E: std::error::Error + Send + 'static,
 {
-    let runtime = tokio::runtime::Runtime::new().map_err(RunError::Runtime)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .max_blocking_threads(blocking_threads())
+        .build()
+        .map_err(RunError::Runtime)?;
     let result = runtime.block_on(async {
         let (trigger, watcher) = drain::new();
         let mut task = tokio::spawn(role(watcher));

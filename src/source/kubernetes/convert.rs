@@ -4,10 +4,11 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use super::slim::SlimPod;
 use crate::config::api::Labels;
 use crate::registry::kubernetes::{
     KubeEndpointSlice, KubeNamespace, KubeNode, KubeObject, KubePod, KubeService, KubeServicePort, ServiceType,
@@ -130,7 +131,7 @@ pub fn endpoint_slice(s: EndpointSlice) -> KubeObject {
 }
 
 /// A Pod.
-pub fn pod(p: Pod) -> KubeObject {
+pub fn pod(p: SlimPod) -> KubeObject {
     let meta = p.metadata;
     let spec = p.spec.unwrap_or_default();
     let status = p.status.unwrap_or_default();
@@ -237,7 +238,7 @@ mod tests {
 
     #[test]
     fn pod_readiness_ips_and_default_service_account() {
-        let p: Pod = from(json!({
+        let p: SlimPod = from(json!({
             "metadata": {"name": "r-1", "namespace": "shop", "labels": {"app": "r"}},
             "spec": {"nodeName": "n1", "containers": [{"name": "c", "ports": [{"name": "web", "containerPort": 9080}]}]},
             "status": {"podIP": "10.1.0.1", "conditions": [{"type": "Ready", "status": "True"}]}

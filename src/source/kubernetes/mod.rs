@@ -11,12 +11,13 @@
 pub mod client;
 pub mod convert;
 pub mod kinds;
+pub mod slim;
 pub mod state;
 pub mod watch;
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::DynamicObject;
 use kube::runtime::watcher;
@@ -135,9 +136,14 @@ fn spawn_registry_watch(kind: KubeKind, client: Client, tx: mpsc::Sender<Update>
             tx,
             drain,
         )),
-        KubeKind::Pod => {
-            tokio::spawn(pump(w, Api::<Pod>::all(client), config, |_, o| Item::Kube(convert::pod(o)), tx, drain))
-        }
+        KubeKind::Pod => tokio::spawn(pump(
+            w,
+            Api::<slim::SlimPod>::all(client),
+            config,
+            |_, o| Item::Kube(convert::pod(o)),
+            tx,
+            drain,
+        )),
         KubeKind::Node => {
             tokio::spawn(pump(w, Api::<Node>::all(client), config, |_, o| Item::Kube(convert::node(o)), tx, drain))
         }

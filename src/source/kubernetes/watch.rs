@@ -155,8 +155,8 @@ pub type Convert<K> = fn(&Watched, K) -> Item;
 const RETRY_MIN: Duration = Duration::from_millis(500);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 
-/// Watches `api` until the drain, converting each object with `convert` on the blocking pool
-/// (Istio objects are validated: regexes compiled, routes checked) and sending updates to `tx`.
+/// Watches `api` until the drain, converting each object with `convert` (see [`cheap`]) and
+/// sending updates to `tx`.
 ///
 /// After a failure the watch starts over with a fresh list, after a backoff, as client-go's
 /// reflector does: the list both resynchronises what changed meanwhile and tells the state owner
@@ -243,9 +243,13 @@ where
             }
             Some(Ok(Event::Apply(obj))) => {
                 let name = name_of(&obj);
-                match tokio::task::spawn_blocking(move || convert(&watched, obj)).await {
-                    Ok(item) => Change::Applied(name, item),
-                    Err(e) => return Some(Failure::Unreachable(format!("converting {name}: {e}"))),
+                if cheap(watched) {
+                    Change::Applied(name, convert(&watched, obj))
+                } else {
+                    match tokio::task::spawn_blocking(move || convert(&watched, obj)).await {
+                        Ok(item) => Change::Applied(name, item),
+                        Err(e) => return Some(Failure::Unreachable(format!("converting {name}: {e}"))),
+                    }
                 }
             }
             Some(Ok(Event::Delete(obj))) => Change::Deleted(name_of(&obj)),
@@ -266,7 +270,16 @@ where
 /// Objects converted per trip to the blocking pool while a list arrives.
 const LIST_CHUNK: usize = 256;
 
-/// Converts `objects` on the blocking pool.
+/// Whether converting an object of `watched` is cheap enough for the async worker: the registry
+/// kinds only copy fields. Their objects are then allocated by the few worker threads rather than
+/// by whichever blocking thread a burst of watch events started, each of which keeps its own
+/// partly used allocator pages (measured: 5 KB of RSS per pod kept after 10,000 pod events).
+fn cheap(watched: Watched) -> bool {
+    matches!(watched, Watched::Registry(_))
+}
+
+/// Converts `objects`: Istio objects (validated: regexes compiled, routes checked) on the
+/// blocking pool, registry objects in place.
 async fn convert_all<K>(
     watched: Watched,
     objects: Vec<K>,
@@ -277,6 +290,9 @@ where
 {
     if objects.is_empty() {
         return Ok(Vec::new());
+    }
+    if cheap(watched) {
+        return Ok(objects.into_iter().map(|o| (name_of(&o), convert(&watched, o))).collect());
     }
     tokio::task::spawn_blocking(move || objects.into_iter().map(|o| (name_of(&o), convert(&watched, o))).collect())
         .await
