@@ -82,11 +82,53 @@ struct Generation {
     // Held only to find, insert or evict entries, never across generation or an await.
     entries: Mutex<HashMap<Key, Arc<Entry>>>,
     bytes: AtomicUsize,
+    /// Connection views resolved against this generation's snapshot (entries are keyed by the
+    /// resolved view, which several connection views may share).
+    resolved: Mutex<Resolutions>,
+}
+
+/// Which resolved view each connection view maps to, and how many map to each resolved view.
+#[derive(Default)]
+struct Resolutions {
+    of: HashMap<ProxyView, ProxyView>,
+    users: HashMap<ProxyView, usize>,
 }
 
 impl Generation {
     fn new(version: Version) -> Generation {
-        Generation { version, entries: Mutex::default(), bytes: AtomicUsize::new(0) }
+        Generation { version, entries: Mutex::default(), bytes: AtomicUsize::new(0), resolved: Mutex::default() }
+    }
+
+    fn lock_resolved(&self) -> MutexGuard<'_, Resolutions> {
+        self.resolved.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The resolved form of `view` in `snapshot` (this generation's), computed once per view.
+    fn resolve(&self, snapshot: &Snapshot, view: &ProxyView) -> ProxyView {
+        if let Some(resolved) = self.lock_resolved().of.get(view) {
+            return resolved.clone();
+        }
+        // Resolved outside the lock: the first inbound lookup of a snapshot builds its IP index.
+        let resolved = view.resolve(snapshot);
+        let mut r = self.lock_resolved();
+        if !r.of.contains_key(view) {
+            r.of.insert(view.clone(), resolved.clone());
+            *r.users.entry(resolved.clone()).or_default() += 1;
+        }
+        resolved
+    }
+
+    /// Forgets `view`; returns its resolved view if no other view maps to it any more.
+    fn forget(&self, view: &ProxyView) -> Option<ProxyView> {
+        let mut r = self.lock_resolved();
+        let resolved = r.of.remove(view)?;
+        let users = r.users.get_mut(&resolved)?;
+        *users = users.saturating_sub(1);
+        if *users > 0 {
+            return None;
+        }
+        r.users.remove(&resolved);
+        Some(resolved)
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<Key, Arc<Entry>>> {
@@ -168,7 +210,8 @@ impl GenerationCache {
 
     /// The resources of `type_url` for `view` in `snapshot`, generated at most once.
     pub async fn get(&self, snapshot: &Arc<Snapshot>, view: &ProxyView, type_url: TypeUrl) -> Arc<Generated> {
-        let (generation, entry) = self.entry(snapshot.version, view, type_url);
+        let (generation, entry, view) = self.entry(snapshot, view, type_url);
+        let view = &view;
         entry.last_used.store(self.tick.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
         let internal_errors = self.metrics.xds_internal_errors.clone();
         let (snapshot, task_view) = (snapshot.clone(), view.clone());
@@ -220,9 +263,16 @@ impl GenerationCache {
         generated
     }
 
-    /// The entry for (`view`, `type_url`) in the generation of `version`, and that generation;
-    /// a caller still on an older snapshot gets an uncached entry and no generation.
-    fn entry(&self, version: Version, view: &ProxyView, type_url: TypeUrl) -> (Option<Arc<Generation>>, Arc<Entry>) {
+    /// The entry for (`view` resolved, `type_url`) in the generation of the snapshot's version,
+    /// that generation, and the resolved view; a caller still on an older snapshot gets an
+    /// uncached entry and no generation.
+    fn entry(
+        &self,
+        snapshot: &Snapshot,
+        view: &ProxyView,
+        type_url: TypeUrl,
+    ) -> (Option<Arc<Generation>>, Arc<Entry>, ProxyView) {
+        let version = snapshot.version;
         let mut generation = self.current.load_full();
         if generation.version < version {
             let fresh = Arc::new(Generation::new(version));
@@ -231,10 +281,11 @@ impl GenerationCache {
             self.report(&generation);
         }
         if generation.version != version {
-            return (None, Arc::new(Entry::default()));
+            return (None, Arc::new(Entry::default()), view.resolve(snapshot));
         }
+        let view = generation.resolve(snapshot, view);
         let entry = generation.lock().entry((view.clone(), type_url)).or_default().clone();
-        (Some(generation), entry)
+        (Some(generation), entry, view)
     }
 
     /// Drops least recently used entries (never `keep`) until the generation fits the budget.
@@ -287,7 +338,9 @@ impl GenerationCache {
         };
         if last {
             let generation = self.current.load_full();
-            generation.remove_where(|(v, _)| v == view);
+            if let Some(resolved) = generation.forget(view) {
+                generation.remove_where(|(v, _)| *v == resolved);
+            }
             self.report(&generation);
         }
     }

@@ -67,3 +67,26 @@ pub enum OutboundMode {
     /// Unknown destinations pass through.
     AllowAny,
 }
+
+/// An ingress listener of a Sidecar, as generation reads it. The spec keeps ingress listeners
+/// loosely typed so validation can report each field; this reads the fields generation uses.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct IstioIngressListener {
+    /// Port the workload is reached on (number, protocol, name).
+    pub port: Option<Port>,
+    /// Address a bound listener binds to (default: the wildcard).
+    pub bind: String,
+    /// DEFAULT, IPTABLES or NONE.
+    pub capture_mode: Option<CaptureMode>,
+    /// Where traffic goes: `127.0.0.1:PORT`, `0.0.0.0:PORT` (the workload's IP), `unix://PATH`, or
+    /// empty for the original destination.
+    pub default_endpoint: String,
+}
+
+impl Sidecar {
+    /// The ingress listeners that read as Istio's type (validation rejected the others).
+    pub fn ingress_listeners(&self) -> Vec<IstioIngressListener> {
+        self.ingress.iter().filter_map(|v| serde_json::from_value(v.clone()).ok()).collect()
+    }
+}

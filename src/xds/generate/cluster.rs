@@ -62,6 +62,7 @@ pub(super) fn clusters(scope: &Scope<'_>) -> Vec<Resource> {
         outbound_clusters(scope).iter().map(|c| resource(c.name.clone(), outbound_cluster(scope, c))).collect();
     out.push(resource(BLACKHOLE_CLUSTER, blackhole_cluster(scope)));
     out.push(resource(PASSTHROUGH_CLUSTER, passthrough_cluster(scope)));
+    out.extend(super::inbound_cluster::clusters(scope));
     out
 }
 

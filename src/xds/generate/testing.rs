@@ -46,6 +46,8 @@ pub(crate) fn sidecar(namespace: &str, labels: &[(&str, &str)]) -> ProxyView {
         namespace: namespace.into(),
         labels: labels_of(labels),
         interception: Interception::Redirect,
+        ips: Vec::new(),
+        inbound: Vec::new(),
     }
 }
 
@@ -56,6 +58,8 @@ pub(super) fn router(namespace: &str, labels: &[(&str, &str)]) -> ProxyView {
         namespace: namespace.into(),
         labels: labels_of(labels),
         interception: Interception::None,
+        ips: Vec::new(),
+        inbound: Vec::new(),
     }
 }
 
