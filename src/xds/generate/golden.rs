@@ -22,7 +22,7 @@ use envoy_types::pb::envoy::extensions::upstreams::http::v3::HttpProtocolOptions
 use prost::{Message, Name};
 
 use super::generate;
-use super::testing::{router, sidecar, snapshot, testdata};
+use super::testing::{router, sidecar, sidecar_at, snapshot, testdata, testdata_snapshot};
 use crate::snapshot::Snapshot;
 use crate::xds::proxy::ProxyView;
 use crate::xds::TypeUrl;
@@ -187,6 +187,20 @@ fn sidecar_golden() {
 fn router_golden() {
     let s = bookinfo();
     check_golden("router.golden", &render(&s, &router("bookinfo", &[("istio", "ingressgateway")])));
+}
+
+#[test]
+fn inbound_instances_golden() {
+    // HTTP port with targetPort 8080, TCP port, sniffed port, passthrough chains.
+    let s = testdata_snapshot("inbound.yaml");
+    check_golden("inbound-instances.golden", &render(&s, &sidecar_at("shop", &[("app", "orders")], &["10.2.0.5"])));
+}
+
+#[test]
+fn inbound_sidecar_ingress_golden() {
+    // Sidecar ingress: loopback, workload-IP, unix and original-destination endpoints, one bound port.
+    let s = testdata_snapshot("inbound.yaml");
+    check_golden("inbound-ingress.golden", &render(&s, &sidecar_at("shop", &[("app", "legacy")], &["10.2.0.7"])));
 }
 
 #[test]

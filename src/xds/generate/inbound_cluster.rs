@@ -19,8 +19,9 @@ use super::Resource;
 use crate::config::api::Protocol;
 use crate::xds::proxy::ProxyKind;
 
-/// Istio never cleans up inbound original-destination hosts: the largest protobuf duration.
-const NO_CLEANUP_SECONDS: i64 = 315_576_000_000;
+/// Istio never cleans up inbound original-destination hosts: the longest interval Envoy takes
+/// (its nanosecond count must fit an i64), about 292 years.
+const NO_CLEANUP_SECONDS: i64 = (i64::MAX - 999_999_999) / 1_000_000_000;
 
 /// The inbound clusters of a sidecar (none for gateways).
 pub(super) fn clusters(scope: &Scope<'_>) -> Vec<Resource> {

@@ -51,6 +51,11 @@ pub(crate) fn sidecar(namespace: &str, labels: &[(&str, &str)]) -> ProxyView {
     }
 }
 
+/// A sidecar at `ips`, whose inbound side the snapshot's endpoints at those IPs determine.
+pub(crate) fn sidecar_at(namespace: &str, labels: &[(&str, &str)], ips: &[&str]) -> ProxyView {
+    ProxyView { ips: ips.iter().map(|ip| ip.to_string()).collect(), ..sidecar(namespace, labels) }
+}
+
 /// A gateway proxy in `namespace` with `labels`.
 pub(super) fn router(namespace: &str, labels: &[(&str, &str)]) -> ProxyView {
     ProxyView {
