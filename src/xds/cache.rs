@@ -365,7 +365,7 @@ impl Drop for ViewLease {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::xds::generate::testing::{sidecar, snapshot};
+    use crate::xds::generate::testing::{sidecar, sidecar_at, snapshot};
 
     const MESH: &str = "apiVersion: networking.istio.io/v1
 kind: ServiceEntry
@@ -417,5 +417,34 @@ spec: {hosts: [a.example.com], location: MESH_INTERNAL, resolution: STATIC, port
         let cached: Vec<bool> =
             views.iter().map(|v| cache.current.load().lock().contains_key(&(v.clone(), TypeUrl::Cluster))).collect();
         assert_eq!(cached, [true, false, true, true, false]);
+    }
+
+    #[tokio::test]
+    async fn proxies_with_the_same_instances_share_entries_and_others_do_not() {
+        let cache = Arc::new(GenerationCache::default());
+        let snap = Arc::new(snapshot(MESH));
+        // 10.0.0.1 is an endpoint of a.example.com; 10.0.0.2 and 10.0.0.3 are nobody's.
+        let instance = sidecar_at("default", &[], &["10.0.0.1"]);
+        let (x, y) = (sidecar_at("default", &[], &["10.0.0.2"]), sidecar_at("default", &[], &["10.0.0.3"]));
+        let leases: Vec<_> = [&instance, &x, &y].iter().map(|v| cache.hold(v)).collect();
+        let mine = cache.get(&snap, &instance, TypeUrl::Listener).await;
+        let (gx, gy) = (cache.get(&snap, &x, TypeUrl::Listener).await, cache.get(&snap, &y, TypeUrl::Listener).await);
+        assert!(Arc::ptr_eq(&gx, &gy), "proxies without instances share one generation");
+        assert_eq!(cache.entries(), 2);
+        let inbound_chains = |g: &Generated| {
+            g.find("virtualInbound").map(|i| {
+                let l: envoy_types::pb::envoy::config::listener::v3::Listener =
+                    prost::Message::decode(g.resources[i].body.value.as_slice()).expect("listener");
+                l.filter_chains.len()
+            })
+        };
+        assert!(inbound_chains(&mine) > inbound_chains(&gx), "the instance's port has its own chain");
+        let mut leases = leases.into_iter();
+        drop(leases.next());
+        assert_eq!(cache.entries(), 1, "the instance's entry goes with its last connection");
+        drop(leases.next());
+        assert_eq!(cache.entries(), 1, "still used by the other proxy without instances");
+        drop(leases.next());
+        assert_eq!(cache.entries(), 0);
     }
 }

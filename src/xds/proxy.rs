@@ -243,6 +243,46 @@ mod tests {
     }
 
     #[test]
+    fn pilot_agent_nodes_give_all_instance_ips_and_unknown_keys_are_ignored() {
+        let labels = Value {
+            kind: Some(ValueKind::StructValue(Struct {
+                fields: [("app".to_string(), s("reviews"))].into_iter().collect(),
+            })),
+        };
+        let id = "sidecar~10.1.2.3~reviews-1.shop~shop.svc.cluster.local";
+        let p = Proxy::from_node(Some(&node(
+            id,
+            &[
+                ("INSTANCE_IPS", s("10.1.2.3,fd00::3")),
+                ("LABELS", labels),
+                ("WORKLOAD_NAME", s("reviews-v1")),
+                ("MESH_ID", s("mesh1")),
+                ("INTERCEPTION_MODE", s("TPROXY")),
+                ("SOME_FUTURE_KEY", Value { kind: Some(ValueKind::ListValue(Default::default())) }),
+            ],
+        )))
+        .unwrap();
+        assert_eq!(p.ips, ["10.1.2.3", "fd00::3"]);
+        assert_eq!((p.workload_name.as_str(), p.mesh_id.as_str()), ("reviews-v1", "mesh1"));
+        assert_eq!(p.interception, Interception::Tproxy);
+        assert_eq!(p.view().ips, p.ips, "the view carries the IPs until resolved against a snapshot");
+        // Nothing valid in INSTANCE_IPS: the node id's address.
+        let q = Proxy::from_node(Some(&node(id, &[("INSTANCE_IPS", s("x,,y"))]))).unwrap();
+        assert_eq!(q.ips, ["10.1.2.3"]);
+        // Malformed known values never fail the node.
+        let r = Proxy::from_node(Some(&node(
+            id,
+            &[("LABELS", s("app=x")), ("NAMESPACE", Value { kind: None }), ("PROXY_CONFIG", s("nope"))],
+        )))
+        .unwrap();
+        assert!(r.labels.is_empty());
+        assert_eq!(r.namespace, "shop", "from the node id");
+        assert_eq!(r.proxy_config, None);
+        let gateway = Proxy::from_node(Some(&node("router~10.0.0.1~gw.edge~edge.svc.cluster.local", &[]))).unwrap();
+        assert!(gateway.view().ips.is_empty(), "gateways have no inbound side");
+    }
+
+    #[test]
     fn rejects_bad_ids() {
         assert!(matches!(Proxy::from_node(None), Err(ProxyError::MissingNode)));
         assert!(matches!(Proxy::from_node(Some(&node("envoy-1", &[]))), Err(ProxyError::BadId(_))));

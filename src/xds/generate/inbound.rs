@@ -236,3 +236,104 @@ fn blackhole_chain(scope: &Scope<'_>) -> FilterChain {
     let tcp = tcp_proxy_filter(BLACKHOLE_CLUSTER, to_cluster(BLACKHOLE_CLUSTER), &scope.snapshot.mesh);
     chain(VIRTUAL_INBOUND_BLACKHOLE.into(), Some(m), vec![tcp], None)
 }
+
+#[cfg(test)]
+mod tests {
+    use envoy_types::pb::envoy::config::cluster::v3::{cluster::DiscoveryType, Cluster};
+    use envoy_types::pb::envoy::config::listener::v3::filter;
+
+    use super::*;
+    use crate::xds::generate::names::ext;
+    use crate::xds::generate::testing::{find, names, sidecar_at, testdata_snapshot};
+    use crate::xds::TypeUrl;
+
+    fn chain_names(l: &Listener) -> Vec<(String, Option<u32>, usize)> {
+        l.filter_chains
+            .iter()
+            .map(|c| {
+                let m = c.filter_chain_match.clone().unwrap_or_default();
+                (c.name.clone(), m.destination_port.map(|p| p.value), m.application_protocols.len())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn virtual_inbound_has_a_chain_per_target_port_and_passthrough() {
+        let s = testdata_snapshot("inbound.yaml");
+        let v = sidecar_at("shop", &[("app", "orders")], &["10.2.0.5"]);
+        let l: Listener = find(&s, &v, TypeUrl::Listener, VIRTUAL_INBOUND_LISTENER);
+        assert_eq!(l.address, Some(socket_address("0.0.0.0", 15006)));
+        assert_eq!(l.listener_filters[0].name, ext::ORIGINAL_DST);
+        let s8080 = Some(8080);
+        assert_eq!(
+            chain_names(&l),
+            [
+                (VIRTUAL_INBOUND_BLACKHOLE.to_string(), Some(15006), 0),
+                (VIRTUAL_INBOUND_CATCHALL_HTTP.to_string(), None, 2),
+                (VIRTUAL_INBOUND_LISTENER.to_string(), None, 0),
+                ("0.0.0.0_5432".to_string(), Some(5432), 0),
+                ("0.0.0.0_8080".to_string(), s8080, 0),
+                ("0.0.0.0_9000".to_string(), Some(9000), 2),
+                ("0.0.0.0_9000".to_string(), Some(9000), 0),
+            ],
+            "the HTTP port matches its target port 8080, the unknown port is sniffed"
+        );
+        let tcp = &l.filter_chains[3].filters[0];
+        assert_eq!(tcp.name, ext::TCP_PROXY);
+        let Some(filter::ConfigType::TypedConfig(hcm)) = &l.filter_chains[4].filters[0].config_type else { panic!() };
+        assert!(hcm.type_url.ends_with("HttpConnectionManager"));
+        let c: Cluster = find(&s, &v, TypeUrl::Cluster, "inbound|8080||");
+        assert_eq!(
+            c.cluster_discovery_type,
+            Some(envoy_types::pb::envoy::config::cluster::v3::cluster::ClusterDiscoveryType::Type(
+                DiscoveryType::OriginalDst as i32
+            ))
+        );
+        let bind = c.upstream_bind_config.and_then(|b| b.source_address).map(|a| a.address);
+        assert_eq!(bind.as_deref(), Some("127.0.0.6"));
+    }
+
+    #[test]
+    fn no_virtual_inbound_without_interception_but_bound_ingress_listeners() {
+        let s = testdata_snapshot("inbound.yaml");
+        let mut v = sidecar_at("shop", &[("app", "orders")], &["10.2.0.5"]);
+        v.interception = Interception::None;
+        let all = names(&s, &v, TypeUrl::Listener);
+        assert!(!all.iter().any(|n| n == VIRTUAL_INBOUND_LISTENER), "{all:?}");
+        assert!(!names(&s, &v, TypeUrl::Cluster).iter().any(|n| n.starts_with("inbound|")));
+        let mut legacy = sidecar_at("shop", &[("app", "legacy")], &["10.2.0.7"]);
+        legacy.interception = Interception::None;
+        let all = names(&s, &legacy, TypeUrl::Listener);
+        for bound in ["0.0.0.0_5000", "0.0.0.0_6000", "0.0.0.0_7070", "0.0.0.0_9443"] {
+            assert!(all.iter().any(|n| n == bound), "{bound} missing from {all:?}");
+        }
+        let l: Listener = find(&s, &legacy, TypeUrl::Listener, "0.0.0.0_5000");
+        assert!(l.listener_filters.is_empty(), "a bound HTTP port needs no inspection");
+    }
+
+    #[test]
+    fn ingress_default_endpoints_become_static_clusters() {
+        let s = testdata_snapshot("inbound.yaml");
+        let v = sidecar_at("shop", &[("app", "legacy")], &["10.2.0.7"]);
+        let endpoint = |name: &str| {
+            let c: Cluster = find(&s, &v, TypeUrl::Cluster, name);
+            let bind = c.upstream_bind_config.clone().and_then(|b| b.source_address).map(|a| a.address);
+            let lb = c.load_assignment.and_then(|a| a.endpoints.into_iter().next()).map(|l| l.lb_endpoints[0].clone());
+            (format!("{:?}", lb.and_then(|e| e.host_identifier)), bind)
+        };
+        let (loopback, bind) = endpoint("inbound|8080||");
+        assert!(loopback.contains("127.0.0.1") && loopback.contains("18080"), "{loopback}");
+        assert_eq!(bind, None, "loopback needs no magic source");
+        let (own, bind) = endpoint("inbound|9443||");
+        assert!(own.contains("10.2.0.7"), "0.0.0.0 is the workload's IP: {own}");
+        assert_eq!(bind.as_deref(), Some("127.0.0.6"));
+        let (unix, _) = endpoint("inbound|7070||");
+        assert!(unix.contains("/var/run/legacy.sock"), "{unix}");
+        let (original, bind) = endpoint("inbound|6000||");
+        assert_eq!((original.as_str(), bind.as_deref()), ("None", Some("127.0.0.6")), "no defaultEndpoint");
+        // The service's own port 8080 instance is replaced by the ingress listener of that port.
+        let l: Listener = find(&s, &v, TypeUrl::Listener, VIRTUAL_INBOUND_LISTENER);
+        assert_eq!(l.filter_chains.iter().filter(|c| c.name == "0.0.0.0_8080").count(), 1);
+        assert!(!l.filter_chains.iter().any(|c| c.name == "0.0.0.0_5000"), "captureMode NONE: its own listener");
+    }
+}

@@ -424,4 +424,21 @@ mod tests {
             Some(ClusterSpecifier::Cluster("outbound|443|pool-a|api.partner.example".into()))
         );
     }
+
+    #[test]
+    fn unknown_protocol_ports_are_sniffed() {
+        let s = testdata_snapshot("inbound.yaml");
+        let l: Listener = find(&s, &sidecar("shop", &[]), TypeUrl::Listener, "0.0.0.0_9000");
+        let filters: Vec<&str> = l.listener_filters.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(filters, [super::super::names::ext::TLS_INSPECTOR, super::super::names::ext::HTTP_INSPECTOR]);
+        let alpn = |c: &FilterChain| c.filter_chain_match.clone().unwrap_or_default().application_protocols;
+        let http: Vec<&FilterChain> = l.filter_chains.iter().filter(|c| !alpn(c).is_empty()).collect();
+        assert_eq!(http.len(), 2, "HTTP to the service's address and HTTP to any other address");
+        assert!(http.iter().all(|c| alpn(c) == ["http/1.1", "h2c"]));
+        let hcm: HttpConnectionManager = typed(http[0]);
+        assert!(matches!(hcm.route_specifier, Some(RouteSpecifier::Rds(r)) if r.route_config_name == "9000"));
+        let tcp: TcpProxy = typed(l.default_filter_chain.as_ref().expect("default"));
+        assert_eq!(tcp.cluster_specifier, Some(ClusterSpecifier::Cluster(PASSTHROUGH_CLUSTER.into())));
+        assert!(names(&s, &sidecar("shop", &[]), TypeUrl::Route).contains(&"9000".to_string()));
+    }
 }

@@ -171,7 +171,7 @@ fn proxy_config(v: &Value) -> Option<ProxyConfigMeta> {
 mod tests {
     use super::*;
 
-    pub(crate) fn s(v: &str) -> Value {
+    fn s(v: &str) -> Value {
         Value { kind: Some(ValueKind::StringValue(v.into())) }
     }
 

@@ -110,3 +110,56 @@ impl fmt::Display for ProxyView {
         write!(f, "{:?}/{}/{:016x}", self.kind, self.namespace, self.key())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::xds::generate::testing::{sidecar, sidecar_at, snapshot};
+
+    fn mesh() -> Snapshot {
+        let yaml = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/xds/generate/testdata/inbound.yaml"),
+        )
+        .expect("read inbound.yaml");
+        snapshot(&yaml)
+    }
+
+    #[test]
+    fn replicas_share_a_view_and_proxies_without_instances_share_the_plain_one() {
+        let s = mesh();
+        let a = sidecar_at("shop", &[("app", "orders")], &["10.2.0.5"]).resolve(&s);
+        let b = sidecar_at("shop", &[("app", "orders")], &["10.2.0.6"]).resolve(&s);
+        assert_eq!(a, b, "two replicas of one workload");
+        assert!(a.ips.is_empty());
+        let ports: Vec<(u16, u16, Protocol)> = a.inbound.iter().map(|p| (p.target_port, p.port, p.protocol)).collect();
+        assert_eq!(
+            ports,
+            [(5432, 5432, Protocol::Tcp), (8080, 80, Protocol::Http), (9000, 9000, Protocol::Unsupported)],
+            "by target port"
+        );
+        let nobody = sidecar_at("shop", &[("app", "orders")], &["10.9.9.9"]).resolve(&s);
+        assert_eq!(nobody, sidecar("shop", &[("app", "orders")]), "no instance: the view of any such proxy");
+        let garbage = sidecar_at("shop", &[("app", "orders")], &["not-an-ip"]).resolve(&s);
+        assert_eq!(garbage, nobody);
+    }
+
+    #[test]
+    fn no_inbound_without_interception_or_for_gateways() {
+        let s = mesh();
+        let mut plain = sidecar_at("shop", &[("app", "orders")], &["10.2.0.5"]);
+        plain.interception = Interception::None;
+        assert!(plain.resolve(&s).inbound.is_empty());
+        let mut gateway = sidecar_at("shop", &[("app", "orders")], &["10.2.0.5"]);
+        gateway.kind = ProxyKind::Router;
+        assert!(gateway.resolve(&s).inbound.is_empty());
+    }
+
+    #[test]
+    fn sidecar_ingress_replaces_instances_and_keeps_the_ip_it_names() {
+        let s = mesh();
+        let legacy = sidecar_at("shop", &[("app", "legacy")], &["10.2.0.7"]).resolve(&s);
+        assert!(legacy.inbound.is_empty(), "ingress listeners replace the service's ports");
+        assert_eq!(legacy.ips, ["10.2.0.7"], "defaultEndpoint 0.0.0.0:9443 is this workload's IP");
+        assert_eq!(legacy.resolve(&s), legacy, "resolving is idempotent");
+    }
+}
