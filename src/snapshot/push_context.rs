@@ -182,7 +182,7 @@ impl Snapshot {
 
     /// The services with an endpoint at `ip` (a proxy's service instances), in key order.
     pub fn instances_at(&self, ip: &str) -> Vec<(&Arc<Service>, &Endpoint)> {
-        self.instances.get_or_init(|| InstanceIndex::new(&self.registry)).at(&self.registry, ip)
+        self.instances.get_or_init(|| InstanceIndex::new(&self.registry)).at(ip)
     }
 
     /// VirtualServices visible to `namespace` that apply to `gateway` (`mesh` for sidecars, or

@@ -313,6 +313,8 @@ fn virtual_outbound(scope: &Scope<'_>) -> Listener {
         use_original_dst: Some(bool_value(true)),
         traffic_direction: TrafficDirection::Outbound as i32,
         filter_chains: vec![catch_all],
+        // TPROXY keeps the original addresses on the socket: Envoy must accept them as its own.
+        transparent: (scope.view.interception == crate::xds::proxy::Interception::Tproxy).then(|| bool_value(true)),
         ..Default::default()
     }
 }
