@@ -329,6 +329,17 @@ mod tests {
         assert_eq!(bind.as_deref(), Some("127.0.0.6"));
         let (unix, _) = endpoint("inbound|7070||");
         assert!(unix.contains("/var/run/legacy.sock"), "{unix}");
+        let limits = |name: &str| {
+            let c: Cluster = find(&s, &v, TypeUrl::Cluster, name);
+            let t = c.circuit_breakers.expect("limits").thresholds[0].clone();
+            (t.max_connections.map(|v| v.value), t.max_pending_requests.map(|v| v.value))
+        };
+        assert_eq!(
+            limits("inbound|8080||"),
+            (Some(u32::MAX), Some(7)),
+            "the listener's own pool replaces the Sidecar's"
+        );
+        assert_eq!(limits("inbound|9443||"), (Some(50), Some(u32::MAX)), "the Sidecar's inboundConnectionPool");
         let (original, bind) = endpoint("inbound|6000||");
         assert_eq!((original.as_str(), bind.as_deref()), ("None", Some("127.0.0.6")), "no defaultEndpoint");
         // The service's own port 8080 instance is replaced by the ingress listener of that port.

@@ -58,7 +58,10 @@ fn inbound_cluster(scope: &Scope<'_>, c: &InboundChain) -> Cluster {
             cl.load_assignment = Some(assignment(&name, &format!("unix://{path}"), 0));
         }
     }
-    traffic_policy::apply(&mut cl, &Policy::default(), c.protocol, &scope.snapshot.mesh);
+    // Receivers need capacity for what their callers send: the Sidecar's inbound pool applies here.
+    let pool = scope.sidecar.and_then(|s| s.inbound_connection_pool(c.target_port));
+    let policy = Policy { connection_pool: pool.as_ref(), ..Policy::default() };
+    traffic_policy::apply(&mut cl, &policy, c.protocol, &scope.snapshot.mesh);
     if c.protocol == Protocol::Unsupported {
         // Sniffed HTTP goes upstream as it came: HTTP/1.1 or h2c.
         use_downstream_protocol(&mut cl);
