@@ -80,7 +80,7 @@ pub(super) fn inbound_plan(scope: &Scope<'_>) -> Vec<InboundChain> {
         for l in &ingress {
             let Some(c) = ingress_chain(l, intercepted, &scope.view.ips) else { continue };
             // The first listener of a port wins, as the oldest does in Istio.
-            if !out.iter().any(|o| o.target_port == c.target_port && o.bound == c.bound && o.bind == c.bind) {
+            if !out.iter().any(|o| o.target_port == c.target_port) {
                 out.push(c);
             }
         }
