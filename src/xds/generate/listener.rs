@@ -20,7 +20,7 @@ use super::network_filter::{
     chain, claim_server_names, destination_match, http_connection_manager, sni_match, stat_prefix_of, tcp_proxy_filter,
     tls_inspector, to_cluster,
 };
-use super::proto::{bool_value, resource, socket_address};
+use super::proto::{bool_value, resource, socket_address, zero_duration};
 use super::scope::{Imports, Scope};
 use super::sniffing::{http_inspector, require_http};
 use super::tcp_route::{tcp_target, tls_targets};
@@ -171,6 +171,10 @@ fn outbound_listener(scope: &Scope<'_>, l: &OutboundListener<'_>) -> Listener {
             listener.default_filter_chain = Some(default);
             // The TLS inspector first: TLS is never taken for HTTP.
             listener.listener_filters = vec![tls_inspector(), http_inspector()];
+            // Istio's protocolDetectionTimeout (0s: no limit); a connection whose client stays
+            // silent is not dropped by the inspectors.
+            listener.listener_filters_timeout = Some(zero_duration());
+            listener.continue_on_listener_filters_timeout = true;
         }
         ListenerProtocol::Tls => {
             listener.filter_chains = tls_chains(scope, l);
