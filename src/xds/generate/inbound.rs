@@ -275,6 +275,7 @@ mod tests {
                 ("0.0.0.0_8080".to_string(), s8080, 0),
                 ("0.0.0.0_9000".to_string(), Some(9000), 2),
                 ("0.0.0.0_9000".to_string(), Some(9000), 0),
+                ("0.0.0.0_9090".to_string(), Some(9090), 0),
             ],
             "the HTTP port matches its target port 8080, the unknown port is sniffed"
         );

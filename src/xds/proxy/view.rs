@@ -134,7 +134,12 @@ mod tests {
         let ports: Vec<(u16, u16, Protocol)> = a.inbound.iter().map(|p| (p.target_port, p.port, p.protocol)).collect();
         assert_eq!(
             ports,
-            [(5432, 5432, Protocol::Tcp), (8080, 80, Protocol::Http), (9000, 9000, Protocol::Unsupported)],
+            [
+                (5432, 5432, Protocol::Tcp),
+                (8080, 80, Protocol::Http),
+                (9000, 9000, Protocol::Unsupported),
+                (9090, 9090, Protocol::Grpc)
+            ],
             "by target port"
         );
         let nobody = sidecar_at("shop", &[("app", "orders")], &["10.9.9.9"]).resolve(&s);
