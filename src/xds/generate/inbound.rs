@@ -20,6 +20,7 @@ use super::sniffing::{http_match, inspectors, original_dst, original_src, raw_ma
 use super::Resource;
 use crate::config::api::sidecar::{CaptureMode, IstioIngressListener};
 use crate::config::api::Protocol;
+use crate::registry::ServiceKey;
 use crate::xds::proxy::{Interception, ProxyKind};
 
 /// Where an inbound cluster sends connections.
@@ -48,6 +49,8 @@ pub(super) struct InboundChain {
     pub bound: bool,
     /// Where the inbound cluster goes.
     pub endpoint: InboundEndpoint,
+    /// The service the port belongs to (none for Sidecar ingress listeners).
+    pub service: Option<ServiceKey>,
 }
 
 /// The inbound ports of a sidecar: its Sidecar's ingress listeners if it declares any, else its
@@ -73,6 +76,7 @@ pub(super) fn inbound_plan(scope: &Scope<'_>) -> Vec<InboundChain> {
                     bind: WILDCARD_ADDRESS.to_string(),
                     bound: false,
                     endpoint: InboundEndpoint::OriginalDst,
+                    service: Some(p.service.clone()),
                 })
                 .collect();
         }
@@ -107,6 +111,7 @@ fn ingress_chain(l: &IstioIngressListener, intercepted: bool, ips: &[String]) ->
         bind,
         bound,
         endpoint: default_endpoint(&l.default_endpoint, ips)?,
+        service: None,
     })
 }
 
@@ -290,8 +295,14 @@ mod tests {
                 DiscoveryType::OriginalDst as i32
             ))
         );
-        let bind = c.upstream_bind_config.and_then(|b| b.source_address).map(|a| a.address);
+        let bind = c.upstream_bind_config.clone().and_then(|b| b.source_address).map(|a| a.address);
         assert_eq!(bind.as_deref(), Some("127.0.0.6"));
+        // The service's DestinationRule pool applies to the receiving side; outlier detection does not.
+        let max_connections = |c: &Cluster| c.circuit_breakers.as_ref().and_then(|b| b.thresholds[0].max_connections);
+        assert_eq!(max_connections(&c).map(|v| v.value), Some(11));
+        assert_eq!(c.outlier_detection, None);
+        let db: Cluster = find(&s, &v, TypeUrl::Cluster, "inbound|5432||");
+        assert_eq!(max_connections(&db).map(|v| v.value), Some(22), "the port's own settings");
     }
 
     #[test]

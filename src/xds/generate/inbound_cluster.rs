@@ -58,9 +58,16 @@ fn inbound_cluster(scope: &Scope<'_>, c: &InboundChain) -> Cluster {
             cl.load_assignment = Some(assignment(&name, &format!("unix://{path}"), 0));
         }
     }
-    // Receivers need capacity for what their callers send: the Sidecar's inbound pool applies here.
-    let pool = scope.sidecar.and_then(|s| s.inbound_connection_pool(c.target_port));
-    let policy = Policy { connection_pool: pool.as_ref(), ..Policy::default() };
+    // Receivers need capacity for what their callers send: the service's DestinationRule pool
+    // (its port's, else the rule's) applies here, and the Sidecar's inbound pool overrides it.
+    let sidecar_pool = scope.sidecar.and_then(|s| s.inbound_connection_pool(c.target_port));
+    let rule = c.service.as_ref().and_then(|key| {
+        let service = scope.snapshot.registry.services.get(key)?;
+        scope.destination_rule(service)
+    });
+    let rule_pool = Policy::effective(rule, None, c.port).connection_pool;
+    // Only the pool: load balancing, outlier detection and TLS are the callers' business.
+    let policy = Policy { connection_pool: sidecar_pool.as_ref().or(rule_pool), ..Policy::default() };
     traffic_policy::apply(&mut cl, &policy, c.protocol, &scope.snapshot.mesh);
     if c.protocol == Protocol::Unsupported {
         // Sniffed HTTP goes upstream as it came: HTTP/1.1 or h2c.

@@ -11,6 +11,7 @@ use serde::Serialize;
 use super::{Interception, ProxyKind};
 use crate::config::api::sidecar::IstioIngressListener;
 use crate::config::api::{Labels, Protocol};
+use crate::registry::ServiceKey;
 use crate::snapshot::Snapshot;
 
 /// Port of the virtual inbound listener; traffic to it is never a service instance's.
@@ -25,6 +26,8 @@ pub struct InboundPort {
     pub port: u16,
     /// The service port's protocol.
     pub protocol: Protocol,
+    /// The service (its DestinationRule's connection pool applies to the inbound cluster).
+    pub service: ServiceKey,
 }
 
 /// Everything about a proxy that its generated config depends on. Proxies with equal views get
@@ -97,7 +100,8 @@ fn inbound_ports(snapshot: &Snapshot, ips: &[String]) -> Vec<InboundPort> {
                 if out.iter().any(|p| p.target_port == target_port) {
                     continue;
                 }
-                out.push(InboundPort { target_port, port: port.number, protocol: port.protocol });
+                let service = ServiceKey { hostname: service.hostname.clone(), namespace: service.namespace.clone() };
+                out.push(InboundPort { target_port, port: port.number, protocol: port.protocol, service });
             }
         }
     }
