@@ -343,7 +343,7 @@ mod tests {
         assert!(unix.contains("/var/run/legacy.sock"), "{unix}");
         let limits = |name: &str| {
             let c: Cluster = find(&s, &v, TypeUrl::Cluster, name);
-            let t = c.circuit_breakers.expect("limits").thresholds[0].clone();
+            let t = c.circuit_breakers.expect("limits").thresholds[0];
             (t.max_connections.map(|v| v.value), t.max_pending_requests.map(|v| v.value))
         };
         assert_eq!(
