@@ -118,7 +118,7 @@ impl fmt::Display for ProxyView {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::xds::generate::testing::{sidecar, sidecar_at, snapshot};
+    use crate::xds::generate::testing::{kube_snapshot, sidecar, sidecar_at, snapshot};
 
     fn mesh() -> Snapshot {
         let yaml = std::fs::read_to_string(
@@ -170,5 +170,18 @@ mod tests {
         assert!(legacy.inbound.is_empty(), "ingress listeners replace the service's ports");
         assert_eq!(legacy.ips, ["10.2.0.7"], "defaultEndpoint 0.0.0.0:9443 is this workload's IP");
         assert_eq!(legacy.resolve(&s), legacy, "resolving is idempotent");
+    }
+
+    #[test]
+    fn kubernetes_endpoints_give_pods_their_service_ports() {
+        let s = kube_snapshot("");
+        let ports = |ip: &str| {
+            let v = sidecar_at("shop", &[], &[ip]).resolve(&s);
+            v.inbound.iter().map(|p| (p.target_port, p.port, p.protocol)).collect::<Vec<_>>()
+        };
+        // The EndpointSlice's ports are the target ports; `admin` is of unknown protocol.
+        assert_eq!(ports("10.0.0.1"), [(8080, 80, Protocol::Http), (8081, 81, Protocol::Unsupported)]);
+        assert_eq!(ports("10.0.0.2"), ports("10.0.0.1"), "a pod that is not ready yet has its inbound side");
+        assert_eq!(ports("10.0.0.4"), [(8080, 80, Protocol::Http)], "its slice lists only `http`");
     }
 }
