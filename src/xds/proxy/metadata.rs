@@ -101,10 +101,18 @@ fn interception(mode: &str) -> Interception {
     }
 }
 
+/// At most this many instance IPs are read: a pod has one per IP family; a client sending
+/// thousands would only make every lookup slower.
+const MAX_INSTANCE_IPS: usize = 16;
+
 /// The valid IPs of a comma-separated list, canonical (`fd00::3`, not `fd00:0::3`).
 fn instance_ips(list: &str) -> Vec<String> {
     let mut out = Vec::new();
     for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        if out.len() == MAX_INSTANCE_IPS {
+            debug!(max = MAX_INSTANCE_IPS, "INSTANCE_IPS lists more addresses; the rest are ignored");
+            break;
+        }
         match item.parse::<IpAddr>() {
             Ok(ip) if !out.contains(&ip.to_string()) => out.push(ip.to_string()),
             Ok(_) => {}
@@ -259,5 +267,8 @@ mod tests {
         let huge = meta(&[("PROXY_CONFIG", st(&[("concurrency", n(-4.0))]))]);
         assert_eq!(NodeMetadata::parse(Some(&huge)).proxy_config.and_then(|p| p.concurrency), None);
         assert_eq!(NodeMetadata::parse(None), NodeMetadata::default());
+        let many: Vec<String> = (0..1000).map(|i| format!("10.0.{}.{}", i / 250, i % 250)).collect();
+        let flood = meta(&[("INSTANCE_IPS", s(&many.join(",")))]);
+        assert_eq!(NodeMetadata::parse(Some(&flood)).instance_ips.len(), MAX_INSTANCE_IPS);
     }
 }
