@@ -132,16 +132,20 @@ pub(super) fn listeners(scope: &Scope<'_>) -> Vec<Resource> {
     let plan = outbound_plan(scope);
     // As in Istio, a redirected sidecar always has the listener iptables sends traffic to.
     let redirect = scope.view.interception.intercepts();
-    let mut out: Vec<Resource> = plan
-        .iter()
-        // The virtual listener owns its port when traffic is redirected.
-        .filter(|l| !(redirect && l.port == VIRTUAL_OUTBOUND_PORT))
-        .map(|l| resource(l.name.clone(), outbound_listener(scope, l)))
-        .collect();
+    // The workload's own ports come first: an outbound listener of the same address and port
+    // (a service port equal to a bound ingress port) gives way, as in Istio.
+    let mut out = super::inbound::listeners(scope);
+    let inbound: HashSet<String> = out.iter().map(|r| r.name.clone()).collect();
+    out.extend(
+        plan.iter()
+            // The virtual listener owns its port when traffic is redirected.
+            .filter(|l| !(redirect && l.port == VIRTUAL_OUTBOUND_PORT))
+            .filter(|l| !inbound.contains(&l.name))
+            .map(|l| resource(l.name.clone(), outbound_listener(scope, l))),
+    );
     if redirect {
         out.push(resource(VIRTUAL_OUTBOUND_LISTENER, virtual_outbound(scope)));
     }
-    out.extend(super::inbound::listeners(scope));
     out
 }
 
@@ -446,5 +450,21 @@ mod tests {
         let tcp: TcpProxy = typed(l.default_filter_chain.as_ref().expect("default"));
         assert_eq!(tcp.cluster_specifier, Some(ClusterSpecifier::Cluster(PASSTHROUGH_CLUSTER.into())));
         assert!(names(&s, &sidecar("shop", &[]), TypeUrl::Route).contains(&"9000".to_string()));
+    }
+
+    #[test]
+    fn a_bound_ingress_port_wins_over_an_outbound_listener_of_the_same_name() {
+        use crate::xds::generate::testing::{sidecar_at, snapshot, testdata};
+        let mut yaml = std::fs::read_to_string(testdata().join("inbound.yaml")).expect("inbound.yaml");
+        yaml.push_str(
+            "---\napiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: admin, namespace: shop}\n\
+             spec: {hosts: [admin.shop.svc.cluster.local], location: MESH_INTERNAL, resolution: STATIC, \
+             ports: [{number: 5000, name: http, protocol: HTTP}], endpoints: [{address: 10.2.0.9}]}\n",
+        );
+        let s = snapshot(&yaml);
+        let redirected = sidecar_at("shop", &[("app", "legacy")], &["10.2.0.7"]);
+        // Redirected: outbound 0.0.0.0_5000 and the bound ingress listener 0.0.0.0_5000 share a name.
+        let l: Listener = find(&s, &redirected, TypeUrl::Listener, "0.0.0.0_5000");
+        assert_eq!(l.traffic_direction, TrafficDirection::Inbound as i32, "the workload's own port");
     }
 }
