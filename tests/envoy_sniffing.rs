@@ -16,6 +16,7 @@ use common::istio::*;
 use common::mesh::*;
 use common::poll::CONVERGE_TIMEOUT;
 use common::ports::free_port;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A ServiceEntry `reviews` on `port` with a port named `foo` and no protocol (unknown: sniffed),
 /// endpoints v1 and v2.
@@ -93,6 +94,14 @@ async fn unknown_protocol_port_is_routed_as_http() {
         assert_eq!(reviews.backend("/", &[("x-user", "alice")]).await, "reviews-v2");
     }
     wait_stat(&envoy, &format!("http.outbound_{name}.downstream_rq_total"), 20).await;
+
+    // Bytes that are not HTTP take the TCP chain to the service's cluster.
+    let cluster = format!("outbound|{port}||{}", fqdn("reviews"));
+    let mut raw = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.expect("connect to the sniffed port");
+    raw.write_all(b"PING\r\n").await.expect("write");
+    let mut answer = [0u8; 64];
+    let _ = tokio::time::timeout(CONVERGE_TIMEOUT, raw.read(&mut answer)).await;
+    wait_stat(&envoy, &format!("tcp.{cluster}.downstream_cx_total"), 1).await;
     assert_no_rejections(&envoy).await;
 }
 
