@@ -4,6 +4,7 @@ mod build;
 mod discovery;
 mod hostname;
 mod incremental;
+mod instances;
 pub mod intern;
 mod kube_endpoints;
 mod kube_index;
@@ -23,6 +24,7 @@ pub use build::build_registry;
 pub use discovery::NamespaceScope;
 pub use hostname::{host_matches, hosts_overlap, Hostname};
 pub use incremental::IncrementalRegistry;
+pub use instances::InstanceIndex;
 pub use kube_service::{kube_hostname, kube_port_protocol};
 pub use service::{
     Endpoint, EndpointHealth, EndpointPorts, Endpoints, Resolution, Service, ServiceKey, ServiceOrigin, ServicePort,

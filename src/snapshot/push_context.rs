@@ -1,7 +1,7 @@
 //! The snapshot: an immutable, indexed view of the whole mesh at one version (Istio's PushContext).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
 use super::{ChangeSet, Version};
@@ -9,7 +9,10 @@ use crate::config::api::{DestinationRule, Gateway, Labels, Sidecar, VirtualServi
 use crate::config::{ConfigError, ConfigKey, IgnoredObject, Kind, Spec, ValidConfig};
 use crate::mesh::MeshConfig;
 use crate::registry::kubernetes::KubeObjects;
-use crate::registry::{host_matches, Endpoints, Hostname, NamespaceScope, Registry, Service, ServiceKey, Visibility};
+use crate::registry::{
+    host_matches, Endpoint, Endpoints, Hostname, InstanceIndex, NamespaceScope, Registry, Service, ServiceKey,
+    Visibility,
+};
 
 /// Everything the sources currently hold, as ingest hands it to the snapshot builder.
 #[derive(Debug, Clone, Default)]
@@ -49,6 +52,8 @@ pub struct Snapshot {
     pub kube: KubeObjects,
     virtual_services: Vec<Indexed<VirtualService>>,
     destination_rules: Vec<Indexed<DestinationRule>>,
+    /// Endpoints by IP, built on the first inbound lookup (only frontends serving sidecars need it).
+    instances: OnceLock<InstanceIndex>,
 }
 
 /// A config object with its resolved visibility and qualified hosts.
@@ -124,6 +129,7 @@ impl Snapshot {
             kube: state.kube.clone(),
             virtual_services,
             destination_rules,
+            instances: OnceLock::new(),
         }
     }
 
@@ -172,6 +178,11 @@ impl Snapshot {
         self.registry
             .endpoints
             .get(&ServiceKey { hostname: service.hostname.clone(), namespace: service.namespace.clone() })
+    }
+
+    /// The services with an endpoint at `ip` (a proxy's service instances), in key order.
+    pub fn instances_at(&self, ip: &str) -> Vec<(&Arc<Service>, &Endpoint)> {
+        self.instances.get_or_init(|| InstanceIndex::new(&self.registry)).at(ip)
     }
 
     /// VirtualServices visible to `namespace` that apply to `gateway` (`mesh` for sidecars, or

@@ -84,11 +84,53 @@ struct Generation {
     // Held only to find, insert or evict entries, never across generation or an await.
     entries: Mutex<HashMap<Key, Arc<Entry>>>,
     bytes: AtomicUsize,
+    /// Connection views resolved against this generation's snapshot (entries are keyed by the
+    /// resolved view, which several connection views may share).
+    resolved: Mutex<Resolutions>,
+}
+
+/// Which resolved view each connection view maps to, and how many map to each resolved view.
+#[derive(Default)]
+struct Resolutions {
+    of: HashMap<ProxyView, ProxyView>,
+    users: HashMap<ProxyView, usize>,
 }
 
 impl Generation {
     fn new(version: Version) -> Generation {
-        Generation { version, entries: Mutex::default(), bytes: AtomicUsize::new(0) }
+        Generation { version, entries: Mutex::default(), bytes: AtomicUsize::new(0), resolved: Mutex::default() }
+    }
+
+    fn lock_resolved(&self) -> MutexGuard<'_, Resolutions> {
+        self.resolved.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The resolved form of `view` in `snapshot` (this generation's), computed once per view.
+    fn resolve(&self, snapshot: &Snapshot, view: &ProxyView) -> ProxyView {
+        if let Some(resolved) = self.lock_resolved().of.get(view) {
+            return resolved.clone();
+        }
+        // Resolved outside the lock: the first inbound lookup of a snapshot builds its IP index.
+        let resolved = view.resolve(snapshot);
+        let mut r = self.lock_resolved();
+        if !r.of.contains_key(view) {
+            r.of.insert(view.clone(), resolved.clone());
+            *r.users.entry(resolved.clone()).or_default() += 1;
+        }
+        resolved
+    }
+
+    /// Forgets `view`; returns its resolved view if no other view maps to it any more.
+    fn forget(&self, view: &ProxyView) -> Option<ProxyView> {
+        let mut r = self.lock_resolved();
+        let resolved = r.of.remove(view)?;
+        let users = r.users.get_mut(&resolved)?;
+        *users = users.saturating_sub(1);
+        if *users > 0 {
+            return None;
+        }
+        r.users.remove(&resolved);
+        Some(resolved)
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<Key, Arc<Entry>>> {
@@ -170,7 +212,8 @@ impl GenerationCache {
 
     /// The resources of `type_url` for `view` in `snapshot`, generated at most once.
     pub async fn get(&self, snapshot: &Arc<Snapshot>, view: &ProxyView, type_url: TypeUrl) -> Arc<Generated> {
-        let (generation, entry) = self.entry(snapshot.version, view, type_url);
+        let (generation, entry, view) = self.entry(snapshot, view, type_url);
+        let view = &view;
         entry.last_used.store(self.tick.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
         let internal_errors = self.metrics.xds_internal_errors.clone();
         let (snapshot, task_view) = (snapshot.clone(), view.clone());
@@ -222,9 +265,16 @@ impl GenerationCache {
         generated
     }
 
-    /// The entry for (`view`, `type_url`) in the generation of `version`, and that generation;
-    /// a caller still on an older snapshot gets an uncached entry and no generation.
-    fn entry(&self, version: Version, view: &ProxyView, type_url: TypeUrl) -> (Option<Arc<Generation>>, Arc<Entry>) {
+    /// The entry for (`view` resolved, `type_url`) in the generation of the snapshot's version,
+    /// that generation, and the resolved view; a caller still on an older snapshot gets an
+    /// uncached entry and no generation.
+    fn entry(
+        &self,
+        snapshot: &Snapshot,
+        view: &ProxyView,
+        type_url: TypeUrl,
+    ) -> (Option<Arc<Generation>>, Arc<Entry>, ProxyView) {
+        let version = snapshot.version;
         let mut generation = self.current.load_full();
         if generation.version < version {
             let fresh = Arc::new(Generation::new(version));
@@ -233,10 +283,11 @@ impl GenerationCache {
             self.report(&generation);
         }
         if generation.version != version {
-            return (None, Arc::new(Entry::default()));
+            return (None, Arc::new(Entry::default()), view.resolve(snapshot));
         }
+        let view = generation.resolve(snapshot, view);
         let entry = generation.lock().entry((view.clone(), type_url)).or_default().clone();
-        (Some(generation), entry)
+        (Some(generation), entry, view)
     }
 
     /// Drops least recently used entries (never `keep`) until the generation fits the budget.
@@ -289,7 +340,9 @@ impl GenerationCache {
         };
         if last {
             let generation = self.current.load_full();
-            generation.remove_where(|(v, _)| v == view);
+            if let Some(resolved) = generation.forget(view) {
+                generation.remove_where(|(v, _)| *v == resolved);
+            }
             self.report(&generation);
         }
     }
@@ -314,7 +367,7 @@ impl Drop for ViewLease {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::xds::generate::testing::{sidecar, snapshot};
+    use crate::xds::generate::testing::{sidecar, sidecar_at, snapshot};
 
     const MESH: &str = "apiVersion: networking.istio.io/v1
 kind: ServiceEntry
@@ -366,5 +419,34 @@ spec: {hosts: [a.example.com], location: MESH_INTERNAL, resolution: STATIC, port
         let cached: Vec<bool> =
             views.iter().map(|v| cache.current.load().lock().contains_key(&(v.clone(), TypeUrl::Cluster))).collect();
         assert_eq!(cached, [true, false, true, true, false]);
+    }
+
+    #[tokio::test]
+    async fn proxies_with_the_same_instances_share_entries_and_others_do_not() {
+        let cache = Arc::new(GenerationCache::default());
+        let snap = Arc::new(snapshot(MESH));
+        // 10.0.0.1 is an endpoint of a.example.com; 10.0.0.2 and 10.0.0.3 are nobody's.
+        let instance = sidecar_at("default", &[], &["10.0.0.1"]);
+        let (x, y) = (sidecar_at("default", &[], &["10.0.0.2"]), sidecar_at("default", &[], &["10.0.0.3"]));
+        let leases: Vec<_> = [&instance, &x, &y].iter().map(|v| cache.hold(v)).collect();
+        let mine = cache.get(&snap, &instance, TypeUrl::Listener).await;
+        let (gx, gy) = (cache.get(&snap, &x, TypeUrl::Listener).await, cache.get(&snap, &y, TypeUrl::Listener).await);
+        assert!(Arc::ptr_eq(&gx, &gy), "proxies without instances share one generation");
+        assert_eq!(cache.entries(), 2);
+        let inbound_chains = |g: &Generated| {
+            g.find("virtualInbound").map(|i| {
+                let l: envoy_types::pb::envoy::config::listener::v3::Listener =
+                    prost::Message::decode(g.resources[i].body.value.as_slice()).expect("listener");
+                l.filter_chains.len()
+            })
+        };
+        assert!(inbound_chains(&mine) > inbound_chains(&gx), "the instance's port has its own chain");
+        let mut leases = leases.into_iter();
+        drop(leases.next());
+        assert_eq!(cache.entries(), 1, "the instance's entry goes with its last connection");
+        drop(leases.next());
+        assert_eq!(cache.entries(), 1, "still used by the other proxy without instances");
+        drop(leases.next());
+        assert_eq!(cache.entries(), 0);
     }
 }

@@ -1,11 +1,13 @@
 //! Proxies: Istio node ids and metadata, and the view of the mesh a proxy's config depends on.
 
-use std::fmt;
-use std::hash::{Hash, Hasher};
+mod metadata;
+mod view;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
-use envoy_types::pb::google::protobuf::{value::Kind as ValueKind, Struct, Value};
 use serde::Serialize;
+
+pub use metadata::{Interception, NodeMetadata, ProxyConfigMeta};
+pub use view::{InboundPort, ProxyView};
 
 use crate::cluster::ownership::ProxyIdentity;
 use crate::config::api::Labels;
@@ -20,15 +22,6 @@ pub enum ProxyKind {
     Router,
 }
 
-/// How traffic reaches a sidecar's outbound listeners.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-pub enum Interception {
-    /// iptables redirect: listeners do not bind, a virtual outbound listener does.
-    Redirect,
-    /// No interception (`INTERCEPTION_MODE: NONE`): applications dial listeners directly.
-    None,
-}
-
 /// A connected proxy, as identified by its xDS node.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Proxy {
@@ -36,7 +29,8 @@ pub struct Proxy {
     pub id: String,
     /// Role.
     pub kind: ProxyKind,
-    /// IP addresses: the node id's, or the Pod's when the registry holds the proxy's Pod.
+    /// IP addresses: metadata INSTANCE_IPS, else the node id's; the Pod's when the registry holds
+    /// the proxy's Pod.
     pub ips: Vec<String>,
     /// Namespace (metadata NAMESPACE, else from the node id).
     pub namespace: String,
@@ -50,6 +44,12 @@ pub struct Proxy {
     pub interception: Interception,
     /// Istio version of the proxy (metadata ISTIO_VERSION; empty if absent), the `pilot_xds` label.
     pub istio_version: String,
+    /// Workload name (metadata WORKLOAD_NAME; empty if absent).
+    pub workload_name: String,
+    /// Mesh id (metadata MESH_ID; empty if absent).
+    pub mesh_id: String,
+    /// What the agent's PROXY_CONFIG says, if it sent one.
+    pub proxy_config: Option<ProxyConfigMeta>,
 }
 
 /// Why a node cannot be served.
@@ -91,35 +91,28 @@ impl Proxy {
             "router" => ProxyKind::Router,
             _ => return Err(ProxyError::BadId(node.id.clone())),
         };
-        let meta = node.metadata.as_ref();
-        let namespace = meta_str(meta, "NAMESPACE")
+        let meta = NodeMetadata::parse(node.metadata.as_ref());
+        let namespace = meta
+            .namespace
             .or_else(|| pod.split_once('.').map(|(_, ns)| ns.to_string()))
             .or_else(|| domain.split('.').next().map(str::to_string))
             .filter(|ns| !ns.is_empty())
             .ok_or_else(|| ProxyError::BadId(node.id.clone()))?;
-        let labels = meta
-            .and_then(|m| m.fields.get("LABELS"))
-            .and_then(|v| match &v.kind {
-                Some(ValueKind::StructValue(s)) => {
-                    Some(s.fields.iter().filter_map(|(k, v)| Some((k.clone(), value_str(v)?))).collect::<Labels>())
-                }
-                _ => None,
-            })
-            .unwrap_or_default();
-        let interception = match meta_str(meta, "INTERCEPTION_MODE").as_deref() {
-            Some("NONE") => Interception::None,
-            _ => Interception::Redirect,
-        };
+        // pilot-agent lists every address of the pod; the node id carries only the first.
+        let ips = if meta.instance_ips.is_empty() { vec![ip.to_string()] } else { meta.instance_ips };
         Ok(Proxy {
             id: node.id.clone(),
             kind,
-            ips: vec![ip.to_string()],
+            ips,
             namespace,
-            labels,
-            cluster_id: meta_str(meta, "CLUSTER_ID").unwrap_or_else(|| "Kubernetes".into()),
-            service_account: meta_str(meta, "SERVICE_ACCOUNT").unwrap_or_default(),
-            interception,
-            istio_version: meta_str(meta, "ISTIO_VERSION").unwrap_or_default(),
+            labels: meta.labels.unwrap_or_default(),
+            cluster_id: meta.cluster_id.unwrap_or_else(|| "Kubernetes".into()),
+            service_account: meta.service_account.unwrap_or_default(),
+            interception: meta.interception.unwrap_or(Interception::Redirect),
+            istio_version: meta.istio_version.unwrap_or_default(),
+            workload_name: meta.workload_name.unwrap_or_default(),
+            mesh_id: meta.mesh_id.unwrap_or_default(),
+            proxy_config: meta.proxy_config,
         })
     }
 
@@ -164,54 +157,17 @@ impl Proxy {
             namespace: self.namespace.clone(),
             labels: self.labels.clone(),
             interception: self.interception,
+            // Gateways have no inbound side: their views stay shared whatever their addresses.
+            ips: if self.kind == ProxyKind::Sidecar { self.ips.clone() } else { Vec::new() },
+            inbound: Vec::new(),
         }
-    }
-}
-
-fn meta_str(meta: Option<&Struct>, key: &str) -> Option<String> {
-    meta.and_then(|m| m.fields.get(key)).and_then(value_str)
-}
-
-fn value_str(v: &Value) -> Option<String> {
-    match &v.kind {
-        Some(ValueKind::StringValue(s)) => Some(s.clone()),
-        Some(ValueKind::NumberValue(n)) => Some(n.to_string()),
-        Some(ValueKind::BoolValue(b)) => Some(b.to_string()),
-        _ => None,
-    }
-}
-
-/// Everything about a proxy that its generated config depends on. Proxies with equal views get
-/// identical config, so config is generated and encoded once per view, not once per proxy.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-pub struct ProxyView {
-    /// Role.
-    pub kind: ProxyKind,
-    /// Namespace (visibility, Sidecar lookup).
-    pub namespace: String,
-    /// Labels (Sidecar and Gateway selection, sourceLabels matches).
-    pub labels: Labels,
-    /// Interception mode.
-    pub interception: Interception,
-}
-
-impl ProxyView {
-    /// A stable 64-bit key for caches and metrics.
-    pub fn key(&self) -> u64 {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        self.hash(&mut h);
-        h.finish()
-    }
-}
-
-impl fmt::Display for ProxyView {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?}/{}/{:016x}", self.kind, self.namespace, self.key())
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use envoy_types::pb::google::protobuf::{value::Kind as ValueKind, Struct, Value};
+
     use super::*;
 
     fn node(id: &str, meta: &[(&str, Value)]) -> Node {
@@ -284,6 +240,46 @@ mod tests {
         other.insert(object.key(), Arc::new(object));
         assert_eq!(p.with_registry(&other), p);
         assert_eq!(p.with_registry(&KubeObjects::new()), p);
+    }
+
+    #[test]
+    fn pilot_agent_nodes_give_all_instance_ips_and_unknown_keys_are_ignored() {
+        let labels = Value {
+            kind: Some(ValueKind::StructValue(Struct {
+                fields: [("app".to_string(), s("reviews"))].into_iter().collect(),
+            })),
+        };
+        let id = "sidecar~10.1.2.3~reviews-1.shop~shop.svc.cluster.local";
+        let p = Proxy::from_node(Some(&node(
+            id,
+            &[
+                ("INSTANCE_IPS", s("10.1.2.3,fd00::3")),
+                ("LABELS", labels),
+                ("WORKLOAD_NAME", s("reviews-v1")),
+                ("MESH_ID", s("mesh1")),
+                ("INTERCEPTION_MODE", s("TPROXY")),
+                ("SOME_FUTURE_KEY", Value { kind: Some(ValueKind::ListValue(Default::default())) }),
+            ],
+        )))
+        .unwrap();
+        assert_eq!(p.ips, ["10.1.2.3", "fd00::3"]);
+        assert_eq!((p.workload_name.as_str(), p.mesh_id.as_str()), ("reviews-v1", "mesh1"));
+        assert_eq!(p.interception, Interception::Tproxy);
+        assert_eq!(p.view().ips, p.ips, "the view carries the IPs until resolved against a snapshot");
+        // Nothing valid in INSTANCE_IPS: the node id's address.
+        let q = Proxy::from_node(Some(&node(id, &[("INSTANCE_IPS", s("x,,y"))]))).unwrap();
+        assert_eq!(q.ips, ["10.1.2.3"]);
+        // Malformed known values never fail the node.
+        let r = Proxy::from_node(Some(&node(
+            id,
+            &[("LABELS", s("app=x")), ("NAMESPACE", Value { kind: None }), ("PROXY_CONFIG", s("nope"))],
+        )))
+        .unwrap();
+        assert!(r.labels.is_empty());
+        assert_eq!(r.namespace, "shop", "from the node id");
+        assert_eq!(r.proxy_config, None);
+        let gateway = Proxy::from_node(Some(&node("router~10.0.0.1~gw.edge~edge.svc.cluster.local", &[]))).unwrap();
+        assert!(gateway.view().ips.is_empty(), "gateways have no inbound side");
     }
 
     #[test]

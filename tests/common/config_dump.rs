@@ -56,6 +56,13 @@ pub fn dynamic_cluster_names(dump: &Value) -> Vec<String> {
     section_names(dump, "ClustersConfigDump", "dynamic_active_clusters", &["cluster", "name"])
 }
 
+/// The `dynamic_active_clusters` entry (`version_info`, `cluster`) of cluster `name`.
+pub fn dynamic_cluster<'a>(dump: &'a Value, name: &str) -> Option<&'a Value> {
+    section_list(dump, "ClustersConfigDump", "dynamic_active_clusters")
+        .into_iter()
+        .find(|c| c["cluster"]["name"] == name)
+}
+
 /// Ports of the endpoints Envoy holds for EDS cluster `cluster`, sorted (None if it has no
 /// assignment for it).
 pub fn endpoint_ports(dump: &Value, cluster: &str) -> Option<Vec<u64>> {

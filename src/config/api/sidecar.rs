@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::common::{Port, WorkloadSelector};
+use super::destination_rule::ConnectionPoolSettings;
 
 /// The `spec` of a Sidecar.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -66,4 +67,40 @@ pub enum OutboundMode {
     RegistryOnly,
     /// Unknown destinations pass through.
     AllowAny,
+}
+
+/// An ingress listener of a Sidecar, as generation reads it. The spec keeps ingress listeners
+/// loosely typed so validation can report each field; this reads the fields generation uses.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct IstioIngressListener {
+    /// Port the workload is reached on (number, protocol, name).
+    pub port: Option<Port>,
+    /// Address a bound listener binds to (default: the wildcard).
+    pub bind: String,
+    /// DEFAULT, IPTABLES or NONE.
+    pub capture_mode: Option<CaptureMode>,
+    /// Where traffic goes: `127.0.0.1:PORT`, `0.0.0.0:PORT` (the workload's IP), `unix://PATH`, or
+    /// empty for the original destination.
+    pub default_endpoint: String,
+    /// Connection pool of this port's inbound cluster.
+    pub connection_pool: Option<ConnectionPoolSettings>,
+}
+
+impl Sidecar {
+    /// The ingress listeners that read as Istio's type (validation rejected the others).
+    pub fn ingress_listeners(&self) -> Vec<IstioIngressListener> {
+        self.ingress.iter().filter_map(|v| serde_json::from_value(v.clone()).ok()).collect()
+    }
+
+    /// The connection pool of the inbound cluster of `port`: its ingress listener's, else the
+    /// Sidecar's `inboundConnectionPool` (Istio's precedence).
+    pub fn inbound_connection_pool(&self, port: u16) -> Option<ConnectionPoolSettings> {
+        let own = self
+            .ingress_listeners()
+            .into_iter()
+            .find(|l| l.port.as_ref().is_some_and(|p| p.number == u32::from(port)))
+            .and_then(|l| l.connection_pool);
+        own.or_else(|| self.inbound_connection_pool.clone().and_then(|v| serde_json::from_value(v).ok()))
+    }
 }

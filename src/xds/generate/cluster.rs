@@ -19,7 +19,9 @@ use super::traffic_policy::{self, Policy};
 use super::Resource;
 use crate::config::api::destination_rule::Subset;
 use crate::config::api::DestinationRule;
+use crate::config::api::Protocol;
 use crate::registry::{Endpoint, Resolution, Service, ServicePort};
+use crate::xds::proxy::ProxyKind;
 
 /// One outbound cluster to build: a service port, optionally narrowed to a subset.
 pub(super) struct OutboundCluster<'a> {
@@ -62,6 +64,7 @@ pub(super) fn clusters(scope: &Scope<'_>) -> Vec<Resource> {
         outbound_clusters(scope).iter().map(|c| resource(c.name.clone(), outbound_cluster(scope, c))).collect();
     out.push(resource(BLACKHOLE_CLUSTER, blackhole_cluster(scope)));
     out.push(resource(PASSTHROUGH_CLUSTER, passthrough_cluster(scope)));
+    out.extend(super::inbound_cluster::clusters(scope));
     out
 }
 
@@ -85,6 +88,11 @@ fn outbound_cluster(scope: &Scope<'_>, oc: &OutboundCluster<'_>) -> Cluster {
     }
     let policy = Policy::effective(oc.rule, oc.subset, oc.port.number);
     traffic_policy::apply(&mut c, &policy, oc.port.protocol, mesh);
+    if oc.port.protocol == Protocol::Unsupported && scope.view.kind == ProxyKind::Sidecar {
+        // A sniffed port's HTTP goes upstream as the client sent it (HTTP/1.1 or h2c), as in
+        // Istio; gateways do not sniff.
+        traffic_policy::use_downstream_protocol(&mut c);
+    }
     if let Some(tls) = policy.tls {
         let dns = matches!(oc.service.resolution, Resolution::Dns | Resolution::DnsRoundRobin);
         let default_sni = dns.then_some(oc.service.hostname.as_str());
@@ -129,7 +137,7 @@ fn passthrough_cluster(scope: &Scope<'_>) -> Cluster {
         cluster_discovery_type: Some(discovery(cluster::DiscoveryType::OriginalDst)),
         ..Default::default()
     };
-    traffic_policy::apply(&mut c, &Policy::default(), crate::config::api::Protocol::Tcp, &scope.snapshot.mesh);
+    traffic_policy::apply(&mut c, &Policy::default(), Protocol::Tcp, &scope.snapshot.mesh);
     c
 }
 
@@ -279,5 +287,20 @@ mod tests {
         assert_eq!(all, sorted);
         let passthrough = bookinfo(PASSTHROUGH_CLUSTER);
         assert_eq!(lb(&passthrough), cluster::LbPolicy::ClusterProvided);
+    }
+
+    #[test]
+    fn sniffed_ports_speak_the_clients_protocol_upstream() {
+        let s = testdata_snapshot("inbound.yaml");
+        let c: Cluster =
+            find(&s, &sidecar("shop", &[]), TypeUrl::Cluster, "outbound|9000||orders.shop.svc.cluster.local");
+        let options: HttpProtocolOptions = unpack(&c.typed_extension_protocol_options[ext::HTTP_PROTOCOL_OPTIONS]);
+        assert!(matches!(
+            options.upstream_protocol_options,
+            Some(UpstreamProtocolOptions::UseDownstreamProtocolConfig(_))
+        ));
+        let tcp: Cluster =
+            find(&s, &sidecar("shop", &[]), TypeUrl::Cluster, "outbound|5432||orders.shop.svc.cluster.local");
+        assert!(tcp.typed_extension_protocol_options.is_empty(), "declared TCP: no HTTP options");
     }
 }

@@ -123,7 +123,7 @@ mod tests {
     use envoy_types::pb::envoy::config::core::v3::{address::Address, socket_address::PortSpecifier};
 
     use super::*;
-    use crate::xds::generate::testing::{find, names, sidecar, snapshot, testdata_snapshot};
+    use crate::xds::generate::testing::{find, kube_snapshot, names, sidecar, snapshot, testdata_snapshot};
     use crate::xds::TypeUrl;
 
     fn assignment_of(file: &str, name: &str) -> ClusterLoadAssignment {
@@ -188,71 +188,6 @@ mod tests {
         let s = testdata_snapshot("bookinfo.yaml");
         let all = names(&s, &sidecar("bookinfo", &[]), TypeUrl::Endpoint);
         assert!(!all.iter().any(|n| n.contains("httpbin.org")), "DNS clusters carry their endpoints: {all:?}");
-    }
-
-    fn kube_snapshot(yaml: &str) -> crate::snapshot::Snapshot {
-        use crate::registry::kubernetes::*;
-        use crate::snapshot::{ChangeSet, Snapshot, SourceState, Version};
-        use std::sync::Arc;
-
-        let endpoint = |ip: &str, ready: bool, terminating: bool| SliceEndpoint {
-            addresses: vec![ip.into()],
-            ready: Some(ready),
-            serving: Some(ready),
-            terminating: Some(terminating),
-            pod: None,
-            node_name: None,
-        };
-        let port = |name: &str, n: u16| KubeServicePort {
-            name: name.into(),
-            port: n,
-            protocol: "TCP".into(),
-            app_protocol: None,
-            target_port: None,
-        };
-        let slice = |name: &str, ports: &[(&str, u16)], endpoints| KubeEndpointSlice {
-            name: name.into(),
-            namespace: "shop".into(),
-            service_name: "web".into(),
-            address_type: "IPv4".into(),
-            ports: ports
-                .iter()
-                .map(|(n, p)| SlicePort { name: n.to_string(), port: Some(*p), protocol: "TCP".into() })
-                .collect(),
-            endpoints,
-        };
-        let objects = vec![
-            KubeObject::Service(KubeService {
-                name: "web".into(),
-                namespace: "shop".into(),
-                labels: Default::default(),
-                selector: None,
-                service_type: ServiceType::ClusterIp,
-                cluster_ips: vec!["10.96.0.1".into()],
-                headless: false,
-                external_name: None,
-                ports: vec![port("http", 80), port("admin", 81)],
-                export_to: vec![],
-            }),
-            KubeObject::EndpointSlice(slice(
-                "web-a",
-                &[("http", 8080), ("admin", 8081)],
-                vec![
-                    endpoint("10.0.0.1", true, false),
-                    endpoint("10.0.0.2", false, false),
-                    endpoint("10.0.0.3", false, true),
-                ],
-            )),
-            KubeObject::EndpointSlice(slice("web-b", &[("http", 8080)], vec![endpoint("10.0.0.4", true, false)])),
-        ];
-        let mut state =
-            SourceState { kube: objects.into_iter().map(|o| (o.key(), Arc::new(o))).collect(), ..Default::default() };
-        for doc in crate::config::parse::parse_file("t.yaml", yaml) {
-            if let crate::config::parse::Document::Valid(obj) = doc {
-                state.configs.insert(obj.key.clone(), Arc::new(obj));
-            }
-        }
-        Snapshot::build(Version::new(1, 1), ChangeSet::full(), &state)
     }
 
     fn with_health(cla: &ClusterLoadAssignment) -> Vec<(String, u32, i32)> {

@@ -27,7 +27,7 @@ use super::endpoint::lb_endpoint;
 use super::generate;
 use super::names::ext;
 use super::proto::{any, map_field, socket_address};
-use super::testing::{decode, router, sidecar, testdata_snapshot};
+use super::testing::{decode, router, sidecar, sidecar_at, testdata_snapshot};
 use crate::snapshot::Snapshot;
 use crate::xds::proxy::{Interception, ProxyView};
 use crate::xds::TypeUrl;
@@ -178,4 +178,21 @@ fn envoy_accepts_feature_sidecars() {
 fn envoy_accepts_feature_gateway() {
     let s = testdata_snapshot("features.yaml");
     assert_envoy_accepts("features-gateway", &s, &router("edge", &[("istio", "edge")]));
+}
+
+#[test]
+fn envoy_accepts_inbound_and_sniffing_listeners() {
+    let s = testdata_snapshot("inbound.yaml");
+    // Service instances: HTTP, TCP and sniffed inbound chains, a sniffed outbound port.
+    let orders = sidecar_at("shop", &[("app", "orders")], &["10.2.0.5"]);
+    assert_envoy_accepts("inbound-instances", &s, &orders);
+    let mut tproxy = orders.clone();
+    tproxy.interception = Interception::Tproxy;
+    assert_envoy_accepts("inbound-tproxy", &s, &tproxy);
+    // Sidecar ingress, redirected and not.
+    let legacy = sidecar_at("shop", &[("app", "legacy")], &["10.2.0.7"]);
+    assert_envoy_accepts("inbound-ingress", &s, &legacy);
+    let mut bound = legacy.clone();
+    bound.interception = Interception::None;
+    assert_envoy_accepts("inbound-ingress-bound", &s, &bound);
 }

@@ -10,6 +10,9 @@ use envoy_types::pb::envoy::extensions::clusters::dns::v3::DnsCluster;
 use envoy_types::pb::envoy::extensions::filters::http::cors::v3::{Cors, CorsPolicy};
 use envoy_types::pb::envoy::extensions::filters::http::fault::v3::HttpFault;
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
+use envoy_types::pb::envoy::extensions::filters::listener::http_inspector::v3::HttpInspector;
+use envoy_types::pb::envoy::extensions::filters::listener::original_dst::v3::OriginalDst;
+use envoy_types::pb::envoy::extensions::filters::listener::original_src::v3::OriginalSrc;
 use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::TcpProxy;
@@ -19,7 +22,7 @@ use envoy_types::pb::envoy::extensions::upstreams::http::v3::HttpProtocolOptions
 use prost::{Message, Name};
 
 use super::generate;
-use super::testing::{router, sidecar, snapshot, testdata};
+use super::testing::{router, sidecar, sidecar_at, snapshot, testdata, testdata_snapshot};
 use crate::snapshot::Snapshot;
 use crate::xds::proxy::ProxyView;
 use crate::xds::TypeUrl;
@@ -32,7 +35,7 @@ fn pretty<T: Message + Default + std::fmt::Debug>(bytes: &[u8]) -> Option<String
 
 /// Message types that appear packed in generated resources.
 fn decoder(type_url: &str) -> Option<Decoder> {
-    let table: [(String, Decoder); 18] = [
+    let table: [(String, Decoder); 21] = [
         (Cluster::type_url(), pretty::<Cluster>),
         (ClusterLoadAssignment::type_url(), pretty::<ClusterLoadAssignment>),
         (Listener::type_url(), pretty::<Listener>),
@@ -44,6 +47,9 @@ fn decoder(type_url: &str) -> Option<Decoder> {
         (CorsPolicy::type_url(), pretty::<CorsPolicy>),
         (HttpFault::type_url(), pretty::<HttpFault>),
         (TlsInspector::type_url(), pretty::<TlsInspector>),
+        (HttpInspector::type_url(), pretty::<HttpInspector>),
+        (OriginalDst::type_url(), pretty::<OriginalDst>),
+        (OriginalSrc::type_url(), pretty::<OriginalSrc>),
         (PreviousHostsPredicate::type_url(), pretty::<PreviousHostsPredicate>),
         (HttpProtocolOptions::type_url(), pretty::<HttpProtocolOptions>),
         (UpstreamTlsContext::type_url(), pretty::<UpstreamTlsContext>),
@@ -181,6 +187,20 @@ fn sidecar_golden() {
 fn router_golden() {
     let s = bookinfo();
     check_golden("router.golden", &render(&s, &router("bookinfo", &[("istio", "ingressgateway")])));
+}
+
+#[test]
+fn inbound_instances_golden() {
+    // HTTP port with targetPort 8080, TCP port, sniffed port, passthrough chains.
+    let s = testdata_snapshot("inbound.yaml");
+    check_golden("inbound-instances.golden", &render(&s, &sidecar_at("shop", &[("app", "orders")], &["10.2.0.5"])));
+}
+
+#[test]
+fn inbound_sidecar_ingress_golden() {
+    // Sidecar ingress: loopback, workload-IP, unix and original-destination endpoints, one bound port.
+    let s = testdata_snapshot("inbound.yaml");
+    check_golden("inbound-ingress.golden", &render(&s, &sidecar_at("shop", &[("app", "legacy")], &["10.2.0.7"])));
 }
 
 #[test]

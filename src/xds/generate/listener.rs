@@ -20,14 +20,14 @@ use super::network_filter::{
     chain, claim_server_names, destination_match, http_connection_manager, sni_match, stat_prefix_of, tcp_proxy_filter,
     tls_inspector, to_cluster,
 };
-use super::proto::{bool_value, resource, socket_address};
+use super::proto::{bool_value, resource, socket_address, zero_duration};
 use super::scope::{Imports, Scope};
+use super::sniffing::{http_inspector, require_http};
 use super::tcp_route::{tcp_target, tls_targets};
 use super::Resource;
 use crate::config::api::sidecar::{CaptureMode, OutboundMode};
 use crate::config::api::Protocol;
 use crate::registry::{hosts_overlap, Service};
-use crate::xds::proxy::Interception;
 
 /// How an outbound listener treats connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +38,9 @@ pub(super) enum ListenerProtocol {
     Tcp,
     /// TCP proxy per SNI.
     Tls,
+    /// Sniffed (a service of unknown protocol on the port): HTTP, recognised by the HTTP
+    /// inspector, to the connection manager; the rest as on a TCP listener.
+    Auto,
 }
 
 /// One outbound listener of a sidecar.
@@ -60,7 +63,7 @@ pub(super) struct OutboundListener<'a> {
 
 /// The sidecar's outbound listeners, first claim of a name winning.
 pub(super) fn outbound_plan<'a>(scope: &Scope<'a>) -> Vec<OutboundListener<'a>> {
-    let intercepted = scope.view.interception == Interception::Redirect;
+    let intercepted = scope.view.interception.intercepts();
     let mut out: Vec<OutboundListener<'a>> = Vec::new();
     let mut claimed = BTreeSet::new();
     for egress in scope.egress_listeners() {
@@ -110,9 +113,12 @@ pub(super) fn outbound_plan<'a>(scope: &Scope<'a>) -> Vec<OutboundListener<'a>> 
     out
 }
 
-/// HTTP wins a port shared with other protocols; TLS needs every service to be TLS.
+/// A port with a service of unknown protocol is sniffed, as in Istio; else HTTP wins a port
+/// shared with other protocols; TLS needs every service to be TLS.
 fn listener_protocol(mut protocols: impl Iterator<Item = Protocol> + Clone) -> ListenerProtocol {
-    if protocols.clone().any(Protocol::is_http) {
+    if protocols.clone().any(|p| p == Protocol::Unsupported) {
+        ListenerProtocol::Auto
+    } else if protocols.clone().any(Protocol::is_http) {
         ListenerProtocol::Http
     } else if protocols.all(|p| matches!(p, Protocol::Tls | Protocol::Https)) {
         ListenerProtocol::Tls
@@ -125,13 +131,18 @@ fn listener_protocol(mut protocols: impl Iterator<Item = Protocol> + Clone) -> L
 pub(super) fn listeners(scope: &Scope<'_>) -> Vec<Resource> {
     let plan = outbound_plan(scope);
     // As in Istio, a redirected sidecar always has the listener iptables sends traffic to.
-    let redirect = scope.view.interception == Interception::Redirect;
-    let mut out: Vec<Resource> = plan
-        .iter()
-        // The virtual listener owns its port when traffic is redirected.
-        .filter(|l| !(redirect && l.port == VIRTUAL_OUTBOUND_PORT))
-        .map(|l| resource(l.name.clone(), outbound_listener(scope, l)))
-        .collect();
+    let redirect = scope.view.interception.intercepts();
+    // The workload's own ports come first: an outbound listener of the same address and port
+    // (a service port equal to a bound ingress port) gives way, as in Istio.
+    let mut out = super::inbound::listeners(scope);
+    let inbound: HashSet<String> = out.iter().map(|r| r.name.clone()).collect();
+    out.extend(
+        plan.iter()
+            // The virtual listener owns its port when traffic is redirected.
+            .filter(|l| !(redirect && l.port == VIRTUAL_OUTBOUND_PORT))
+            .filter(|l| !inbound.contains(&l.name))
+            .map(|l| resource(l.name.clone(), outbound_listener(scope, l))),
+    );
     if redirect {
         out.push(resource(VIRTUAL_OUTBOUND_LISTENER, virtual_outbound(scope)));
     }
@@ -157,6 +168,17 @@ fn outbound_listener(scope: &Scope<'_>, l: &OutboundListener<'_>) -> Listener {
             let (chains, default) = tcp_chains(scope, l);
             listener.filter_chains = chains;
             listener.default_filter_chain = Some(default);
+        }
+        ListenerProtocol::Auto => {
+            let (chains, default) = tcp_chains(scope, l);
+            listener.filter_chains = chains;
+            listener.default_filter_chain = Some(default);
+            // The TLS inspector first: TLS is never taken for HTTP.
+            listener.listener_filters = vec![tls_inspector(), http_inspector()];
+            // Istio's protocolDetectionTimeout (0s: no limit); a connection whose client stays
+            // silent is not dropped by the inspectors.
+            listener.listener_filters_timeout = Some(zero_duration());
+            listener.continue_on_listener_filters_timeout = true;
         }
         ListenerProtocol::Tls => {
             listener.filter_chains = tls_chains(scope, l);
@@ -196,31 +218,50 @@ pub(super) fn services_on_port<'a>(scope: &Scope<'a>, l: &OutboundListener<'a>) 
         .collect()
 }
 
-/// HTTP listeners route only HTTP services; TCP and TLS listeners forward any bytes.
+/// HTTP listeners route only HTTP services; TCP, TLS and sniffed listeners forward any bytes.
 fn compatible(listener: ListenerProtocol, service: Protocol) -> bool {
     listener != ListenerProtocol::Http || service.is_http()
 }
 
-/// Chains per service address, and the default chain for everything else.
+/// Chains per service address, and the default chain for everything else. On a sniffed port,
+/// HTTP (by ALPN) to a sniffed service's address or to an address no chain claims goes to the
+/// connection manager, and all traffic to a declared HTTP service's address does.
 fn tcp_chains(scope: &Scope<'_>, l: &OutboundListener<'_>) -> (Vec<FilterChain>, FilterChain) {
     let mesh = &scope.snapshot.mesh;
     let ctx = context(scope, l.port);
     let vss = scope.mesh_virtual_services(l.imports);
+    let sniffed = l.protocol == ListenerProtocol::Auto;
+    let stat_prefix = format!("outbound_{}", l.name);
+    let hcm = || http_connection_manager(&stat_prefix, &l.port.to_string(), false, mesh);
     let mut chains = Vec::new();
     let mut seen_matches = HashSet::new();
     let mut default = None;
     for (svc, port) in services_on_port(scope, l) {
+        let protocol = svc.port(port).map(|p| p.protocol).unwrap_or(Protocol::Tcp);
         let target = tcp_target(scope, &vss, Some(&svc.hostname), &ctx)
             .unwrap_or_else(|| to_cluster(&cluster_name(port, "", svc.hostname.as_str())));
         let filter = tcp_proxy_filter(stat_prefix_of(&target), target.clone(), mesh);
+        let name = svc.hostname.to_string();
         match destination_match(&svc.addresses) {
             Some(m) if seen_matches.insert(format!("{:?}", m.prefix_ranges)) => {
-                chains.push(chain(svc.hostname.to_string(), Some(m), vec![filter], None));
+                if sniffed && protocol.is_http() {
+                    chains.push(chain(name, Some(m), vec![hcm()], None));
+                    continue;
+                }
+                if sniffed && protocol == Protocol::Unsupported {
+                    chains.push(chain(name.clone(), Some(require_http(Some(m.clone()))), vec![hcm()], None));
+                }
+                chains.push(chain(name, Some(m), vec![filter], None));
             }
             Some(_) => {}
-            None if default.is_none() => default = Some(chain(svc.hostname.to_string(), None, vec![filter], None)),
+            None if default.is_none() && !(sniffed && protocol.is_http()) => {
+                default = Some(chain(name, None, vec![filter], None));
+            }
             None => {}
         }
+    }
+    if sniffed {
+        chains.push(chain(format!("{}-http", l.name), Some(require_http(None)), vec![hcm()], None));
     }
     (chains, default.unwrap_or_else(|| policy_chain(scope)))
 }
@@ -280,6 +321,8 @@ fn virtual_outbound(scope: &Scope<'_>) -> Listener {
         use_original_dst: Some(bool_value(true)),
         traffic_direction: TrafficDirection::Outbound as i32,
         filter_chains: vec![catch_all],
+        // TPROXY keeps the original addresses on the socket: Envoy must accept them as its own.
+        transparent: (scope.view.interception == crate::xds::proxy::Interception::Tproxy).then(|| bool_value(true)),
         ..Default::default()
     }
 }
@@ -294,6 +337,7 @@ mod tests {
 
     use super::*;
     use crate::xds::generate::testing::{find, names, sidecar, testdata_snapshot, unpack};
+    use crate::xds::proxy::Interception;
     use crate::xds::TypeUrl;
 
     fn web_listener(name: &str) -> Listener {
@@ -389,5 +433,38 @@ mod tests {
             tcp.cluster_specifier,
             Some(ClusterSpecifier::Cluster("outbound|443|pool-a|api.partner.example".into()))
         );
+    }
+
+    #[test]
+    fn unknown_protocol_ports_are_sniffed() {
+        let s = testdata_snapshot("inbound.yaml");
+        let l: Listener = find(&s, &sidecar("shop", &[]), TypeUrl::Listener, "0.0.0.0_9000");
+        let filters: Vec<&str> = l.listener_filters.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(filters, [super::super::names::ext::TLS_INSPECTOR, super::super::names::ext::HTTP_INSPECTOR]);
+        let alpn = |c: &FilterChain| c.filter_chain_match.clone().unwrap_or_default().application_protocols;
+        let http: Vec<&FilterChain> = l.filter_chains.iter().filter(|c| !alpn(c).is_empty()).collect();
+        assert_eq!(http.len(), 2, "HTTP to the service's address and HTTP to any other address");
+        assert!(http.iter().all(|c| alpn(c) == ["http/1.1", "h2c"]));
+        let hcm: HttpConnectionManager = typed(http[0]);
+        assert!(matches!(hcm.route_specifier, Some(RouteSpecifier::Rds(r)) if r.route_config_name == "9000"));
+        let tcp: TcpProxy = typed(l.default_filter_chain.as_ref().expect("default"));
+        assert_eq!(tcp.cluster_specifier, Some(ClusterSpecifier::Cluster(PASSTHROUGH_CLUSTER.into())));
+        assert!(names(&s, &sidecar("shop", &[]), TypeUrl::Route).contains(&"9000".to_string()));
+    }
+
+    #[test]
+    fn a_bound_ingress_port_wins_over_an_outbound_listener_of_the_same_name() {
+        use crate::xds::generate::testing::{sidecar_at, snapshot, testdata};
+        let mut yaml = std::fs::read_to_string(testdata().join("inbound.yaml")).expect("inbound.yaml");
+        yaml.push_str(
+            "---\napiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: admin, namespace: shop}\n\
+             spec: {hosts: [admin.shop.svc.cluster.local], location: MESH_INTERNAL, resolution: STATIC, \
+             ports: [{number: 5000, name: http, protocol: HTTP}], endpoints: [{address: 10.2.0.9}]}\n",
+        );
+        let s = snapshot(&yaml);
+        let redirected = sidecar_at("shop", &[("app", "legacy")], &["10.2.0.7"]);
+        // Redirected: outbound 0.0.0.0_5000 and the bound ingress listener 0.0.0.0_5000 share a name.
+        let l: Listener = find(&s, &redirected, TypeUrl::Listener, "0.0.0.0_5000");
+        assert_eq!(l.traffic_direction, TrafficDirection::Inbound as i32, "the workload's own port");
     }
 }

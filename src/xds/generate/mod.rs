@@ -19,12 +19,16 @@ mod http_action;
 mod http_match;
 mod http_policy;
 mod http_route;
+mod inbound;
+mod inbound_cluster;
+mod inbound_http;
 mod listener;
 mod names;
 mod network_filter;
 mod proto;
 mod route;
 mod scope;
+mod sniffing;
 mod tcp_route;
 mod tls;
 mod traffic_policy;
@@ -55,6 +59,8 @@ pub struct Resource {
 /// Generates every resource of `type_url` the view can see. EDS and RDS callers pick the
 /// subset the proxy subscribed to by name.
 pub fn generate(type_url: TypeUrl, snapshot: &Snapshot, view: &ProxyView) -> Vec<Resource> {
+    // Generation reads the proxy's IPs only through their service instances (see `resolve`).
+    let view = &view.resolve(snapshot);
     let scope = scope::Scope::new(snapshot, view);
     let mut resources = match type_url {
         TypeUrl::Cluster => cluster::clusters(&scope),

@@ -8,6 +8,22 @@ pub(super) const BLACKHOLE_CLUSTER: &str = "BlackHoleCluster";
 pub(super) const VIRTUAL_OUTBOUND_LISTENER: &str = "virtualOutbound";
 /// Port of the virtual outbound listener.
 pub(super) const VIRTUAL_OUTBOUND_PORT: u16 = 15001;
+/// The listener iptables redirects inbound traffic to.
+pub(super) const VIRTUAL_INBOUND_LISTENER: &str = "virtualInbound";
+/// Port of the virtual inbound listener.
+pub(super) const VIRTUAL_INBOUND_PORT: u16 = 15006;
+/// The virtual inbound chain taking HTTP to ports no service declares.
+pub(super) const VIRTUAL_INBOUND_CATCHALL_HTTP: &str = "virtualInbound-catchall-http";
+/// The virtual inbound chain dropping traffic addressed to the listener's own port (a loop).
+pub(super) const VIRTUAL_INBOUND_BLACKHOLE: &str = "virtualInbound-blackhole";
+/// Cluster forwarding inbound traffic to the original destination.
+pub(super) const INBOUND_PASSTHROUGH_CLUSTER: &str = "InboundPassthroughCluster";
+/// Source address of connections to the workload's own IP, which iptables lets through.
+pub(super) const INBOUND_PASSTHROUGH_BIND: &str = "127.0.0.6";
+/// ALPN values the HTTP inspector sets for plaintext HTTP (Istio's, without HTTP/1.0).
+pub(super) const PLAINTEXT_HTTP_ALPNS: [&str; 2] = ["http/1.1", "h2c"];
+/// Transport protocol of connections the TLS inspector did not find to be TLS.
+pub(super) const RAW_BUFFER: &str = "raw_buffer";
 /// Catch-all virtual host name under ALLOW_ANY.
 pub(super) const ALLOW_ANY_VHOST: &str = "allow_any";
 /// Catch-all virtual host name under REGISTRY_ONLY.
@@ -33,6 +49,12 @@ pub(super) mod ext {
     pub const ROUTER: &str = "envoy.filters.http.router";
     /// TLS inspector listener filter (reads SNI).
     pub const TLS_INSPECTOR: &str = "envoy.filters.listener.tls_inspector";
+    /// HTTP inspector listener filter (sets HTTP ALPN values on plaintext HTTP).
+    pub const HTTP_INSPECTOR: &str = "envoy.filters.listener.http_inspector";
+    /// Original destination listener filter.
+    pub const ORIGINAL_DST: &str = "envoy.filters.listener.original_dst";
+    /// Original source listener filter (TPROXY).
+    pub const ORIGINAL_SRC: &str = "envoy.filters.listener.original_src";
     /// TLS transport socket.
     pub const TLS_TRANSPORT_SOCKET: &str = "envoy.transport_sockets.tls";
     /// Upstream HTTP protocol options key of `typed_extension_protocol_options`.
@@ -48,6 +70,11 @@ pub(super) mod ext {
 /// `outbound|PORT|SUBSET|HOST`, Istio's outbound cluster name.
 pub(super) fn cluster_name(port: u16, subset: &str, host: &str) -> String {
     format!("outbound|{port}|{subset}|{host}")
+}
+
+/// `inbound|PORT||`, Istio's inbound cluster name (and inbound route configuration name).
+pub(super) fn inbound_cluster_name(port: u16) -> String {
+    format!("inbound|{port}||")
 }
 
 /// `ADDRESS_PORT`, Istio's listener name.

@@ -128,7 +128,8 @@ pub(super) fn claim_server_names(names: &[String], claimed: &mut HashSet<String>
     out
 }
 
-fn access_logs(mesh: &MeshConfig) -> Vec<AccessLog> {
+/// The mesh's access log, if it configures one.
+pub(super) fn access_logs(mesh: &MeshConfig) -> Vec<AccessLog> {
     if mesh.access_log_file.is_empty() {
         return Vec::new();
     }
@@ -140,7 +141,8 @@ fn access_logs(mesh: &MeshConfig) -> Vec<AccessLog> {
     }]
 }
 
-fn http_filter<T: Name + Message>(name: &str, config: T) -> HttpFilter {
+/// An HTTP filter with a typed config.
+pub(super) fn http_filter<T: Name + Message>(name: &str, config: T) -> HttpFilter {
     HttpFilter {
         name: name.to_string(),
         config_type: Some(http_filter::ConfigType::TypedConfig(any(config))),
@@ -148,6 +150,7 @@ fn http_filter<T: Name + Message>(name: &str, config: T) -> HttpFilter {
     }
 }
 
-fn network_filter<T: Name + Message>(name: &str, config: T) -> Filter {
+/// A network filter with a typed config.
+pub(super) fn network_filter<T: Name + Message>(name: &str, config: T) -> Filter {
     Filter { name: name.to_string(), config_type: Some(filter::ConfigType::TypedConfig(any(config))) }
 }

@@ -27,7 +27,7 @@ pub(super) const MAX_DIRECT_RESPONSE_BODY: u32 = 1024 * 1024;
 pub(super) fn route_configs(scope: &Scope<'_>) -> Vec<Resource> {
     outbound_plan(scope)
         .iter()
-        .filter(|l| l.protocol == ListenerProtocol::Http)
+        .filter(|l| matches!(l.protocol, ListenerProtocol::Http | ListenerProtocol::Auto))
         .map(|l| resource(l.port.to_string(), route_config(scope, l)))
         .collect()
 }

@@ -223,6 +223,7 @@ spec:
             got,
             [
                 "BlackHoleCluster",
+                "InboundPassthroughCluster",
                 "PassthroughCluster",
                 "outbound|80||a.app.svc.cluster.local",
                 "outbound|80||hidden.other.svc.cluster.local",
@@ -230,7 +231,7 @@ spec:
             ]
         );
         // A namespace without Sidecar sees everything.
-        assert_eq!(names(&s, &sidecar("elsewhere", &[]), TypeUrl::Cluster).len(), 6);
+        assert_eq!(names(&s, &sidecar("elsewhere", &[]), TypeUrl::Cluster).len(), 7);
     }
 
     #[test]

@@ -28,6 +28,72 @@ pub(crate) fn snapshot(yaml: &str) -> Snapshot {
     Snapshot::build(Version::new(1, 1), ChangeSet::full(), &state)
 }
 
+/// A snapshot of Kubernetes Service `shop/web` (ports `http` 80 and `admin` 81) with two
+/// EndpointSlices (10.0.0.1 ready, .2 not ready, .3 terminating on 8080/8081; .4 on 8080 only),
+/// plus the Istio objects in `yaml`.
+pub(crate) fn kube_snapshot(yaml: &str) -> Snapshot {
+    use crate::registry::kubernetes::*;
+
+    let endpoint = |ip: &str, ready: bool, terminating: bool| SliceEndpoint {
+        addresses: vec![ip.into()],
+        ready: Some(ready),
+        serving: Some(ready),
+        terminating: Some(terminating),
+        pod: None,
+        node_name: None,
+    };
+    let port = |name: &str, n: u16| KubeServicePort {
+        name: name.into(),
+        port: n,
+        protocol: "TCP".into(),
+        app_protocol: None,
+        target_port: None,
+    };
+    let slice = |name: &str, ports: &[(&str, u16)], endpoints| KubeEndpointSlice {
+        name: name.into(),
+        namespace: "shop".into(),
+        service_name: "web".into(),
+        address_type: "IPv4".into(),
+        ports: ports
+            .iter()
+            .map(|(n, p)| SlicePort { name: n.to_string(), port: Some(*p), protocol: "TCP".into() })
+            .collect(),
+        endpoints,
+    };
+    let objects = vec![
+        KubeObject::Service(KubeService {
+            name: "web".into(),
+            namespace: "shop".into(),
+            labels: Default::default(),
+            selector: None,
+            service_type: ServiceType::ClusterIp,
+            cluster_ips: vec!["10.96.0.1".into()],
+            headless: false,
+            external_name: None,
+            ports: vec![port("http", 80), port("admin", 81)],
+            export_to: vec![],
+        }),
+        KubeObject::EndpointSlice(slice(
+            "web-a",
+            &[("http", 8080), ("admin", 8081)],
+            vec![
+                endpoint("10.0.0.1", true, false),
+                endpoint("10.0.0.2", false, false),
+                endpoint("10.0.0.3", false, true),
+            ],
+        )),
+        KubeObject::EndpointSlice(slice("web-b", &[("http", 8080)], vec![endpoint("10.0.0.4", true, false)])),
+    ];
+    let mut state =
+        SourceState { kube: objects.into_iter().map(|o| (o.key(), Arc::new(o))).collect(), ..Default::default() };
+    for doc in crate::config::parse::parse_file("t.yaml", yaml) {
+        if let crate::config::parse::Document::Valid(obj) = doc {
+            state.configs.insert(obj.key.clone(), Arc::new(obj));
+        }
+    }
+    Snapshot::build(Version::new(1, 1), ChangeSet::full(), &state)
+}
+
 /// The testdata directory.
 pub(super) fn testdata() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/xds/generate/testdata")
@@ -46,7 +112,14 @@ pub(crate) fn sidecar(namespace: &str, labels: &[(&str, &str)]) -> ProxyView {
         namespace: namespace.into(),
         labels: labels_of(labels),
         interception: Interception::Redirect,
+        ips: Vec::new(),
+        inbound: Vec::new(),
     }
+}
+
+/// A sidecar at `ips`, whose inbound side the snapshot's endpoints at those IPs determine.
+pub(crate) fn sidecar_at(namespace: &str, labels: &[(&str, &str)], ips: &[&str]) -> ProxyView {
+    ProxyView { ips: ips.iter().map(|ip| ip.to_string()).collect(), ..sidecar(namespace, labels) }
 }
 
 /// A gateway proxy in `namespace` with `labels`.
@@ -56,6 +129,8 @@ pub(super) fn router(namespace: &str, labels: &[(&str, &str)]) -> ProxyView {
         namespace: namespace.into(),
         labels: labels_of(labels),
         interception: Interception::None,
+        ips: Vec::new(),
+        inbound: Vec::new(),
     }
 }
 

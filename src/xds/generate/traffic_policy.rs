@@ -82,6 +82,32 @@ pub(super) fn apply(cluster: &mut Cluster, policy: &Policy<'_>, protocol: Protoc
     apply_load_balancer(cluster, policy.load_balancer);
 }
 
+/// Makes a sidecar cluster of a sniffed port speak upstream the protocol the client spoke (Istio's
+/// `use_downstream_protocol` for unknown protocols), unless a policy already asked for HTTP/2.
+pub(super) fn use_downstream_protocol(cluster: &mut Cluster) {
+    let mut options: UpstreamHttpOptions = cluster
+        .typed_extension_protocol_options
+        .get(ext::HTTP_PROTOCOL_OPTIONS)
+        .and_then(|a| prost::Message::decode(a.value.as_slice()).ok())
+        .unwrap_or_default();
+    if let Some(UpstreamProtocolOptions::ExplicitHttpConfig(ExplicitHttpConfig {
+        protocol_config: Some(ProtocolConfig::Http2ProtocolOptions(_)),
+    })) = &options.upstream_protocol_options
+    {
+        return;
+    }
+    if matches!(options.upstream_protocol_options, Some(UpstreamProtocolOptions::UseDownstreamProtocolConfig(_))) {
+        return;
+    }
+    options.upstream_protocol_options =
+        Some(UpstreamProtocolOptions::UseDownstreamProtocolConfig(UseDownstreamHttpConfig {
+            http_protocol_options: Some(Http1ProtocolOptions::default()),
+            http2_protocol_options: Some(Http2ProtocolOptions::default()),
+            ..Default::default()
+        }));
+    cluster.typed_extension_protocol_options = map_field([(ext::HTTP_PROTOCOL_OPTIONS.to_string(), any(options))]);
+}
+
 fn apply_connection_pool(cluster: &mut Cluster, pool: Option<&ConnectionPoolSettings>, mesh: &MeshConfig) {
     let tcp = pool.and_then(|p| p.tcp.as_ref());
     let http = pool.and_then(|p| p.http.as_ref());

@@ -1,0 +1,362 @@
+//! A sidecar's inbound side (LDS): Istio's `virtualInbound` listener on 15006, where iptables
+//! sends connections into the pod, with a filter chain (set) per port of the proxy's service
+//! instances — or per Sidecar `ingress` listener, which replace them — and passthrough chains for
+//! ports nobody declares. Ingress listeners that capture nothing get listeners of their own.
+
+use std::net::IpAddr;
+
+use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
+use envoy_types::pb::envoy::config::listener::v3::{FilterChain, FilterChainMatch, Listener};
+
+use super::inbound_http::inbound_http_connection_manager;
+use super::names::{
+    inbound_cluster_name, listener_name, BLACKHOLE_CLUSTER, INBOUND_PASSTHROUGH_CLUSTER, VIRTUAL_INBOUND_BLACKHOLE,
+    VIRTUAL_INBOUND_CATCHALL_HTTP, VIRTUAL_INBOUND_LISTENER, VIRTUAL_INBOUND_PORT, WILDCARD_ADDRESS,
+};
+use super::network_filter::{chain, tcp_proxy_filter, to_cluster};
+use super::proto::{bool_value, resource, socket_address, u32_value, zero_duration};
+use super::scope::Scope;
+use super::sniffing::{http_match, inspectors, original_dst, original_src, raw_match, Sniffed};
+use super::Resource;
+use crate::config::api::sidecar::{CaptureMode, IstioIngressListener};
+use crate::config::api::Protocol;
+use crate::registry::ServiceKey;
+use crate::xds::proxy::{Interception, ProxyKind};
+
+/// Where an inbound cluster sends connections.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum InboundEndpoint {
+    /// The connection's original destination (the workload's IP and port).
+    OriginalDst,
+    /// A fixed address and port (`127.0.0.1:PORT`, or the workload's IP).
+    Address(String, u16),
+    /// A unix socket (`unix://PATH`).
+    Unix(String),
+}
+
+/// One inbound port: filter chains of `virtualInbound`, or a listener of its own when `bound`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct InboundChain {
+    /// The port connections arrive on (chains match it; the cluster is named after it).
+    pub target_port: u16,
+    /// The service (or ingress) port, which names the virtual host.
+    pub port: u16,
+    /// The port's protocol.
+    pub protocol: Protocol,
+    /// Address the chain is named after (and a bound listener binds).
+    pub bind: String,
+    /// Whether the chain is a listener of its own (nothing redirects to it).
+    pub bound: bool,
+    /// Where the inbound cluster goes.
+    pub endpoint: InboundEndpoint,
+    /// The service the port belongs to (none for Sidecar ingress listeners).
+    pub service: Option<ServiceKey>,
+}
+
+/// The inbound ports of a sidecar: its Sidecar's ingress listeners if it declares any, else its
+/// service instances' ports when its traffic is redirected (without redirection, the workload
+/// owns those ports and the proxy cannot listen there).
+pub(super) fn inbound_plan(scope: &Scope<'_>) -> Vec<InboundChain> {
+    if scope.view.kind != ProxyKind::Sidecar {
+        return Vec::new();
+    }
+    let ingress = scope.sidecar.map(|s| s.ingress_listeners()).unwrap_or_default();
+    let intercepted = scope.view.interception.intercepts();
+    let mut out: Vec<InboundChain> = Vec::new();
+    if ingress.is_empty() {
+        if intercepted {
+            out = scope
+                .view
+                .inbound
+                .iter()
+                .map(|p| InboundChain {
+                    target_port: p.target_port,
+                    port: p.port,
+                    protocol: p.protocol,
+                    bind: WILDCARD_ADDRESS.to_string(),
+                    bound: false,
+                    endpoint: InboundEndpoint::OriginalDst,
+                    service: Some(p.service.clone()),
+                })
+                .collect();
+        }
+    } else {
+        for l in &ingress {
+            let Some(c) = ingress_chain(l, intercepted, &scope.view.ips) else { continue };
+            // The first listener of a port wins, as the oldest does in Istio.
+            if !out.iter().any(|o| o.target_port == c.target_port) {
+                out.push(c);
+            }
+        }
+    }
+    // A chain for the virtual listener's own port would shadow its loop guard.
+    out.retain(|c| c.bound || c.target_port != VIRTUAL_INBOUND_PORT);
+    out.sort_by_key(|c| c.target_port);
+    out
+}
+
+fn ingress_chain(l: &IstioIngressListener, intercepted: bool, ips: &[String]) -> Option<InboundChain> {
+    let port = l.port.as_ref()?;
+    let number = u16::try_from(port.number).ok().filter(|n| *n != 0)?;
+    let bound = match l.capture_mode {
+        Some(CaptureMode::None) => true,
+        Some(CaptureMode::Iptables) => false,
+        Some(CaptureMode::Default) | None => !intercepted,
+    };
+    let bind = if l.bind.is_empty() { WILDCARD_ADDRESS.to_string() } else { l.bind.clone() };
+    Some(InboundChain {
+        target_port: number,
+        port: number,
+        protocol: Protocol::parse(&port.protocol),
+        bind,
+        bound,
+        endpoint: default_endpoint(&l.default_endpoint, ips)?,
+        service: None,
+    })
+}
+
+/// Istio's reading of `defaultEndpoint`: `0.0.0.0`/`[::]` stand for the workload's own IPv4/IPv6
+/// address (loopback without one), `127.0.0.1`/`[::1]` for loopback.
+fn default_endpoint(endpoint: &str, ips: &[String]) -> Option<InboundEndpoint> {
+    if endpoint.is_empty() {
+        return Some(InboundEndpoint::OriginalDst);
+    }
+    if let Some(path) = endpoint.strip_prefix("unix://") {
+        return Some(InboundEndpoint::Unix(path.to_string()));
+    }
+    let (host, port) = match endpoint.strip_prefix('[') {
+        Some(rest) => rest.split_once("]:")?,
+        None => endpoint.rsplit_once(':')?,
+    };
+    let port = port.parse::<u16>().ok()?;
+    let own = |v4: bool| {
+        ips.iter().filter_map(|ip| ip.parse::<IpAddr>().ok()).find(|ip| ip.is_ipv4() == v4).map(|ip| ip.to_string())
+    };
+    let address = match host {
+        "0.0.0.0" => own(true).unwrap_or_else(|| "127.0.0.1".into()),
+        "::" => own(false).unwrap_or_else(|| "::1".into()),
+        "127.0.0.1" | "::1" => host.to_string(),
+        _ => return None,
+    };
+    Some(InboundEndpoint::Address(address, port))
+}
+
+/// The inbound listeners of a sidecar.
+pub(super) fn listeners(scope: &Scope<'_>) -> Vec<Resource> {
+    if scope.view.kind != ProxyKind::Sidecar {
+        return Vec::new();
+    }
+    let plan = inbound_plan(scope);
+    let mut out = Vec::new();
+    for c in plan.iter().filter(|c| c.bound) {
+        let name = listener_name(&c.bind, c.target_port);
+        let l = inbound_listener(scope, name.clone(), &c.bind, c.target_port, true, chains_for(scope, c));
+        out.push(resource(name, l));
+    }
+    if scope.view.interception.intercepts() {
+        let mut chains = vec![blackhole_chain(scope)];
+        chains.extend(passthrough_chains(scope));
+        for c in plan.iter().filter(|c| !c.bound) {
+            chains.extend(chains_for(scope, c));
+        }
+        let l = inbound_listener(
+            scope,
+            VIRTUAL_INBOUND_LISTENER.into(),
+            WILDCARD_ADDRESS,
+            VIRTUAL_INBOUND_PORT,
+            false,
+            chains,
+        );
+        out.push(resource(VIRTUAL_INBOUND_LISTENER, l));
+    }
+    out
+}
+
+fn inbound_listener(
+    scope: &Scope<'_>,
+    name: String,
+    address: &str,
+    port: u16,
+    bound: bool,
+    filter_chains: Vec<FilterChain>,
+) -> Listener {
+    let tproxy = !bound && scope.view.interception == Interception::Tproxy;
+    let mut listener_filters = Vec::new();
+    if !bound {
+        listener_filters.push(original_dst());
+    }
+    if tproxy {
+        listener_filters.push(original_src());
+    }
+    listener_filters.extend(inspectors(&filter_chains));
+    Listener {
+        name,
+        address: Some(socket_address(address, u32::from(port))),
+        traffic_direction: TrafficDirection::Inbound as i32,
+        filter_chains,
+        listener_filters,
+        // Istio's protocolDetectionTimeout default: inspect for as long as the client takes to speak.
+        listener_filters_timeout: Some(zero_duration()),
+        continue_on_listener_filters_timeout: true,
+        transparent: tproxy.then(|| bool_value(true)),
+        ..Default::default()
+    }
+}
+
+/// The chains of one inbound port: HTTP, TCP, or both behind the HTTP inspector.
+fn chains_for(scope: &Scope<'_>, c: &InboundChain) -> Vec<FilterChain> {
+    let mesh = &scope.snapshot.mesh;
+    let name = listener_name(&c.bind, c.target_port);
+    let cluster = inbound_cluster_name(c.target_port);
+    let stat_prefix = format!("inbound_{name}");
+    let http = || inbound_http_connection_manager(&stat_prefix, &cluster, &cluster, c.port, c.protocol, mesh);
+    let tcp = || tcp_proxy_filter(&cluster, to_cluster(&cluster), mesh);
+    let port = Some(c.target_port);
+    match Sniffed::of(c.protocol) {
+        Sniffed::Http => vec![chain(name.clone(), Some(raw_match(port)), vec![http()], None)],
+        Sniffed::Tcp => vec![chain(name.clone(), Some(raw_match(port)), vec![tcp()], None)],
+        Sniffed::Auto => vec![
+            chain(name.clone(), Some(http_match(port)), vec![http()], None),
+            chain(name.clone(), Some(raw_match(port)), vec![tcp()], None),
+        ],
+    }
+}
+
+/// Traffic to ports no service declares goes to its original destination, HTTP sniffed as such.
+fn passthrough_chains(scope: &Scope<'_>) -> Vec<FilterChain> {
+    let mesh = &scope.snapshot.mesh;
+    let cluster = INBOUND_PASSTHROUGH_CLUSTER;
+    let hcm = inbound_http_connection_manager(cluster, cluster, cluster, 0, Protocol::Unsupported, mesh);
+    let tcp = tcp_proxy_filter(cluster, to_cluster(cluster), mesh);
+    vec![
+        chain(VIRTUAL_INBOUND_CATCHALL_HTTP.into(), Some(http_match(None)), vec![hcm], None),
+        chain(VIRTUAL_INBOUND_LISTENER.into(), Some(raw_match(None)), vec![tcp], None),
+    ]
+}
+
+/// Connections addressed to 15006 itself would loop through the listener forever.
+fn blackhole_chain(scope: &Scope<'_>) -> FilterChain {
+    let m =
+        FilterChainMatch { destination_port: Some(u32_value(u32::from(VIRTUAL_INBOUND_PORT))), ..Default::default() };
+    let tcp = tcp_proxy_filter(BLACKHOLE_CLUSTER, to_cluster(BLACKHOLE_CLUSTER), &scope.snapshot.mesh);
+    chain(VIRTUAL_INBOUND_BLACKHOLE.into(), Some(m), vec![tcp], None)
+}
+
+#[cfg(test)]
+mod tests {
+    use envoy_types::pb::envoy::config::cluster::v3::{cluster::DiscoveryType, Cluster};
+    use envoy_types::pb::envoy::config::listener::v3::filter;
+
+    use super::*;
+    use crate::xds::generate::names::ext;
+    use crate::xds::generate::testing::{find, names, sidecar_at, testdata_snapshot};
+    use crate::xds::TypeUrl;
+
+    fn chain_names(l: &Listener) -> Vec<(String, Option<u32>, usize)> {
+        l.filter_chains
+            .iter()
+            .map(|c| {
+                let m = c.filter_chain_match.clone().unwrap_or_default();
+                (c.name.clone(), m.destination_port.map(|p| p.value), m.application_protocols.len())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn virtual_inbound_has_a_chain_per_target_port_and_passthrough() {
+        let s = testdata_snapshot("inbound.yaml");
+        let v = sidecar_at("shop", &[("app", "orders")], &["10.2.0.5"]);
+        let l: Listener = find(&s, &v, TypeUrl::Listener, VIRTUAL_INBOUND_LISTENER);
+        assert_eq!(l.address, Some(socket_address("0.0.0.0", 15006)));
+        assert_eq!(l.listener_filters[0].name, ext::ORIGINAL_DST);
+        let s8080 = Some(8080);
+        assert_eq!(
+            chain_names(&l),
+            [
+                (VIRTUAL_INBOUND_BLACKHOLE.to_string(), Some(15006), 0),
+                (VIRTUAL_INBOUND_CATCHALL_HTTP.to_string(), None, 2),
+                (VIRTUAL_INBOUND_LISTENER.to_string(), None, 0),
+                ("0.0.0.0_5432".to_string(), Some(5432), 0),
+                ("0.0.0.0_8080".to_string(), s8080, 0),
+                ("0.0.0.0_9000".to_string(), Some(9000), 2),
+                ("0.0.0.0_9000".to_string(), Some(9000), 0),
+                ("0.0.0.0_9090".to_string(), Some(9090), 0),
+            ],
+            "the HTTP port matches its target port 8080, the unknown port is sniffed"
+        );
+        let tcp = &l.filter_chains[3].filters[0];
+        assert_eq!(tcp.name, ext::TCP_PROXY);
+        let Some(filter::ConfigType::TypedConfig(hcm)) = &l.filter_chains[4].filters[0].config_type else { panic!() };
+        assert!(hcm.type_url.ends_with("HttpConnectionManager"));
+        let c: Cluster = find(&s, &v, TypeUrl::Cluster, "inbound|8080||");
+        assert_eq!(
+            c.cluster_discovery_type,
+            Some(envoy_types::pb::envoy::config::cluster::v3::cluster::ClusterDiscoveryType::Type(
+                DiscoveryType::OriginalDst as i32
+            ))
+        );
+        let bind = c.upstream_bind_config.clone().and_then(|b| b.source_address).map(|a| a.address);
+        assert_eq!(bind.as_deref(), Some("127.0.0.6"));
+        // The service's DestinationRule pool applies to the receiving side; outlier detection does not.
+        let max_connections = |c: &Cluster| c.circuit_breakers.as_ref().and_then(|b| b.thresholds[0].max_connections);
+        assert_eq!(max_connections(&c).map(|v| v.value), Some(11));
+        assert_eq!(c.outlier_detection, None);
+        let db: Cluster = find(&s, &v, TypeUrl::Cluster, "inbound|5432||");
+        assert_eq!(max_connections(&db).map(|v| v.value), Some(22), "the port's own settings");
+    }
+
+    #[test]
+    fn no_virtual_inbound_without_interception_but_bound_ingress_listeners() {
+        let s = testdata_snapshot("inbound.yaml");
+        let mut v = sidecar_at("shop", &[("app", "orders")], &["10.2.0.5"]);
+        v.interception = Interception::None;
+        let all = names(&s, &v, TypeUrl::Listener);
+        assert!(!all.iter().any(|n| n == VIRTUAL_INBOUND_LISTENER), "{all:?}");
+        assert!(!names(&s, &v, TypeUrl::Cluster).iter().any(|n| n.starts_with("inbound|")));
+        let mut legacy = sidecar_at("shop", &[("app", "legacy")], &["10.2.0.7"]);
+        legacy.interception = Interception::None;
+        let all = names(&s, &legacy, TypeUrl::Listener);
+        for bound in ["0.0.0.0_5000", "0.0.0.0_6000", "0.0.0.0_7070", "0.0.0.0_9443"] {
+            assert!(all.iter().any(|n| n == bound), "{bound} missing from {all:?}");
+        }
+        let l: Listener = find(&s, &legacy, TypeUrl::Listener, "0.0.0.0_5000");
+        assert!(l.listener_filters.is_empty(), "a bound HTTP port needs no inspection");
+    }
+
+    #[test]
+    fn ingress_default_endpoints_become_static_clusters() {
+        let s = testdata_snapshot("inbound.yaml");
+        let v = sidecar_at("shop", &[("app", "legacy")], &["10.2.0.7"]);
+        let endpoint = |name: &str| {
+            let c: Cluster = find(&s, &v, TypeUrl::Cluster, name);
+            let bind = c.upstream_bind_config.clone().and_then(|b| b.source_address).map(|a| a.address);
+            let lb = c.load_assignment.and_then(|a| a.endpoints.into_iter().next()).map(|l| l.lb_endpoints[0].clone());
+            (format!("{:?}", lb.and_then(|e| e.host_identifier)), bind)
+        };
+        let (loopback, bind) = endpoint("inbound|8080||");
+        assert!(loopback.contains("127.0.0.1") && loopback.contains("18080"), "{loopback}");
+        assert_eq!(bind, None, "loopback needs no magic source");
+        let (own, bind) = endpoint("inbound|9443||");
+        assert!(own.contains("10.2.0.7"), "0.0.0.0 is the workload's IP: {own}");
+        assert_eq!(bind.as_deref(), Some("127.0.0.6"));
+        let (unix, _) = endpoint("inbound|7070||");
+        assert!(unix.contains("/var/run/legacy.sock"), "{unix}");
+        let limits = |name: &str| {
+            let c: Cluster = find(&s, &v, TypeUrl::Cluster, name);
+            let t = c.circuit_breakers.expect("limits").thresholds[0];
+            (t.max_connections.map(|v| v.value), t.max_pending_requests.map(|v| v.value))
+        };
+        assert_eq!(
+            limits("inbound|8080||"),
+            (Some(u32::MAX), Some(7)),
+            "the listener's own pool replaces the Sidecar's"
+        );
+        assert_eq!(limits("inbound|9443||"), (Some(50), Some(u32::MAX)), "the Sidecar's inboundConnectionPool");
+        let (original, bind) = endpoint("inbound|6000||");
+        assert_eq!((original.as_str(), bind.as_deref()), ("None", Some("127.0.0.6")), "no defaultEndpoint");
+        // The service's own port 8080 instance is replaced by the ingress listener of that port.
+        let l: Listener = find(&s, &v, TypeUrl::Listener, VIRTUAL_INBOUND_LISTENER);
+        assert_eq!(l.filter_chains.iter().filter(|c| c.name == "0.0.0.0_8080").count(), 1);
+        assert!(!l.filter_chains.iter().any(|c| c.name == "0.0.0.0_5000"), "captureMode NONE: its own listener");
+    }
+}

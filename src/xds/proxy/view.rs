@@ -1,0 +1,187 @@
+//! The view of the mesh a proxy's config depends on, and its resolution against a snapshot: the
+//! proxy's IPs become the inbound ports of its service instances, so replicas of one workload
+//! (different IPs, same services) and proxies without instances keep sharing one generation.
+
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::net::IpAddr;
+
+use serde::Serialize;
+
+use super::{Interception, ProxyKind};
+use crate::config::api::sidecar::IstioIngressListener;
+use crate::config::api::{Labels, Protocol};
+use crate::registry::ServiceKey;
+use crate::snapshot::Snapshot;
+
+/// Port of the virtual inbound listener; traffic to it is never a service instance's.
+const VIRTUAL_INBOUND_PORT: u16 = 15006;
+
+/// One inbound port of a proxy: a port of a service whose endpoint is the proxy.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct InboundPort {
+    /// The port the workload receives on (the endpoint's port: the service's targetPort).
+    pub target_port: u16,
+    /// The service port.
+    pub port: u16,
+    /// The service port's protocol.
+    pub protocol: Protocol,
+    /// The service (its DestinationRule's connection pool applies to the inbound cluster).
+    pub service: ServiceKey,
+}
+
+/// Everything about a proxy that its generated config depends on. Proxies with equal views get
+/// identical config, so config is generated and encoded once per view, not once per proxy.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct ProxyView {
+    /// Role.
+    pub kind: ProxyKind,
+    /// Namespace (visibility, Sidecar lookup).
+    pub namespace: String,
+    /// Labels (Sidecar and Gateway selection, sourceLabels matches).
+    pub labels: Labels,
+    /// Interception mode.
+    pub interception: Interception,
+    /// The proxy's IPs. [`ProxyView::resolve`] turns them into `inbound` and drops them unless
+    /// the config names them (a Sidecar ingress `defaultEndpoint` of `0.0.0.0:PORT`).
+    pub ips: Vec<String>,
+    /// Inbound ports of the proxy's service instances, by target port (filled by `resolve`).
+    pub inbound: Vec<InboundPort>,
+}
+
+impl ProxyView {
+    /// A stable 64-bit key for caches and metrics.
+    pub fn key(&self) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.hash(&mut h);
+        h.finish()
+    }
+
+    /// The view as `snapshot` determines it: the inbound ports of the services whose endpoints
+    /// carry one of the proxy's IPs, for sidecars whose inbound traffic is redirected and whose
+    /// Sidecar declares no ingress listeners (those replace the services' ports, as in Istio).
+    pub fn resolve(&self, snapshot: &Snapshot) -> ProxyView {
+        if self.ips.is_empty() {
+            return self.clone();
+        }
+        let mut view = ProxyView { ips: Vec::new(), inbound: Vec::new(), ..self.clone() };
+        if self.kind != ProxyKind::Sidecar {
+            return view;
+        }
+        let ingress =
+            snapshot.sidecar_for(&self.namespace, &self.labels).map(|(_, s)| s.ingress_listeners()).unwrap_or_default();
+        if ingress.is_empty() {
+            if self.interception.intercepts() {
+                view.inbound = inbound_ports(snapshot, &self.ips);
+            }
+        } else if ingress.iter().any(endpoint_is_workload_ip) {
+            view.ips = self.ips.clone();
+        }
+        view
+    }
+}
+
+/// `0.0.0.0:PORT` / `[::]:PORT`: Istio sends to the workload's own IP.
+fn endpoint_is_workload_ip(l: &IstioIngressListener) -> bool {
+    l.default_endpoint.starts_with("0.0.0.0:") || l.default_endpoint.starts_with("[::]:")
+}
+
+/// Service ports served at `ips`, one per target port (the first service in key order wins a
+/// target port two services share, as the oldest does in Istio).
+fn inbound_ports(snapshot: &Snapshot, ips: &[String]) -> Vec<InboundPort> {
+    let mut out: Vec<InboundPort> = Vec::new();
+    for ip in ips.iter().filter(|ip| ip.parse::<IpAddr>().is_ok()) {
+        for (service, endpoint) in snapshot.instances_at(ip) {
+            for port in service.ports.iter().filter(|p| p.number != 0) {
+                let Some(target_port) = endpoint.port_for(port).filter(|t| *t != 0 && *t != VIRTUAL_INBOUND_PORT)
+                else {
+                    continue;
+                };
+                if out.iter().any(|p| p.target_port == target_port) {
+                    continue;
+                }
+                let service = ServiceKey { hostname: service.hostname.clone(), namespace: service.namespace.clone() };
+                out.push(InboundPort { target_port, port: port.number, protocol: port.protocol, service });
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+impl fmt::Display for ProxyView {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}/{}/{:016x}", self.kind, self.namespace, self.key())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::xds::generate::testing::{kube_snapshot, sidecar, sidecar_at, snapshot};
+
+    fn mesh() -> Snapshot {
+        let yaml = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/xds/generate/testdata/inbound.yaml"),
+        )
+        .expect("read inbound.yaml");
+        snapshot(&yaml)
+    }
+
+    #[test]
+    fn replicas_share_a_view_and_proxies_without_instances_share_the_plain_one() {
+        let s = mesh();
+        let a = sidecar_at("shop", &[("app", "orders")], &["10.2.0.5"]).resolve(&s);
+        let b = sidecar_at("shop", &[("app", "orders")], &["10.2.0.6"]).resolve(&s);
+        assert_eq!(a, b, "two replicas of one workload");
+        assert!(a.ips.is_empty());
+        let ports: Vec<(u16, u16, Protocol)> = a.inbound.iter().map(|p| (p.target_port, p.port, p.protocol)).collect();
+        assert_eq!(
+            ports,
+            [
+                (5432, 5432, Protocol::Tcp),
+                (8080, 80, Protocol::Http),
+                (9000, 9000, Protocol::Unsupported),
+                (9090, 9090, Protocol::Grpc)
+            ],
+            "by target port"
+        );
+        let nobody = sidecar_at("shop", &[("app", "orders")], &["10.9.9.9"]).resolve(&s);
+        assert_eq!(nobody, sidecar("shop", &[("app", "orders")]), "no instance: the view of any such proxy");
+        let garbage = sidecar_at("shop", &[("app", "orders")], &["not-an-ip"]).resolve(&s);
+        assert_eq!(garbage, nobody);
+    }
+
+    #[test]
+    fn no_inbound_without_interception_or_for_gateways() {
+        let s = mesh();
+        let mut plain = sidecar_at("shop", &[("app", "orders")], &["10.2.0.5"]);
+        plain.interception = Interception::None;
+        assert!(plain.resolve(&s).inbound.is_empty());
+        let mut gateway = sidecar_at("shop", &[("app", "orders")], &["10.2.0.5"]);
+        gateway.kind = ProxyKind::Router;
+        assert!(gateway.resolve(&s).inbound.is_empty());
+    }
+
+    #[test]
+    fn sidecar_ingress_replaces_instances_and_keeps_the_ip_it_names() {
+        let s = mesh();
+        let legacy = sidecar_at("shop", &[("app", "legacy")], &["10.2.0.7"]).resolve(&s);
+        assert!(legacy.inbound.is_empty(), "ingress listeners replace the service's ports");
+        assert_eq!(legacy.ips, ["10.2.0.7"], "defaultEndpoint 0.0.0.0:9443 is this workload's IP");
+        assert_eq!(legacy.resolve(&s), legacy, "resolving is idempotent");
+    }
+
+    #[test]
+    fn kubernetes_endpoints_give_pods_their_service_ports() {
+        let s = kube_snapshot("");
+        let ports = |ip: &str| {
+            let v = sidecar_at("shop", &[], &[ip]).resolve(&s);
+            v.inbound.iter().map(|p| (p.target_port, p.port, p.protocol)).collect::<Vec<_>>()
+        };
+        // The EndpointSlice's ports are the target ports; `admin` is of unknown protocol.
+        assert_eq!(ports("10.0.0.1"), [(8080, 80, Protocol::Http), (8081, 81, Protocol::Unsupported)]);
+        assert_eq!(ports("10.0.0.2"), ports("10.0.0.1"), "a pod that is not ready yet has its inbound side");
+        assert_eq!(ports("10.0.0.4"), [(8080, 80, Protocol::Http)], "its slice lists only `http`");
+    }
+}
