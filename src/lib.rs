@@ -6,6 +6,7 @@
 //! [`telemetry`], and one composition root per role in [`app`].
 
 pub mod admin;
+pub mod allocator;
 pub mod app;
 pub mod backoff;
 pub mod cluster;

@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use meshpilot::allocator::Counting;
 use meshpilot::app::{self, Process};
 use meshpilot::config::parse::Document;
 use meshpilot::ingest::DebounceSettings;
 use meshpilot::source::files::parse_tree;
 use meshpilot::source::kubernetes::ClusterChoice;
 use meshpilot::source::{KubeSettings, SourceSettings};
-use meshpilot::telemetry::heap::Counting;
 use meshpilot::telemetry::metrics::Registry;
 use meshpilot::telemetry::{init_logging, Role};
 
@@ -197,6 +197,7 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 fn main() -> ExitCode {
+    meshpilot::allocator::purge_freed_pages_at_once();
     let cli = Cli::parse();
     // The serving commands set up telemetry themselves, once they know their id.
     let serving = matches!(cli.command, Command::Standalone(_) | Command::Ingest(_) | Command::Frontend(_));

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 /// Every top-level module, lowest layer first. A module may import only modules of lower layers.
 const LAYERS: &[&[&str]] = &[
     // Depend on nothing: plumbing every component uses.
+    &["allocator"],
     &["telemetry", "drain", "readiness", "backoff"],
     // The shared model.
     &["config"],
