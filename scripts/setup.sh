@@ -89,12 +89,6 @@ if ! command -v iptables-restore >/dev/null 2>&1; then
     apt_install iptables
 fi
 
-# pilot-agent (Istio's sidecar agent) for the sidecar tests, built where Go is new enough; without
-# it those tests skip, except under CI=true. scripts/pilot-agent.sh says why when it cannot.
-if ! bash "$(dirname "${BASH_SOURCE[0]}")/pilot-agent.sh" >/dev/null; then
-    log "pilot-agent not installed: the sidecar tests (tests/sidecar_istio.rs) will skip"
-fi
-
 # Prometheus: the dashboard test evaluates every dashboard query against a real one
 # (/usr/bin/prometheus; started by the test itself, the packaged service is not used).
 if ! command -v prometheus >/dev/null 2>&1; then

@@ -17,11 +17,15 @@ if kube_apiserver="$(bash scripts/kube-apiserver.sh)"; then
     echo "kube-apiserver: $MESHPILOT_KUBE_APISERVER"
 fi
 
-# Istio's pilot-agent for the sidecar tests, at the version of scripts/istio-version (built by
-# setup.sh where Go is new enough; cached). Without it the sidecar tests skip, except under CI=true.
+# Istio's pilot-agent for the sidecar tests, at the version of scripts/istio-version (built from
+# the Go module proxy where Go is new enough, a few minutes the first time, then cached; the test
+# command only, so the example's command does not wait for it). Without it the sidecar tests
+# skip, except under CI=true; scripts/pilot-agent.sh says why it could not build.
 if pilot_agent="$(bash scripts/pilot-agent.sh)"; then
     export MESHPILOT_PILOT_AGENT="$pilot_agent"
     echo "pilot-agent: $MESHPILOT_PILOT_AGENT"
+else
+    echo "pilot-agent not installed: the sidecar tests (tests/sidecar_istio.rs) will skip" >&2
 fi
 
 # Standards first: formatting and lints fail the run before any test starts.
