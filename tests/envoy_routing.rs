@@ -359,27 +359,7 @@ fn sidecar_config(port: u16, v1: &Backend, v2: &Backend, ratings: &Backend) -> V
         service_entry("ratings", port, &[(ratings, "v1")]),
         destination_rule("reviews", &["v1", "v2"], None),
     ]);
-    let vs = dedent(
-        r#"
-        apiVersion: networking.istio.io/v1
-        kind: VirtualService
-        metadata:
-          name: reviews
-          namespace: shop
-        spec:
-          hosts: [reviews.shop.svc.cluster.local]
-          http:
-          - name: alice
-            match:
-            - headers:
-                x-user: {exact: alice}
-            route:
-            - destination: {host: reviews, subset: v2}
-          - name: default
-            route:
-            - destination: {host: reviews, subset: v1}
-        "#,
-    );
+    let vs = reviews_alice_to_v2();
     vec![("services.yaml", services), ("reviews-vs.yaml", vs), ("sidecar.yaml", sidecar_resource(port))]
 }
 

@@ -49,25 +49,7 @@ async fn unknown_protocol_port_is_routed_as_http() {
     let v1 = Backend::new("reviews-v1");
     let v2 = Backend::new("reviews-v2");
     let port = free_port();
-    let vs = dedent(
-        r#"
-        apiVersion: networking.istio.io/v1
-        kind: VirtualService
-        metadata: {name: reviews, namespace: shop}
-        spec:
-          hosts: [reviews.shop.svc.cluster.local]
-          http:
-          - name: alice
-            match:
-            - headers:
-                x-user: {exact: alice}
-            route:
-            - destination: {host: reviews, subset: v2}
-          - name: default
-            route:
-            - destination: {host: reviews, subset: v1}
-        "#,
-    );
+    let vs = reviews_alice_to_v2();
     let services =
         documents(&[unknown_protocol_reviews(port, &v1, &v2), destination_rule("reviews", &["v1", "v2"], None)]);
     let config = temp_dir_with(&[("services.yaml", services.as_str()), ("reviews-vs.yaml", vs.as_str())]);

@@ -127,3 +127,27 @@ pub fn service_entry_in(ns: &str, name: &str, addresses: &[&str]) -> String {
         eps.join(", ")
     )
 }
+
+/// The mesh VirtualService of `reviews` in `shop`: requests with `x-user: alice` go to subset
+/// v2, the rest to v1.
+pub fn reviews_alice_to_v2() -> String {
+    dedent(
+        r#"
+        apiVersion: networking.istio.io/v1
+        kind: VirtualService
+        metadata: {name: reviews, namespace: shop}
+        spec:
+          hosts: [reviews.shop.svc.cluster.local]
+          http:
+          - name: alice
+            match:
+            - headers:
+                x-user: {exact: alice}
+            route:
+            - destination: {host: reviews, subset: v2}
+          - name: default
+            route:
+            - destination: {host: reviews, subset: v1}
+        "#,
+    )
+}
