@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio_stream::wrappers::TcpListenerStream;
 use tracing::info;
 
@@ -47,9 +47,20 @@ pub enum ServeError {
     },
 }
 
+/// Connections the kernel queues for a listener before it accepts them (it caps this at
+/// `net.core.somaxconn`, as Go's listeners, istiod's among them, ask for). Every proxy of a
+/// frontend that went away reconnects at once: tokio's default of 1,024 overflowed with 1,000
+/// proxies connecting together, and the kernel reset the connections it dropped.
+const LISTEN_BACKLOG: u32 = 65_535;
+
 /// Binds `addr` for the listener named `what`.
 pub async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, ServeError> {
-    TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { what, addr, source })
+    let error = |source| ServeError::Bind { what, addr, source };
+    let socket = if addr.is_ipv4() { TcpSocket::new_v4() } else { TcpSocket::new_v6() }.map_err(error)?;
+    // As tokio's own bind does: a restarted process rebinds while old connections linger.
+    socket.set_reuseaddr(true).map_err(error)?;
+    socket.bind(addr).map_err(error)?;
+    socket.listen(LISTEN_BACKLOG).map_err(error)
 }
 
 /// Serves ADS on `listener` until the drain starts (each stream then ends with UNAVAILABLE).
