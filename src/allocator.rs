@@ -3,12 +3,11 @@
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::os::raw::c_int;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use libmimalloc_sys::mi_option_set;
 
 static ALLOCATED: AtomicUsize = AtomicUsize::new(0);
-static INSTALLED: AtomicBool = AtomicBool::new(false);
 
 /// A global allocator that counts the bytes live allocations hold, then asks `A`.
 pub struct Counting<A>(pub A);
@@ -19,7 +18,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
         // SAFETY: the caller's contract is `A::alloc`'s.
         let p = unsafe { self.0.alloc(layout) };
         if !p.is_null() {
-            added(layout.size());
+            ALLOCATED.fetch_add(layout.size(), Ordering::Relaxed);
         }
         p
     }
@@ -28,7 +27,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
         // SAFETY: as for `alloc`.
         let p = unsafe { self.0.alloc_zeroed(layout) };
         if !p.is_null() {
-            added(layout.size());
+            ALLOCATED.fetch_add(layout.size(), Ordering::Relaxed);
         }
         p
     }
@@ -44,22 +43,17 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
         let p = unsafe { self.0.realloc(ptr, layout, new_size) };
         if !p.is_null() {
             ALLOCATED.fetch_sub(layout.size(), Ordering::Relaxed);
-            added(new_size);
+            ALLOCATED.fetch_add(new_size, Ordering::Relaxed);
         }
         p
     }
 }
 
-fn added(size: usize) {
-    ALLOCATED.fetch_add(size, Ordering::Relaxed);
-    if !INSTALLED.load(Ordering::Relaxed) {
-        INSTALLED.store(true, Ordering::Relaxed);
-    }
-}
-
 /// Bytes held by live allocations, when [`Counting`] is the global allocator.
 pub fn allocated_bytes() -> Option<usize> {
-    INSTALLED.load(Ordering::Relaxed).then(|| ALLOCATED.load(Ordering::Relaxed))
+    // A running process always holds something: zero means nothing counts (not installed).
+    let bytes = ALLOCATED.load(Ordering::Relaxed);
+    (bytes > 0).then_some(bytes)
 }
 
 /// mimalloc's index of its `purge_delay` option (`mi_option_e` in mimalloc.h; not exported by
