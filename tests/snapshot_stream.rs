@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::poll::poll_every;
-use common::ports::free_addr;
+use common::ports::bind_local;
 use meshpilot::cluster::election::LeaderInfo;
 use meshpilot::config::parse::object_from_value;
 use meshpilot::registry::kubernetes::{KubeNamespace, KubeNode, KubeObject};
@@ -112,7 +112,7 @@ impl Drop for Leader {
 
 /// Serves `server` on a free 127.0.0.1 port.
 async fn serve(server: SnapshotServer) -> (SocketAddr, JoinHandle<()>) {
-    let listener = tokio::net::TcpListener::bind(free_addr()).await.unwrap();
+    let listener = bind_local().await;
     let addr = listener.local_addr().unwrap();
     let task = tokio::spawn(async move {
         tonic::transport::Server::builder()

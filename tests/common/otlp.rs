@@ -13,7 +13,7 @@ use opentelemetry_proto::tonic::common::v1::{any_value, KeyValue};
 use opentelemetry_proto::tonic::metrics::v1::ResourceMetrics;
 use opentelemetry_proto::tonic::trace::v1::Span;
 
-use super::ports::free_addr;
+use super::ports::bind_local;
 
 /// A received span with its resource attributes.
 #[derive(Debug, Clone)]
@@ -128,7 +128,7 @@ pub struct OtlpReceiver {
 impl OtlpReceiver {
     /// Listens on a free port.
     pub async fn start() -> OtlpReceiver {
-        let listener = tokio::net::TcpListener::bind(free_addr()).await.expect("bind");
+        let listener = bind_local().await;
         let addr = listener.local_addr().expect("local addr");
         let received = Received::default();
         let server = tonic::transport::Server::builder()
