@@ -1,6 +1,6 @@
 //! The snapshot: an immutable, indexed view of the whole mesh at one version (Istio's PushContext).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
@@ -52,6 +52,8 @@ pub struct Snapshot {
     pub kube: KubeObjects,
     virtual_services: Vec<Indexed<VirtualService>>,
     destination_rules: Vec<Indexed<DestinationRule>>,
+    /// Label keys some selector reads; a proxy's other labels cannot change its config.
+    selector_keys: BTreeSet<String>,
     /// Endpoints by IP, built on the first inbound lookup (only frontends serving sidecars need it).
     instances: OnceLock<InstanceIndex>,
 }
@@ -117,6 +119,7 @@ impl Snapshot {
                 _ => {}
             }
         }
+        let selector_keys = selector_keys(configs.values());
         Snapshot {
             version,
             changes,
@@ -129,8 +132,15 @@ impl Snapshot {
             kube: state.kube.clone(),
             virtual_services,
             destination_rules,
+            selector_keys,
             instances: OnceLock::new(),
         }
+    }
+
+    /// The part of a proxy's `labels` some selector of this snapshot reads. Proxies whose
+    /// labels differ only elsewhere get identical config, so they share one generation.
+    pub fn selected_labels(&self, labels: &Labels) -> Labels {
+        labels.iter().filter(|(k, _)| self.selector_keys.contains(*k)).map(|(k, v)| (k.clone(), v.clone())).collect()
     }
 
     /// Objects of one kind, in key order.
@@ -267,6 +277,27 @@ impl Snapshot {
             .filter(|(_, g)| !g.selector.is_empty() && g.selector.iter().all(|(k, v)| labels.get(k) == Some(v)))
             .collect()
     }
+}
+
+/// Every label key a proxy's config can depend on: those of Sidecar workload selectors, Gateway
+/// selectors and VirtualService `sourceLabels` matches. A kind that starts selecting proxies by
+/// label must add its keys here, or proxies it tells apart would share config.
+fn selector_keys<'a>(configs: impl Iterator<Item = &'a ValidConfig>) -> BTreeSet<String> {
+    let mut keys = BTreeSet::new();
+    for config in configs {
+        match &config.spec {
+            Spec::Sidecar(s) => keys.extend(s.workload_selector.iter().flat_map(|w| w.match_labels.keys().cloned())),
+            Spec::Gateway(g) => keys.extend(g.selector.keys().cloned()),
+            Spec::VirtualService(vs) => {
+                let http = vs.http.iter().flat_map(|r| r.matches.iter().map(|m| &m.source_labels));
+                let tls = vs.tls.iter().flat_map(|r| r.matches.iter().map(|m| &m.source_labels));
+                let tcp = vs.tcp.iter().flat_map(|r| r.matches.iter().map(|m| &m.source_labels));
+                keys.extend(http.chain(tls).chain(tcp).flat_map(|l| l.keys().cloned()));
+            }
+            _ => {}
+        }
+    }
+    keys
 }
 
 /// Whether a VirtualService in `vs_ns` binds to `gateway` (`mesh` or `ns/name`).

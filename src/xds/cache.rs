@@ -406,7 +406,8 @@ spec: {hosts: [a.example.com], location: MESH_INTERNAL, resolution: STATIC, port
         let one = probe.get(&snap, &sidecar("default", &[]), TypeUrl::Cluster).await.bytes();
         // Room for three entries.
         let cache = Arc::new(GenerationCache::new(XdsMetrics::default(), one * 3 + one / 2));
-        let views: Vec<_> = (0..5).map(|i| sidecar("default", &[("app", &format!("v{i}"))])).collect();
+        // Namespaces tell views apart (labels would not: no selector reads them).
+        let views: Vec<_> = (0..5).map(|i| sidecar(&format!("ns{i}"), &[])).collect();
         let _leases: Vec<_> = views.iter().map(|v| cache.hold(v)).collect();
         for v in &views[..3] {
             cache.get(&snap, v, TypeUrl::Cluster).await;

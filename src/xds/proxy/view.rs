@@ -60,11 +60,13 @@ impl ProxyView {
     /// The view as `snapshot` determines it: the inbound ports of the services whose endpoints
     /// carry one of the proxy's IPs, for sidecars whose inbound traffic is redirected and whose
     /// Sidecar declares no ingress listeners (those replace the services' ports, as in Istio).
+    /// Labels no selector reads are dropped, so workloads that differ only there share config.
     pub fn resolve(&self, snapshot: &Snapshot) -> ProxyView {
+        let labels = snapshot.selected_labels(&self.labels);
         if self.ips.is_empty() {
-            return self.clone();
+            return ProxyView { labels, ..self.clone() };
         }
-        let mut view = ProxyView { ips: Vec::new(), inbound: Vec::new(), ..self.clone() };
+        let mut view = ProxyView { ips: Vec::new(), inbound: Vec::new(), labels, ..self.clone() };
         if self.kind != ProxyKind::Sidecar {
             return view;
         }
@@ -150,6 +152,28 @@ mod tests {
         assert_eq!(nobody, sidecar("shop", &[("app", "orders")]), "no instance: the view of any such proxy");
         let garbage = sidecar_at("shop", &[("app", "orders")], &["not-an-ip"]).resolve(&s);
         assert_eq!(garbage, nobody);
+    }
+
+    #[test]
+    fn labels_no_selector_reads_do_not_split_views() {
+        let plain = snapshot(
+            "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: a, namespace: shop}\nspec:\n  hosts: [a.example.com]\n  ports: [{number: 80, name: http, protocol: HTTP}]\n  resolution: DNS\n",
+        );
+        let web = sidecar("shop", &[("app", "web"), ("version", "v1")]).resolve(&plain);
+        let orders = sidecar("shop", &[("app", "orders"), ("version", "v2")]).resolve(&plain);
+        assert_eq!(web, orders, "nothing selects by label: one view for the namespace");
+        assert!(web.labels.is_empty());
+
+        let selecting = snapshot(
+            "apiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata: {name: web, namespace: shop}\nspec:\n  workloadSelector: {labels: {app: web}}\n  egress: [{hosts: [./*]}]\n---\napiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: r, namespace: shop}\nspec:\n  hosts: [a.example.com]\n  http:\n  - match: [{sourceLabels: {track: canary}}]\n    route: [{destination: {host: a.example.com}}]\n",
+        );
+        let web = sidecar("shop", &[("app", "web"), ("version", "v1"), ("track", "canary")]).resolve(&selecting);
+        let orders = sidecar("shop", &[("app", "orders"), ("version", "v1")]).resolve(&selecting);
+        assert_ne!(web, orders);
+        let kept: Vec<&str> = web.labels.keys().map(String::as_str).collect();
+        assert_eq!(kept, ["app", "track"], "the keys a Sidecar selector and a sourceLabels match read");
+        let other_version = sidecar("shop", &[("app", "orders"), ("version", "v9")]).resolve(&selecting);
+        assert_eq!(orders, other_version);
     }
 
     #[test]
