@@ -74,6 +74,7 @@ fn main() {
             debounce: DebounceSettings::default(),
             xds_addr: xds,
             admin_addr: admin,
+            admission: Default::default(),
         };
         // Dropping the trigger drains the server.
         let (stop, drain) = meshpilot::drain::new();

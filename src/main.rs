@@ -85,6 +85,35 @@ struct StandaloneArgs {
     /// Longest debounce delay (Istio's PILOT_DEBOUNCE_MAX).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     debounce_max: Duration,
+    /// What the xDS server admits at once.
+    #[command(flatten)]
+    admission: AdmissionArgs,
+}
+
+/// What an xDS server admits at once (Istio's PILOT_MAX_REQUESTS_PER_SECOND, PILOT_PUSH_THROTTLE
+/// and keepaliveMaxServerConnectionAge).
+#[derive(clap::Args)]
+struct AdmissionArgs {
+    /// New xDS streams admitted per second, and at once in a burst; more wait their turn.
+    #[arg(long, default_value_t = meshpilot::xds::admission::DEFAULT_NEW_STREAMS_PER_SECOND)]
+    max_new_streams_per_second: f64,
+    /// Pushes of a new snapshot running at once.
+    #[arg(long, default_value_t = meshpilot::xds::admission::DEFAULT_PUSH_CONCURRENCY)]
+    push_concurrency: usize,
+    /// A stream ends after this long (plus up to 10% jitter) and the proxy reconnects, so
+    /// proxies spread over frontends added since; `0s`: never.
+    #[arg(long, default_value = "30m", value_parser = parse_duration)]
+    max_stream_age: Duration,
+}
+
+impl AdmissionArgs {
+    fn settings(&self) -> meshpilot::xds::admission::AdmissionSettings {
+        meshpilot::xds::admission::AdmissionSettings {
+            new_streams_per_second: self.max_new_streams_per_second,
+            push_concurrency: self.push_concurrency,
+            max_stream_age: (!self.max_stream_age.is_zero()).then_some(self.max_stream_age),
+        }
+    }
 }
 
 /// The config sources of a building role: a directory, Kubernetes, or both.
@@ -182,6 +211,9 @@ struct FrontendArgs {
     /// Membership lease TTL in seconds.
     #[arg(long, default_value_t = 5)]
     lease_ttl: u64,
+    /// What the xDS server admits at once.
+    #[command(flatten)]
+    admission: AdmissionArgs,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -276,6 +308,7 @@ fn run_frontend(args: FrontendArgs) -> anyhow::Result<()> {
             ProxyKeyArg::NodeId => meshpilot::cluster::ownership::ProxyKey::NodeId,
         },
         lease_ttl: Duration::from_secs(args.lease_ttl.max(2)),
+        admission: args.admission.settings(),
     };
     app::run(|drain| app::frontend::run(settings, process, drain)).context("frontend")
 }
@@ -287,6 +320,7 @@ fn run_standalone(args: StandaloneArgs) -> anyhow::Result<()> {
         debounce: DebounceSettings { after: args.debounce_after, max: args.debounce_max },
         xds_addr: args.xds_addr,
         admin_addr: args.admin_addr,
+        admission: args.admission.settings(),
     };
     app::run(|drain| app::standalone::run(settings, process, drain)).context("standalone meshpilot")
 }

@@ -104,6 +104,7 @@ impl Server {
             debounce: DebounceSettings { after: Duration::from_millis(50), max: Duration::from_secs(1) },
             xds_addr: xds,
             admin_addr: admin,
+            admission: Default::default(),
         };
         // Dropping the trigger drains the server.
         let (stop, drain) = meshpilot::drain::new();

@@ -23,6 +23,7 @@ use crate::replication::metrics::ReplicationMetrics;
 use crate::replication::{SnapshotSubscriber, SubscriberSettings, SubscriberStatus};
 use crate::snapshot;
 use crate::telemetry::metrics::{gauge_value, ProcessMetrics};
+use crate::xds::admission::AdmissionSettings;
 use crate::xds::metrics::XdsMetrics;
 use crate::xds::server::AdsServer;
 use crate::xds::status::ConnectionRegistry;
@@ -44,6 +45,8 @@ pub struct FrontendNodeSettings {
     pub proxy_key: ProxyKey,
     /// Membership lease TTL.
     pub lease_ttl: Duration,
+    /// New-stream rate, push concurrency and stream age of the xDS server.
+    pub admission: AdmissionSettings,
 }
 
 /// Owned and foreign proxy counts at one moment.
@@ -110,7 +113,7 @@ pub async fn run(settings: FrontendNodeSettings, process: Process, drain: DrainW
     );
     tokio::spawn(tracking);
 
-    let ads = AdsServer::new(reader.clone(), connections.clone(), xds_metrics, drain.clone());
+    let ads = AdsServer::new(reader.clone(), connections.clone(), xds_metrics, drain.clone(), settings.admission);
     let admin_state = AdminState {
         snapshots: reader,
         xds: Some(XdsState { connections, cache: ads.cache() }),

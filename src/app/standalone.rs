@@ -13,6 +13,7 @@ use crate::drain::DrainWatcher;
 use crate::ingest::DebounceSettings;
 use crate::readiness::Ready;
 use crate::source::SourceSettings;
+use crate::xds::admission::AdmissionSettings;
 use crate::xds::metrics::XdsMetrics;
 use crate::xds::server::AdsServer;
 use crate::xds::status::ConnectionRegistry;
@@ -28,6 +29,8 @@ pub struct StandaloneSettings {
     pub xds_addr: SocketAddr,
     /// Admin (HTTP) address.
     pub admin_addr: SocketAddr,
+    /// New-stream rate, push concurrency and stream age of the xDS server.
+    pub admission: AdmissionSettings,
 }
 
 /// Runs until the drain starts.
@@ -44,7 +47,7 @@ pub async fn run(settings: StandaloneSettings, process: Process, drain: DrainWat
 
     let xds_metrics = XdsMetrics::register(&process.registry);
     let connections = Arc::new(ConnectionRegistry::new(xds_metrics.clone()));
-    let ads = AdsServer::new(reader.clone(), connections.clone(), xds_metrics, drain.clone());
+    let ads = AdsServer::new(reader.clone(), connections.clone(), xds_metrics, drain.clone(), settings.admission);
     let admin_state = AdminState {
         snapshots: reader,
         xds: Some(XdsState { connections, cache: ads.cache() }),

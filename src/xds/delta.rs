@@ -291,7 +291,9 @@ impl Delta {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::xds::admission::AdmissionSettings;
     use crate::xds::stream_testing::{cluster, node, rejection, service, Harness};
+    use std::time::Duration;
 
     fn request(type_url: TypeUrl, subscribe: &[String], nonce: &str, nack: Option<&str>) -> DeltaDiscoveryRequest {
         DeltaDiscoveryRequest {
@@ -387,6 +389,21 @@ mod tests {
         h.drain();
         let status = h.end_status().await.expect("the stream ends with a status");
         assert_eq!(status.code(), tonic::Code::Unavailable);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_ends_at_its_maximum_age_so_the_proxy_reconnects() {
+        let admission = AdmissionSettings { max_stream_age: Some(Duration::from_secs(60)), ..Default::default() };
+        let mut h = Harness::start_admitted_by(Delta::default(), &service("a", "10.0.0.1"), admission);
+        h.send(request(TypeUrl::Cluster, &[], "", None)).await;
+        assert!(h.next().await.is_some(), "served while young");
+        tokio::time::sleep(Duration::from_secs(59)).await;
+        assert!(h.end_status().await.is_none(), "still open before its age");
+        // The age plus at most 10% jitter.
+        tokio::time::sleep(Duration::from_secs(7)).await;
+        let status = h.end_status().await.expect("ended by its age");
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}: Envoy reconnects at once");
+        assert!(status.message().contains("maximum stream age"));
     }
 
     #[tokio::test]

@@ -1,5 +1,6 @@
 //! xDS: the ADS server, per-proxy connections, and the generators of Envoy resources.
 
+pub mod admission;
 pub mod cache;
 pub mod changes;
 pub mod connection;

@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::admission::{Admission, AdmissionSettings};
 use super::cache::{GenerationCache, DEFAULT_BUDGET_BYTES};
 use super::connection::StateOfTheWorld;
 use super::delta::Delta;
@@ -36,15 +37,18 @@ pub struct AdsServer {
 }
 
 impl AdsServer {
-    /// A server serving snapshots from `snapshots`; every stream holds `drain` and ends when it starts.
+    /// A server serving snapshots from `snapshots` within `admission`'s limits; every stream
+    /// holds `drain` and ends when it starts.
     pub fn new(
         snapshots: SnapshotReader,
         registry: Arc<ConnectionRegistry>,
         metrics: XdsMetrics,
         drain: DrainWatcher,
+        admission: AdmissionSettings,
     ) -> Self {
         let cache = Arc::new(GenerationCache::new(metrics.clone(), DEFAULT_BUDGET_BYTES));
-        AdsServer { ctx: ConnectionContext { snapshots, cache, registry, metrics, drain } }
+        let admission = Arc::new(Admission::new(admission));
+        AdsServer { ctx: ConnectionContext { snapshots, cache, registry, metrics, drain, admission } }
     }
 
     /// The tonic service.

@@ -286,6 +286,9 @@ impl<R> Session<R> {
             StreamEnd::Draining => {
                 let _ = self.tx.try_send(Err(Status::unavailable("frontend shutting down")));
             }
+            StreamEnd::MaxAge => {
+                let _ = self.tx.try_send(Err(Status::unavailable("maximum stream age reached; reconnect")));
+            }
             StreamEnd::Refused(status) => {
                 let _ = self.tx.try_send(Err(status.clone()));
             }

@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 use tonic::Status;
 use tracing::warn;
 
+use super::admission::Admission;
 use super::cache::GenerationCache;
 use super::limits::{self, RequestRate};
 use super::metrics::XdsMetrics;
@@ -36,6 +37,8 @@ pub struct ConnectionContext {
     pub metrics: XdsMetrics,
     /// Held by every stream; when the drain starts each ends, so proxies reconnect elsewhere.
     pub drain: DrainWatcher,
+    /// New-stream rate, push concurrency and stream age.
+    pub admission: Arc<Admission>,
 }
 
 /// Why a stream ended.
@@ -56,6 +59,9 @@ pub enum StreamEnd {
     /// The frontend is shutting down.
     #[error("frontend shutting down")]
     Draining,
+    /// The stream reached its maximum age; the proxy reconnects, maybe to another frontend.
+    #[error("maximum stream age reached")]
+    MaxAge,
 }
 
 /// A limit the request broke, as the status the stream ends with.
@@ -130,6 +136,9 @@ where
         Ok(p) => p,
         Err(e) => return refuse(&tx, Status::invalid_argument(e.to_string())).await,
     };
+    // A storm of new streams waits here, before any generation, while pushes go on.
+    ctx.admission.admit_stream().await;
+    let deadline = ctx.admission.stream_deadline(age_seed(&proxy.id));
     let mut session = Session::new(ctx.clone(), proxy, P::TRANSPORT, tx);
     let mut snapshots = ctx.snapshots.clone();
     let drain = ctx.drain.clone();
@@ -149,11 +158,15 @@ where
                     None => return Err(StreamEnd::Closed),
                 },
                 snap = snapshots.next() => match snap {
-                    Some(s) => push_snapshot(&mut protocol, &mut session, s).await?,
+                    Some(s) => {
+                        let _slot = ctx.admission.push_permit().await;
+                        push_snapshot(&mut protocol, &mut session, s).await?
+                    }
                     // The snapshot writer is gone (shutdown): keep serving what we have until the proxy leaves.
                     None => std::future::pending::<()>().await,
                 },
                 _ = drain.draining() => return Err(StreamEnd::Draining),
+                _ = until(deadline) => return Err(StreamEnd::MaxAge),
             }
         }
     }
@@ -164,6 +177,20 @@ where
     };
     session.close(&end);
     end
+}
+
+/// Sleeps until `deadline`; never without one.
+async fn until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A per-stream jitter seed: the node id and the time it connected.
+fn age_seed(node_id: &str) -> u64 {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    xxhash_rust::xxh64::xxh64(node_id.as_bytes(), u64::from(nanos))
 }
 
 /// Pushes a new snapshot: each subscribed type in Envoy's warming order, then what had to wait.

@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
+use super::admission::{Admission, AdmissionSettings};
 use super::cache::GenerationCache;
 use super::generate::testing::snapshot;
 use super::metrics::XdsMetrics;
@@ -65,6 +66,17 @@ where
 
     /// Serves `protocol` on a stream; no snapshot exists yet.
     pub fn before_first_snapshot(protocol: P) -> Self {
+        Self::admitted_by(protocol, AdmissionSettings::default())
+    }
+
+    /// Serves `protocol` on a stream within `admission`'s limits, the first snapshot made of `yaml`.
+    pub fn start_admitted_by(protocol: P, yaml: &str, admission: AdmissionSettings) -> Self {
+        let mut h = Self::admitted_by(protocol, admission);
+        h.publish(yaml);
+        h
+    }
+
+    fn admitted_by(protocol: P, admission: AdmissionSettings) -> Self {
         let (writer, reader) = crate::snapshot::channel();
         let (trigger, drain) = crate::drain::new();
         let metrics = XdsMetrics::default();
@@ -75,6 +87,7 @@ where
             registry: registry.clone(),
             metrics,
             drain,
+            admission: Arc::new(Admission::new(admission)),
         };
         let (requests, rx) = mpsc::channel(16);
         let (tx, responses) = mpsc::channel(16);
