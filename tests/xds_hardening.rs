@@ -121,7 +121,8 @@ async fn client_chosen_labels_leave_no_cache_entries_and_few_series() {
             assert!(p.wait_for(TIMEOUT, |s| s.types.len() == 4).await);
         }
         let entries = mp.metric("meshpilot_xds_cache_entries").await.unwrap_or_default();
-        assert!(entries >= 40.0, "the connected views are cached: {entries}");
+        // Labels no selector reads do not split views: the 40 streams share one (4 types).
+        assert!(entries > 0.0 && entries <= 4.0, "one view cached for 40 label sets: {entries}");
         drop(proxies);
         // Once no connection holds a view, its entries go.
         let freed = mp

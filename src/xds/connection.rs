@@ -3,6 +3,7 @@
 //! response does not mention.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Instant;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
@@ -20,8 +21,8 @@ use super::TypeUrl;
 /// Per-type subscription state.
 #[derive(Debug, Default)]
 struct Watch {
-    /// Names the proxy asked for (`None`: wildcard).
-    names: Option<BTreeSet<String>>,
+    /// Names the proxy asked for (`None`: wildcard); shared by what was sent under them.
+    names: Option<Arc<BTreeSet<String>>>,
     /// Last response sent.
     sent: Option<Sent>,
     /// What the proxy holds of a named type once it applied the responses sent; `None` when
@@ -35,7 +36,7 @@ struct Watch {
 struct Sent {
     nonce: String,
     hash: u64,
-    names: Option<BTreeSet<String>>,
+    names: Option<Arc<BTreeSet<String>>>,
     /// What the proxy holds once it accepts the response.
     holding: Holding,
 }
@@ -67,8 +68,8 @@ impl Protocol for StateOfTheWorld {
             debug!(proxy = %session.proxy.id, type_url = %limits::loggable(&req.type_url), "request for an unserved type ignored");
             return Ok(());
         };
-        let requested_names = type_url.is_named().then(|| req.resource_names.iter().cloned().collect::<BTreeSet<_>>());
         let watch = self.watches.entry(type_url).or_default();
+        let requested_names = type_url.is_named().then(|| same_or_new(watch.names.as_ref(), &req.resource_names));
         if req.response_nonce.is_empty() {
             // First request for this type on this stream (or Envoy re-requesting after a restart of the watch).
             watch.names = requested_names;
@@ -188,6 +189,17 @@ impl StateOfTheWorld {
         session.send(response, out).await?;
         Ok(true)
     }
+}
+
+/// `names` as a set: the one held when it has exactly these names (an ACK repeats them, and
+/// thousands of EDS names per proxy should exist once, not once per request).
+fn same_or_new(held: Option<&Arc<BTreeSet<String>>>, names: &[String]) -> Arc<BTreeSet<String>> {
+    if let Some(held) = held {
+        if held.len() == names.len() && names.iter().all(|n| held.contains(n)) {
+            return held.clone();
+        }
+    }
+    Arc::new(names.iter().cloned().collect())
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@ pub mod stream;
 #[cfg(test)]
 pub(crate) mod stream_testing;
 pub mod subscription;
+pub mod wire;
 use std::fmt;
 
 /// The xDS resource types meshpilot serves.

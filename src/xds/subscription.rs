@@ -3,6 +3,7 @@
 //! them (an empty first subscribe of CDS or LDS, or `*`, is the wildcard).
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use super::TypeUrl;
 
@@ -13,7 +14,8 @@ pub const WILDCARD: &str = "*";
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Subscription {
     wildcard: bool,
-    names: BTreeSet<String>,
+    /// Shared with what was sent under them; copied only when a request changes them.
+    names: Arc<BTreeSet<String>>,
 }
 
 /// What one request changed.
@@ -54,14 +56,15 @@ impl Subscription {
             if name == WILDCARD {
                 change.wildcard_added |= !self.wildcard;
                 self.wildcard = true;
-            } else if self.names.insert(name.clone()) {
+            } else if !self.names.contains(name) {
+                Arc::make_mut(&mut self.names).insert(name.clone());
                 change.subscribed.push(name.clone());
             }
         }
         for name in unsubscribe {
             if name == WILDCARD {
                 self.wildcard = false;
-            } else if self.names.remove(name) && !self.wildcard {
+            } else if self.names.contains(name) && Arc::make_mut(&mut self.names).remove(name) && !self.wildcard {
                 change.dropped.push(name.clone());
             }
         }
@@ -69,7 +72,7 @@ impl Subscription {
     }
 
     /// The names subscribed to; `None` under the wildcard (everything).
-    pub fn names(&self) -> Option<&BTreeSet<String>> {
+    pub fn names(&self) -> Option<&Arc<BTreeSet<String>>> {
         (!self.wildcard).then_some(&self.names)
     }
 
