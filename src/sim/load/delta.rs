@@ -1,0 +1,134 @@
+//! One simulated sidecar on a delta (incremental) ADS stream: wildcard CDS and LDS, explicit EDS
+//! and RDS subscriptions that follow the names clusters and listeners come and go with, every
+//! response nonce ACKed at once. What it holds of CDS/LDS is a shared [`DeltaHeld`] state.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
+use prost::Message;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::identity::ProxyIdentity;
+use super::names::{diff, Coverage, DeltaHeld};
+use super::stream::{open, ProxyContext};
+use crate::xds::TypeUrl;
+
+/// The delta ADS method.
+pub const PATH: &str = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
+
+/// What the proxy holds.
+#[derive(Default)]
+struct State {
+    clusters: Option<Arc<DeltaHeld>>,
+    listeners: Option<Arc<DeltaHeld>>,
+    eds: Coverage,
+    rds: Coverage,
+    converged: bool,
+}
+
+/// Runs proxy `id` until its stream ends (or the task is aborted).
+pub async fn run(ctx: Arc<ProxyContext>, id: ProxyIdentity) {
+    let (tx, rx) = mpsc::channel::<DeltaDiscoveryRequest>(16);
+    let node = id.node();
+    for (i, t) in [TypeUrl::Cluster, TypeUrl::Listener].into_iter().enumerate() {
+        let first = DeltaDiscoveryRequest {
+            node: (i == 0).then(|| node.clone()),
+            type_url: t.as_str().into(),
+            ..Default::default()
+        };
+        // The channel is new and has room: this cannot fail.
+        let _ = tx.try_send(first);
+    }
+    let mut responses = match open(&ctx, &id, PATH, ReceiverStream::new(rx)).await {
+        Ok(s) => s,
+        Err(e) => return ctx.board.error(id.index, e),
+    };
+    ctx.board.connected(id.index);
+    let capture = ctx.capture_key(&id);
+    let mut state = State::default();
+    loop {
+        match responses.message().await {
+            Ok(Some(bytes)) => {
+                if let Err(e) = state.on_response(&ctx, &id, capture.as_deref(), bytes, &tx).await {
+                    return ctx.board.error(id.index, e);
+                }
+            }
+            Ok(None) => return ctx.board.error(id.index, "stream closed by the server"),
+            Err(status) => return ctx.board.error(id.index, status),
+        }
+    }
+}
+
+impl State {
+    async fn on_response(
+        &mut self,
+        ctx: &ProxyContext,
+        id: &ProxyIdentity,
+        capture: Option<&str>,
+        bytes: Bytes,
+        tx: &mpsc::Sender<DeltaDiscoveryRequest>,
+    ) -> Result<(), String> {
+        let len = bytes.len();
+        let resp =
+            DeltaDiscoveryResponse::decode(bytes.clone()).map_err(|e| format!("bad DeltaDiscoveryResponse: {e}"))?;
+        let now = ctx.board.response(id.index, len, capture.map(|k| (k, resp.type_url.as_str(), &bytes)));
+        let ack = DeltaDiscoveryRequest {
+            type_url: resp.type_url.clone(),
+            response_nonce: resp.nonce.clone(),
+            ..Default::default()
+        };
+        send(tx, ack).await?;
+        let Some(type_url) = TypeUrl::parse(&resp.type_url) else { return Ok(()) };
+        match type_url {
+            TypeUrl::Cluster | TypeUrl::Listener => {
+                let (held, coverage, dep) = match type_url {
+                    TypeUrl::Cluster => (&mut self.clusters, &mut self.eds, TypeUrl::Endpoint),
+                    _ => (&mut self.listeners, &mut self.rds, TypeUrl::Route),
+                };
+                let resources: Vec<(&str, &[u8])> = resp
+                    .resources
+                    .iter()
+                    .map(|r| (r.name.as_str(), r.resource.as_ref().map_or(&[][..], |a| a.value.as_slice())))
+                    .collect();
+                let removed: Vec<&str> = resp
+                    .removed_resources
+                    .iter()
+                    .map(String::as_str)
+                    .chain(resp.removed_resource_names.iter().map(|r| r.name.as_str()))
+                    .collect();
+                let before = held.clone().unwrap_or_default();
+                let after = ctx.cache().delta(type_url, &before, &resources, &removed);
+                *held = Some(after.clone());
+                if *after.names != **coverage.names() {
+                    let (subscribe, unsubscribe) = diff(coverage.names(), &after.names);
+                    coverage.set(after.names.clone());
+                    let request = DeltaDiscoveryRequest {
+                        type_url: dep.as_str().into(),
+                        resource_names_subscribe: subscribe,
+                        resource_names_unsubscribe: unsubscribe,
+                        ..Default::default()
+                    };
+                    send(tx, request).await?;
+                }
+            }
+            TypeUrl::Endpoint | TypeUrl::Route => {
+                let coverage = if type_url == TypeUrl::Endpoint { &mut self.eds } else { &mut self.rds };
+                for r in &resp.resources {
+                    coverage.cover(&r.name);
+                }
+            }
+        }
+        let holds = self.clusters.is_some() && self.listeners.is_some();
+        if !self.converged && holds && self.eds.complete() && self.rds.complete() {
+            self.converged = true;
+            ctx.board.converged(id.index, now);
+        }
+        Ok(())
+    }
+}
+
+async fn send(tx: &mpsc::Sender<DeltaDiscoveryRequest>, request: DeltaDiscoveryRequest) -> Result<(), String> {
+    tx.send(request).await.map_err(|_| "request stream closed".to_string())
+}
