@@ -6,8 +6,15 @@ use std::marker::PhantomData;
 
 use bytes::{Buf, BufMut, Bytes};
 use prost::Message;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::Status;
+
+/// Initial buffer of the load client's streams: tonic's 8 KiB per direction is most of a
+/// simulated proxy's memory once there are 10,000; requests are small, and the read buffer grows
+/// to fit each response anyway.
+fn small_buffers() -> BufferSettings {
+    BufferSettings::new(1024, 32 * 1024)
+}
 
 /// Client side: requests are prost messages, responses are the raw bytes of each message.
 #[derive(Debug)]
@@ -52,6 +59,10 @@ impl<T: Message> Encoder for ProstEncode<T> {
     fn encode(&mut self, item: T, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
         item.encode(dst).map_err(|e| Status::internal(format!("encoding a request: {e}")))
     }
+
+    fn buffer_settings(&self) -> BufferSettings {
+        small_buffers()
+    }
 }
 
 impl<T: Message + Default> Decoder for ProstDecode<T> {
@@ -79,6 +90,10 @@ impl Decoder for RawDecode {
 
     fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, Status> {
         Ok(Some(src.copy_to_bytes(src.remaining())))
+    }
+
+    fn buffer_settings(&self) -> BufferSettings {
+        small_buffers()
     }
 }
 

@@ -9,6 +9,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, Delt
 use prost::Message;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt;
 
 use super::identity::ProxyIdentity;
 use super::names::{diff, Coverage, DeltaHeld};
@@ -30,7 +31,8 @@ struct State {
 
 /// Runs proxy `id` until its stream ends (or the task is aborted).
 pub async fn run(ctx: Arc<ProxyContext>, id: ProxyIdentity) {
-    let (tx, rx) = mpsc::channel::<DeltaDiscoveryRequest>(16);
+    // Boxed: a request with its node is large, and the channel allocates slots for 32 at once.
+    let (tx, rx) = mpsc::channel::<Box<DeltaDiscoveryRequest>>(16);
     let node = id.node();
     for (i, t) in [TypeUrl::Cluster, TypeUrl::Listener].into_iter().enumerate() {
         let first = DeltaDiscoveryRequest {
@@ -39,9 +41,9 @@ pub async fn run(ctx: Arc<ProxyContext>, id: ProxyIdentity) {
             ..Default::default()
         };
         // The channel is new and has room: this cannot fail.
-        let _ = tx.try_send(first);
+        let _ = tx.try_send(Box::new(first));
     }
-    let mut responses = match open(&ctx, &id, PATH, ReceiverStream::new(rx)).await {
+    let mut responses = match open(&ctx, &id, PATH, ReceiverStream::new(rx).map(|r| *r)).await {
         Ok(s) => s,
         Err(e) => return ctx.board.error(id.index, e),
     };
@@ -68,7 +70,7 @@ impl State {
         id: &ProxyIdentity,
         capture: Option<&str>,
         bytes: Bytes,
-        tx: &mpsc::Sender<DeltaDiscoveryRequest>,
+        tx: &mpsc::Sender<Box<DeltaDiscoveryRequest>>,
     ) -> Result<(), String> {
         let len = bytes.len();
         let resp =
@@ -129,6 +131,6 @@ impl State {
     }
 }
 
-async fn send(tx: &mpsc::Sender<DeltaDiscoveryRequest>, request: DeltaDiscoveryRequest) -> Result<(), String> {
-    tx.send(request).await.map_err(|_| "request stream closed".to_string())
+async fn send(tx: &mpsc::Sender<Box<DeltaDiscoveryRequest>>, request: DeltaDiscoveryRequest) -> Result<(), String> {
+    tx.send(Box::new(request)).await.map_err(|_| "request stream closed".to_string())
 }

@@ -126,6 +126,7 @@ pub async fn run(settings: &LoadSettings) -> Result<LoadReport, LoadError> {
             b.proxies.iter().filter(|p| p.converged_at.is_some()).count(),
         )
     };
+    let client_heap_bytes = crate::allocator::allocated_bytes();
     info!(seconds = initial.seconds, converged, "initial phase done");
 
     let mut phase_reports = Vec::new();
@@ -159,6 +160,7 @@ pub async fn run(settings: &LoadSettings) -> Result<LoadReport, LoadError> {
         initial,
         phases: phase_reports,
         errors,
+        client_heap_bytes,
     })
 }
 

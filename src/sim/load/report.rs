@@ -24,6 +24,8 @@ pub struct LoadReport {
     pub phases: Vec<PhaseReport>,
     /// Stream errors.
     pub errors: ErrorReport,
+    /// Heap bytes the client held once the initial phase settled (its own cost per proxy).
+    pub client_heap_bytes: Option<usize>,
 }
 
 /// The initial phase.
@@ -179,6 +181,9 @@ impl LoadReport {
                 if p.timed_out { " TIMED OUT" } else { "" },
                 p.error.as_deref().map(|e| format!(" ERROR: {e}")).unwrap_or_default(),
             );
+        }
+        if let Some(heap) = self.client_heap_bytes {
+            let _ = writeln!(out, "client heap: {} bytes ({} /proxy)", heap, heap / self.proxies.max(1));
         }
         if self.errors.count > 0 {
             let _ = writeln!(out, "{} stream errors, first: {}", self.errors.count, self.errors.messages.join("; "));

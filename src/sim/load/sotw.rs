@@ -9,6 +9,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, Discovery
 use prost::Message;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt;
 
 use super::identity::ProxyIdentity;
 use super::names::{string_field, Coverage, Names};
@@ -33,7 +34,8 @@ struct State {
 
 /// Runs proxy `id` until its stream ends (or the task is aborted).
 pub async fn run(ctx: Arc<ProxyContext>, id: ProxyIdentity) {
-    let (tx, rx) = mpsc::channel::<DiscoveryRequest>(16);
+    // Boxed: a request with its node is large, and the channel allocates slots for 32 at once.
+    let (tx, rx) = mpsc::channel::<Box<DiscoveryRequest>>(16);
     let node = id.node();
     for (i, t) in [TypeUrl::Cluster, TypeUrl::Listener].into_iter().enumerate() {
         let first = DiscoveryRequest {
@@ -42,9 +44,9 @@ pub async fn run(ctx: Arc<ProxyContext>, id: ProxyIdentity) {
             ..Default::default()
         };
         // The channel is new and has room: this cannot fail.
-        let _ = tx.try_send(first);
+        let _ = tx.try_send(Box::new(first));
     }
-    let mut responses = match open(&ctx, &id, PATH, ReceiverStream::new(rx)).await {
+    let mut responses = match open(&ctx, &id, PATH, ReceiverStream::new(rx).map(|r| *r)).await {
         Ok(s) => s,
         Err(e) => return ctx.board.error(id.index, e),
     };
@@ -71,7 +73,7 @@ impl State {
         id: &ProxyIdentity,
         capture: Option<&str>,
         bytes: Bytes,
-        tx: &mpsc::Sender<DiscoveryRequest>,
+        tx: &mpsc::Sender<Box<DiscoveryRequest>>,
     ) -> Result<(), String> {
         let len = bytes.len();
         let resp = DiscoveryResponse::decode(bytes.clone()).map_err(|e| format!("bad DiscoveryResponse: {e}"))?;
@@ -153,6 +155,6 @@ fn ack(resp: &DiscoveryResponse, resource_names: Vec<String>) -> DiscoveryReques
     }
 }
 
-async fn send(tx: &mpsc::Sender<DiscoveryRequest>, request: DiscoveryRequest) -> Result<(), String> {
-    tx.send(request).await.map_err(|_| "request stream closed".to_string())
+async fn send(tx: &mpsc::Sender<Box<DiscoveryRequest>>, request: DiscoveryRequest) -> Result<(), String> {
+    tx.send(Box::new(request)).await.map_err(|_| "request stream closed".to_string())
 }
