@@ -141,6 +141,9 @@ impl Replay {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut first_types: HashSet<String> = HashSet::new();
         let mut workload: Option<Arc<WorkloadCapture>> = None;
+        // Unregisters however the stream ends, the drain dropping this future included: the
+        // registry's sender would otherwise keep the response stream (and the server) open.
+        let mut registered: Option<Registered<'_>> = None;
         loop {
             let request = match requests.message().await {
                 Ok(Some(r)) => r,
@@ -160,6 +163,7 @@ impl Replay {
                         break;
                     };
                     self.streams().insert(id, (w.clone(), tx.clone()));
+                    registered = Some(Registered { replay: &self, id });
                     workload = Some(w.clone());
                     w
                 }
@@ -175,7 +179,19 @@ impl Replay {
                 }
             }
         }
-        self.streams().remove(&id);
+        drop(registered);
+    }
+}
+
+/// A stream's entry in the registry, removed on drop.
+struct Registered<'a> {
+    replay: &'a Replay,
+    id: u64,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.replay.streams().remove(&self.id);
     }
 }
 
@@ -247,7 +263,7 @@ async fn handle<R: ReplayRequest>(State(state): State<RouteState>, request: Requ
     grpc.streaming(method, request).await.map(axum::body::Body::new).into_response()
 }
 
-/// The ADS method of the capture's mode (the other answers UNIMPLEMENTED).
+/// The ADS method of the capture's mode; anything else answers UNIMPLEMENTED saying why.
 pub fn router(replay: Arc<Replay>, drain: DrainWatcher) -> Router {
     let mode = replay.mode;
     let router = Router::new();
@@ -255,5 +271,8 @@ pub fn router(replay: Arc<Replay>, drain: DrainWatcher) -> Router {
         Mode::Sotw => router.route(SOTW_PATH, post(handle::<DiscoveryRequest>)),
         Mode::Delta => router.route(DELTA_PATH, post(handle::<DeltaDiscoveryRequest>)),
     };
-    router.with_state(RouteState { replay, drain })
+    let why = format!("this replay server serves a {} capture only", mode.as_str());
+    router
+        .fallback(move || async move { Status::unimplemented(why).into_http::<axum::body::Body>() })
+        .with_state(RouteState { replay, drain })
 }
