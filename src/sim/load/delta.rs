@@ -5,8 +5,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
-use prost::Message;
+use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
@@ -14,6 +13,7 @@ use tokio_stream::StreamExt;
 use super::identity::ProxyIdentity;
 use super::names::{diff, Coverage, DeltaHeld};
 use super::stream::{open, ProxyContext};
+use super::wire;
 use crate::xds::TypeUrl;
 
 /// The delta ADS method.
@@ -73,35 +73,23 @@ impl State {
         tx: &mpsc::Sender<Box<DeltaDiscoveryRequest>>,
     ) -> Result<(), String> {
         let len = bytes.len();
-        let resp =
-            DeltaDiscoveryResponse::decode(bytes.clone()).map_err(|e| format!("bad DeltaDiscoveryResponse: {e}"))?;
-        let now = ctx.board.response(id.index, len, capture.map(|k| (k, resp.type_url.as_str(), &bytes)));
+        let resp = wire::delta(&bytes).map_err(|e| format!("bad DeltaDiscoveryResponse: {e}"))?;
+        let now = ctx.board.response(id.index, len, capture.map(|k| (k, resp.type_url, &bytes)));
         let ack = DeltaDiscoveryRequest {
-            type_url: resp.type_url.clone(),
-            response_nonce: resp.nonce.clone(),
+            type_url: resp.type_url.to_string(),
+            response_nonce: resp.nonce.to_string(),
             ..Default::default()
         };
         send(tx, ack).await?;
-        let Some(type_url) = TypeUrl::parse(&resp.type_url) else { return Ok(()) };
+        let Some(type_url) = TypeUrl::parse(resp.type_url) else { return Ok(()) };
         match type_url {
             TypeUrl::Cluster | TypeUrl::Listener => {
                 let (held, coverage, dep) = match type_url {
                     TypeUrl::Cluster => (&mut self.clusters, &mut self.eds, TypeUrl::Endpoint),
                     _ => (&mut self.listeners, &mut self.rds, TypeUrl::Route),
                 };
-                let resources: Vec<(&str, &[u8])> = resp
-                    .resources
-                    .iter()
-                    .map(|r| (r.name.as_str(), r.resource.as_ref().map_or(&[][..], |a| a.value.as_slice())))
-                    .collect();
-                let removed: Vec<&str> = resp
-                    .removed_resources
-                    .iter()
-                    .map(String::as_str)
-                    .chain(resp.removed_resource_names.iter().map(|r| r.name.as_str()))
-                    .collect();
                 let before = held.clone().unwrap_or_default();
-                let after = ctx.cache().delta(type_url, &before, &resources, &removed);
+                let after = ctx.cache().delta(type_url, &before, &resp.resources, &resp.removed);
                 *held = Some(after.clone());
                 if *after.names != **coverage.names() {
                     let (subscribe, unsubscribe) = diff(coverage.names(), &after.names);
@@ -117,8 +105,8 @@ impl State {
             }
             TypeUrl::Endpoint | TypeUrl::Route => {
                 let coverage = if type_url == TypeUrl::Endpoint { &mut self.eds } else { &mut self.rds };
-                for r in &resp.resources {
-                    coverage.cover(&r.name);
+                for (name, _) in &resp.resources {
+                    coverage.cover(name);
                 }
             }
         }

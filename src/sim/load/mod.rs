@@ -11,6 +11,7 @@ pub mod phases;
 pub mod report;
 mod sotw;
 mod stream;
+mod wire;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};

@@ -24,43 +24,6 @@ pub fn hash(bytes: &[u8]) -> u64 {
     xxh64(bytes, 0)
 }
 
-/// The first length-delimited field `field` at the top level of a protobuf message, as text:
-/// EDS and RDS resources are only named (field 1), so their (large) bodies are never decoded.
-pub fn string_field(mut bytes: &[u8], field: u64) -> Option<&str> {
-    while !bytes.is_empty() {
-        let key = varint(&mut bytes)?;
-        let len = match key & 7 {
-            0 => {
-                varint(&mut bytes)?;
-                0
-            }
-            1 => 8,
-            2 => usize::try_from(varint(&mut bytes)?).ok()?,
-            5 => 4,
-            _ => return None,
-        };
-        let value = bytes.get(..len)?;
-        if key >> 3 == field && key & 7 == 2 {
-            return std::str::from_utf8(value).ok();
-        }
-        bytes = &bytes[len..];
-    }
-    None
-}
-
-fn varint(bytes: &mut &[u8]) -> Option<u64> {
-    let mut value = 0u64;
-    for shift in (0..64).step_by(7) {
-        let (&b, rest) = bytes.split_first()?;
-        *bytes = rest;
-        value |= u64::from(b & 0x7f) << shift;
-        if b & 0x80 == 0 {
-            return Some(value);
-        }
-    }
-    None
-}
-
 /// What a proxy holds of a delta-served wildcard type: resource name → the names it leads to.
 /// Shared, like [`Names`], by every proxy that went through the same responses.
 #[derive(Debug, Default)]
@@ -272,7 +235,6 @@ pub fn diff(old: &[Arc<str>], new: &[Arc<str>]) -> (Vec<String>, Vec<String>) {
 mod tests {
     use super::*;
     use envoy_types::pb::envoy::config::cluster::v3::cluster::EdsClusterConfig;
-    use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 
     fn eds_cluster(name: &str, service: &str) -> Vec<u8> {
         Cluster {
@@ -286,14 +248,6 @@ mod tests {
 
     fn static_cluster(name: &str) -> Vec<u8> {
         Cluster { name: name.into(), ..Default::default() }.encode_to_vec()
-    }
-
-    #[test]
-    fn string_field_reads_the_name_without_decoding_the_body() {
-        let cla = ClusterLoadAssignment { cluster_name: "outbound|80||a".into(), ..Default::default() };
-        assert_eq!(string_field(&cla.encode_to_vec(), 1), Some("outbound|80||a"));
-        assert_eq!(string_field(&[0x08, 0x96, 0x01], 1), None);
-        assert_eq!(string_field(&[0x0a, 0x05, b'a'], 1), None, "truncated");
     }
 
     #[test]

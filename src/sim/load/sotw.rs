@@ -5,15 +5,15 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
-use prost::Message;
+use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 
 use super::identity::ProxyIdentity;
-use super::names::{string_field, Coverage, Names};
+use super::names::{Coverage, Names};
 use super::stream::{open, ProxyContext};
+use super::wire::{self, string_field, SotwResponse};
 use crate::xds::TypeUrl;
 
 /// The SotW ADS method.
@@ -76,13 +76,13 @@ impl State {
         tx: &mpsc::Sender<Box<DiscoveryRequest>>,
     ) -> Result<(), String> {
         let len = bytes.len();
-        let resp = DiscoveryResponse::decode(bytes.clone()).map_err(|e| format!("bad DiscoveryResponse: {e}"))?;
-        let now = ctx.board.response(id.index, len, capture.map(|k| (k, resp.type_url.as_str(), &bytes)));
-        let Some(type_url) = TypeUrl::parse(&resp.type_url) else {
+        let resp = wire::sotw(&bytes).map_err(|e| format!("bad DiscoveryResponse: {e}"))?;
+        let now = ctx.board.response(id.index, len, capture.map(|k| (k, resp.type_url, &bytes)));
+        let Some(type_url) = TypeUrl::parse(resp.type_url) else {
             // A type it never asked for: ACK it as Envoy would, and otherwise ignore it.
             return send(tx, ack(&resp, Vec::new())).await;
         };
-        let values = resp.resources.iter().map(|a| a.value.as_slice());
+        let values = resp.resources.iter().copied();
         let mut follow: Option<(TypeUrl, Names)> = None;
         match type_url {
             TypeUrl::Cluster => {
@@ -105,11 +105,12 @@ impl State {
                     _ => (&mut self.rds, &mut self.rds_acked),
                 };
                 for v in values {
-                    if let Some(name) = string_field(v, 1) {
+                    // A resource without a readable name covers nothing; the proxy then never converges.
+                    if let Ok(name) = string_field(v, 1) {
                         held.cover(name);
                     }
                 }
-                *acked = (resp.version_info.clone(), resp.nonce.clone());
+                *acked = (resp.version_info.to_string(), resp.nonce.to_string());
             }
         }
         let subscribed = match type_url {
@@ -145,11 +146,11 @@ fn names_of(c: &Coverage) -> Vec<String> {
     c.names().iter().map(|n| n.to_string()).collect()
 }
 
-fn ack(resp: &DiscoveryResponse, resource_names: Vec<String>) -> DiscoveryRequest {
+fn ack(resp: &SotwResponse<'_>, resource_names: Vec<String>) -> DiscoveryRequest {
     DiscoveryRequest {
-        version_info: resp.version_info.clone(),
-        response_nonce: resp.nonce.clone(),
-        type_url: resp.type_url.clone(),
+        version_info: resp.version_info.to_string(),
+        response_nonce: resp.nonce.to_string(),
+        type_url: resp.type_url.to_string(),
         resource_names,
         ..Default::default()
     }
