@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::files::temp_dir_with;
-use common::http::http_client;
+use common::http::{http_client, http_request};
 use common::istio::{dedent, service_entry_in};
 use common::meshpilot::Meshpilot;
 use common::poll::STARTUP_TIMEOUT;
@@ -116,7 +116,10 @@ async fn load_then_replay(mode: &str) {
         .env("RUST_LOG", "info");
     let mut replay = Process::start(temp_dir("meshpilot-replay-"), spec);
     let admin = format!("http://{admin_addr}");
-    replay.wait_http_ready(&http_client(), &format!("{admin}/ready"), STARTUP_TIMEOUT).await;
+    let client = http_client();
+    replay.wait_http_ready(&client, &format!("{admin}/ready"), STARTUP_TIMEOUT).await;
+    let unknown = http_request(&client, "POST", &format!("{admin}/phase/nope"), "", &[], None).await.expect("POST");
+    assert_eq!(unknown.status, 404, "a phase the capture lacks: {}", unknown.body);
     let push = json!({"phases": [{"name": "vs-edit", "action": {"post": format!("{admin}/phase/vs-edit")}}]});
     let replayed = load(&format!("http://{xds_addr}"), mode, &push, work.path(), None).await;
     assert_all_converged(&replayed, "replay");

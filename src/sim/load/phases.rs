@@ -180,7 +180,7 @@ async fn post(url: &str) -> Result<(), PhaseError> {
         if status.is_success() {
             Ok(())
         } else {
-            Err(fail(format!("answered {status}: {}", String::from_utf8_lossy(&body))))
+            Err(fail(format!("answered {status}: {}", String::from_utf8_lossy(&body).trim())))
         }
     }
     .await;
