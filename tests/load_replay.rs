@@ -57,12 +57,27 @@ fn config() -> tempfile::TempDir {
 
 /// Runs `meshpilot load` to its end; the JSON report, after asserting a successful exit.
 async fn load(xds_url: &str, mode: &str, phases: &Value, dir: &Path, capture: Option<&Path>) -> Value {
+    let (ok, report, text) = try_load(xds_url, mode, &NAMESPACES.join(","), phases, dir, capture).await;
+    assert!(ok, "meshpilot load {mode} against {xds_url} failed:\n{text}");
+    report
+}
+
+/// Runs `meshpilot load` to its end: whether it exited 0, its JSON report, and its output.
+async fn try_load(
+    xds_url: &str,
+    mode: &str,
+    namespaces: &str,
+    phases: &Value,
+    dir: &Path,
+    capture: Option<&Path>,
+) -> (bool, Value, String) {
     let phases_file = dir.join(format!("phases-{mode}.json"));
     std::fs::write(&phases_file, phases.to_string()).expect("write phases");
     let report_file = dir.join(format!("report-{mode}.json"));
+    let _ = std::fs::remove_file(&report_file);
     let mut cmd = tokio::process::Command::new(Meshpilot::binary());
     cmd.args(["load", "--xds-url", xds_url, "--proxies", &PROXIES.to_string(), "--workloads", &PROXIES.to_string()])
-        .args(["--namespaces", &NAMESPACES.join(","), "--mode", mode, "--settle", "1s", "--timeout", "20s"])
+        .args(["--namespaces", namespaces, "--mode", mode, "--settle", "1s", "--timeout", "20s"])
         .arg("--phases")
         .arg(&phases_file)
         .arg("--json")
@@ -75,9 +90,8 @@ async fn load(xds_url: &str, mode: &str, phases: &Value, dir: &Path, capture: Op
     let out =
         tokio::time::timeout(LOAD_TIMEOUT, cmd.output()).await.expect("meshpilot load finishes").expect("run load");
     let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "meshpilot load {mode} against {xds_url} failed ({}):\n{text}", out.status);
     let report = std::fs::read(&report_file).unwrap_or_else(|e| panic!("no report ({e}):\n{text}"));
-    serde_json::from_slice(&report).expect("report is JSON")
+    (out.status.success(), serde_json::from_slice(&report).expect("report is JSON"), text)
 }
 
 fn assert_all_converged(report: &Value, what: &str) {
@@ -129,6 +143,13 @@ async fn load_then_replay(mode: &str) {
     for key in ["bytes_total", "bytes_per_proxy", "bytes_per_proxy_max", "responses"] {
         assert_eq!(again[key], phase[key], "{key}: replay {again:#} vs meshpilot {phase:#}");
     }
+    // Proxies of workloads the capture lacks are refused, and the client says so.
+    let (ok, refused, text) =
+        try_load(&format!("http://{xds_addr}"), mode, "ns-x", &json!({"phases": []}), work.path(), None).await;
+    assert!(!ok, "{text}");
+    assert_eq!(refused["converged"], 0, "{refused:#}");
+    assert_eq!(refused["errors"]["count"], PROXIES, "{refused:#}");
+    assert!(refused["errors"]["messages"][0].as_str().is_some_and(|m| m.contains("no workload")), "{refused:#}");
     assert!(replay.terminate(Duration::from_secs(10)).await, "replay exits on SIGTERM");
 }
 
