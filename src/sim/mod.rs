@@ -3,7 +3,6 @@
 
 pub mod capture;
 mod client;
-mod codec;
 pub mod load;
 pub mod replay;
 

@@ -58,7 +58,7 @@ pub async fn run(ctx: Arc<ProxyContext>, id: ProxyIdentity) {
                 }
             }
             Ok(None) => return ctx.board.error(id.index, "stream closed by the server"),
-            Err(status) => return ctx.board.error(id.index, status),
+            Err(e) => return ctx.board.error(id.index, e),
         }
     }
 }

@@ -7,6 +7,7 @@
 //! misconfigured run fails visibly instead of measuring another workload's config.
 
 mod admin;
+mod codec;
 mod streams;
 
 use std::net::SocketAddr;

@@ -20,9 +20,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 use tracing::{debug, warn};
 
+use super::codec::RawReplies;
 use crate::drain::DrainWatcher;
 use crate::sim::capture::{Capture, Mode, INITIAL_PHASE};
-use crate::sim::codec::RawReplies;
 use crate::xds::proxy::NodeMetadata;
 
 /// Responses queued per stream before a push waits for the proxy to read.
