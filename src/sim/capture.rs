@@ -96,9 +96,10 @@ impl CaptureWriter {
     }
 
     /// Records one response `bytes` of `workload`, received during `phase`.
-    pub fn record(&mut self, workload: &str, phase: &Arc<str>, type_url: &str, bytes: Bytes) {
+    pub fn record(&mut self, workload: &str, phase: &Arc<str>, type_url: &str, bytes: &Bytes) {
         let h = xxhash_rust::xxh64::xxh64(&bytes, 0);
-        self.blobs.entry(h).or_insert(bytes);
+        // A copy of its own: the received bytes share a buffer that may be larger.
+        self.blobs.entry(h).or_insert_with(|| Bytes::copy_from_slice(&bytes));
         let list = match self.workloads.get_mut(workload) {
             Some(list) => list,
             None => self.workloads.entry(workload.to_string()).or_default(),
@@ -196,9 +197,9 @@ mod tests {
         let mut w = CaptureWriter::new(Mode::Delta);
         let initial: Arc<str> = Arc::from(INITIAL_PHASE);
         let edit: Arc<str> = Arc::from("vs-edit");
-        w.record("ns-0/wl-0", &initial, "t/cds", Bytes::from_static(b"one"));
-        w.record("ns-0/wl-0", &edit, "t/rds", Bytes::from_static(b"two"));
-        w.record("ns-1/wl-1", &initial, "t/cds", Bytes::from_static(b"one"));
+        w.record("ns-0/wl-0", &initial, "t/cds", &Bytes::from_static(b"one"));
+        w.record("ns-0/wl-0", &edit, "t/rds", &Bytes::from_static(b"two"));
+        w.record("ns-1/wl-1", &initial, "t/cds", &Bytes::from_static(b"one"));
         w.write(dir.path()).expect("write");
         assert_eq!(std::fs::read_dir(dir.path().join("blobs")).expect("blobs").count(), 2, "deduplicated");
         let c = Capture::load(dir.path()).expect("load");
@@ -208,7 +209,7 @@ mod tests {
             (wl0[1].phase.as_str(), wl0[1].type_url.as_str(), &wl0[1].bytes[..]),
             ("vs-edit", "t/rds", &b"two"[..])
         );
-        assert_eq!(c.workloads["ns-1/wl-1"][0].bytes, Bytes::from_static(b"one"));
+        assert_eq!(c.workloads["ns-1/wl-1"][0].bytes, &Bytes::from_static(b"one"));
         let text = std::fs::read_to_string(dir.path().join("index.json")).expect("index");
         let index: CaptureIndex = serde_json::from_str(&text).expect("json");
         assert_eq!(index, w.index());

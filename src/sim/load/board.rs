@@ -87,7 +87,7 @@ impl SharedBoard {
         if let Some((workload, type_url, bytes)) = capture {
             let phase = b.phase.clone();
             if let Some(c) = b.capture.as_mut() {
-                c.record(workload, &phase, type_url, bytes.clone());
+                c.record(workload, &phase, type_url, bytes);
             }
         }
         now

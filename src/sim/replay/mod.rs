@@ -7,7 +7,7 @@
 //! misconfigured run fails visibly instead of measuring another workload's config.
 
 mod admin;
-mod codec;
+mod grpc;
 mod streams;
 
 use std::net::SocketAddr;

@@ -3,12 +3,11 @@
 //! pushes through a bounded channel.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::future::{ready, Ready};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::extract::{Request, State};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::post;
 use axum::Router;
 use bytes::Bytes;
@@ -16,11 +15,10 @@ use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 use tracing::{debug, warn};
 
-use super::codec::RawReplies;
+use super::grpc::{self, Outbound, ProstDecode};
 use crate::drain::DrainWatcher;
 use crate::sim::capture::{Capture, Mode, INITIAL_PHASE};
 use crate::xds::proxy::NodeMetadata;
@@ -41,7 +39,8 @@ struct WorkloadCapture {
     phases: HashMap<String, Vec<Bytes>>,
 }
 
-type Outbound = mpsc::Sender<Result<Bytes, Status>>;
+/// A connected stream: its workload's capture and where its responses go.
+type Target = (Arc<WorkloadCapture>, mpsc::Sender<Outbound>);
 
 /// The loaded capture and the open streams.
 #[derive(Debug)]
@@ -49,7 +48,7 @@ pub struct Replay {
     mode: Mode,
     workloads: HashMap<String, Arc<WorkloadCapture>>,
     phases: HashSet<String>,
-    streams: Mutex<BTreeMap<u64, (Arc<WorkloadCapture>, Outbound)>>,
+    streams: Mutex<BTreeMap<u64, Target>>,
     tasks: Mutex<JoinSet<()>>,
     next_id: AtomicU64,
 }
@@ -81,7 +80,7 @@ impl Replay {
         }
     }
 
-    fn streams(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, (Arc<WorkloadCapture>, Outbound)>> {
+    fn streams(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Target>> {
         self.streams.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -96,7 +95,7 @@ impl Replay {
             return None;
         }
         // Copied out so no lock is held while sending.
-        let targets: Vec<(Arc<WorkloadCapture>, Outbound)> = self.streams().values().cloned().collect();
+        let targets: Vec<Target> = self.streams().values().cloned().collect();
         let sends = targets.into_iter().filter_map(|(w, tx)| {
             let responses = w.phases.get(name)?.clone();
             Some(async move {
@@ -122,7 +121,7 @@ impl Replay {
         self: &Arc<Self>,
         requests: Streaming<R>,
         drain: DrainWatcher,
-    ) -> ReceiverStream<Result<Bytes, Status>> {
+    ) -> mpsc::Receiver<Outbound> {
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let replay = self.clone();
         let mut tasks = self.tasks();
@@ -134,10 +133,10 @@ impl Replay {
                 () = drain.draining() => {}
             }
         });
-        ReceiverStream::new(rx)
+        rx
     }
 
-    async fn serve<R: ReplayRequest>(self: Arc<Self>, mut requests: Streaming<R>, tx: Outbound) {
+    async fn serve<R: ReplayRequest>(self: Arc<Self>, mut requests: Streaming<R>, tx: mpsc::Sender<Outbound>) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut first_types: HashSet<String> = HashSet::new();
         let mut workload: Option<Arc<WorkloadCapture>> = None;
@@ -234,23 +233,6 @@ impl ReplayRequest for DeltaDiscoveryRequest {
     }
 }
 
-/// The gRPC service of one method, for `tonic::server::Grpc`.
-struct Method<R> {
-    replay: Arc<Replay>,
-    drain: DrainWatcher,
-    _request: std::marker::PhantomData<R>,
-}
-
-impl<R: ReplayRequest> tonic::server::StreamingService<R> for Method<R> {
-    type Response = Bytes;
-    type ResponseStream = ReceiverStream<Result<Bytes, Status>>;
-    type Future = Ready<Result<tonic::Response<Self::ResponseStream>, Status>>;
-
-    fn call(&mut self, request: tonic::Request<Streaming<R>>) -> Self::Future {
-        ready(Ok(tonic::Response::new(self.replay.open(request.into_inner(), self.drain.clone()))))
-    }
-}
-
 #[derive(Clone)]
 struct RouteState {
     replay: Arc<Replay>,
@@ -258,9 +240,9 @@ struct RouteState {
 }
 
 async fn handle<R: ReplayRequest>(State(state): State<RouteState>, request: Request) -> Response {
-    let method = Method::<R> { replay: state.replay, drain: state.drain, _request: std::marker::PhantomData };
-    let mut grpc = tonic::server::Grpc::new(RawReplies::<R>::default()).max_decoding_message_size(MAX_REQUEST_BYTES);
-    grpc.streaming(method, request).await.map(axum::body::Body::new).into_response()
+    let decoder = ProstDecode::<R>::default();
+    let requests = Streaming::new_request(decoder, request.into_body(), None, Some(MAX_REQUEST_BYTES));
+    grpc::response(state.replay.open(requests, state.drain))
 }
 
 /// The ADS method of the capture's mode; anything else answers UNIMPLEMENTED saying why.
