@@ -97,9 +97,9 @@ impl CaptureWriter {
 
     /// Records one response `bytes` of `workload`, received during `phase`.
     pub fn record(&mut self, workload: &str, phase: &Arc<str>, type_url: &str, bytes: &Bytes) {
-        let h = xxhash_rust::xxh64::xxh64(&bytes, 0);
+        let h = xxhash_rust::xxh64::xxh64(bytes, 0);
         // A copy of its own: the received bytes share a buffer that may be larger.
-        self.blobs.entry(h).or_insert_with(|| Bytes::copy_from_slice(&bytes));
+        self.blobs.entry(h).or_insert_with(|| Bytes::copy_from_slice(bytes));
         let list = match self.workloads.get_mut(workload) {
             Some(list) => list,
             None => self.workloads.entry(workload.to_string()).or_default(),
