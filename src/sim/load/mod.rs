@@ -90,6 +90,7 @@ pub async fn run(settings: &LoadSettings) -> Result<LoadReport, LoadError> {
         board: board.clone(),
         cache: Mutex::new(NameCache::default()),
         capture_below: if settings.capture.is_some() { settings.workloads } else { 0 },
+        assembly: tokio::sync::Semaphore::new(stream::CONCURRENT_MESSAGES),
     });
 
     let start = Instant::now();

@@ -54,7 +54,7 @@ pub async fn run(ctx: Arc<ProxyContext>, id: ProxyIdentity) {
     let capture = ctx.capture_key(&id);
     let mut state = State::default();
     loop {
-        match responses.message().await {
+        match responses.message(&ctx.assembly).await {
             Ok(Some(bytes)) => {
                 if let Err(e) = state.on_response(&ctx, &id, capture.as_deref(), bytes, &tx).await {
                     return ctx.board.error(id.index, e);

@@ -29,6 +29,15 @@ const MAX_RESPONSE_BYTES: usize = 256 << 20;
 /// gRPC's message prefix: compression flag and big-endian length.
 const PREFIX: usize = 5;
 
+/// Proxies that may be in the middle of receiving a message that spans several HTTP/2 frames.
+/// A proxy holds a message's bytes until it is whole; without a bound, 10,000 proxies receiving
+/// a 2 MB CDS response together would hold 20 GB. The others wait with at most their HTTP/2
+/// window in flight, and the server's send waits for them, as it would for a busy Envoy.
+pub const CONCURRENT_MESSAGES: usize = 256;
+
+/// HTTP/2 stream and connection window: what a proxy lets the server send ahead of its reading.
+const WINDOW: u32 = 256 * 1024;
+
 /// How long one connection attempt may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -43,6 +52,8 @@ pub struct ProxyContext {
     pub cache: Mutex<NameCache>,
     /// Proxies with an index below this are captured (the first of each workload), when capturing.
     pub capture_below: usize,
+    /// Permits to assemble a multi-frame message ([`CONCURRENT_MESSAGES`]).
+    pub assembly: tokio::sync::Semaphore,
 }
 
 impl ProxyContext {
@@ -80,6 +91,8 @@ where
     let endpoint = tonic::transport::Endpoint::from_shared(ctx.xds_url.clone())
         .map_err(|e| format!("bad xDS URL {}: {e}", ctx.xds_url))?
         .connect_timeout(CONNECT_TIMEOUT)
+        .initial_stream_window_size(WINDOW)
+        .initial_connection_window_size(WINDOW)
         .tcp_nodelay(true);
     let mut channel = endpoint.connect().await.map_err(|e| format!("connecting to {}: {e}", ctx.xds_url))?;
     let frames = requests.map(|r| framed(&r).map(Frame::data));
@@ -117,10 +130,16 @@ fn framed<M: prost::Message>(message: &M) -> Result<Bytes, Status> {
 
 impl RawStream {
     /// The next response message's bytes; `None` when the server ended the stream with OK.
-    pub async fn message(&mut self) -> Result<Option<Bytes>, String> {
+    /// A message that does not arrive whole in one frame is assembled under one of `assembly`'s
+    /// permits.
+    pub async fn message(&mut self, assembly: &tokio::sync::Semaphore) -> Result<Option<Bytes>, String> {
+        let mut permit = None;
         loop {
             if let Some(message) = self.take_message()? {
                 return Ok(Some(message));
+            }
+            if permit.is_none() && !self.buf.is_empty() && !self.done {
+                permit = Some(assembly.acquire().await.map_err(|_| "the run is over".to_string())?);
             }
             if self.done {
                 if self.buf.is_empty() {
@@ -181,20 +200,24 @@ mod tests {
         RawStream { body: Body::empty(), buf: BytesMut::from(bytes), done: true }
     }
 
+    fn permits() -> tokio::sync::Semaphore {
+        tokio::sync::Semaphore::new(1)
+    }
+
     #[tokio::test]
     async fn messages_are_cut_at_their_prefix() {
         let mut wire = framed(&"ab".to_string()).expect("encode").to_vec();
         wire.extend_from_slice(&framed(&String::new()).expect("encode"));
         let mut s = stream_of(&wire);
-        assert_eq!(s.message().await, Ok(Some(Bytes::from_static(&[0x0a, 2, b'a', b'b']))));
-        assert_eq!(s.message().await, Ok(Some(Bytes::new())));
-        assert_eq!(s.message().await, Ok(None));
+        assert_eq!(s.message(&permits()).await, Ok(Some(Bytes::from_static(&[0x0a, 2, b'a', b'b']))));
+        assert_eq!(s.message(&permits()).await, Ok(Some(Bytes::new())));
+        assert_eq!(s.message(&permits()).await, Ok(None));
         assert_eq!(s.buf.capacity(), 0, "nothing held between messages");
     }
 
     #[tokio::test]
     async fn a_cut_or_compressed_message_is_an_error() {
-        assert!(stream_of(&[0, 0, 0, 0, 9, 1]).message().await.is_err(), "ends mid-message");
-        assert!(stream_of(&[1, 0, 0, 0, 0]).message().await.is_err(), "compressed");
+        assert!(stream_of(&[0, 0, 0, 0, 9, 1]).message(&permits()).await.is_err(), "ends mid-message");
+        assert!(stream_of(&[1, 0, 0, 0, 0]).message(&permits()).await.is_err(), "compressed");
     }
 }
