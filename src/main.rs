@@ -46,26 +46,62 @@ enum Command {
         #[arg(short = 'f', long = "filename")]
         path: PathBuf,
     },
-    /// Open N simulated sidecar ADS streams, ACK what they receive, and report convergence.
-    Load {
-        /// ADS URL of a frontend or of the hashing load balancer.
-        #[arg(long, default_value = "http://127.0.0.1:15010")]
-        xds_url: String,
-        /// Number of simulated proxies.
-        #[arg(long, default_value_t = 100)]
-        proxies: usize,
-        /// Namespaces to spread them over (comma separated).
-        #[arg(long, default_value = "default", value_delimiter = ',')]
-        namespaces: Vec<String>,
-        /// Wait until every proxy acked at least this snapshot version (TERM.SEQ).
-        #[arg(long)]
-        wait_version: Option<meshpilot::snapshot::Version>,
-        /// Give up after this long.
-        #[arg(long, default_value = "60s", value_parser = parse_duration)]
-        timeout: Duration,
-    },
+    /// Drive N simulated sidecars over ADS (one thread), measure convergence and phases, report.
+    Load(LoadArgs),
+    /// Serve a capture of `meshpilot load --capture` verbatim over ADS (the physical limit).
+    Replay(ReplayArgs),
     /// Print the version.
     Version,
+}
+
+#[derive(Parser)]
+struct LoadArgs {
+    /// ADS URL of the xDS server (meshpilot, istiod, the replay server, a load balancer).
+    #[arg(long)]
+    xds_url: String,
+    /// Number of simulated proxies.
+    #[arg(long)]
+    proxies: usize,
+    /// Number of workloads: proxy i is pod wl-{i%W}-{i} of workload wl-{i%W}.
+    #[arg(long)]
+    workloads: usize,
+    /// Namespaces (comma separated): workload w lives in namespaces[w % len].
+    #[arg(long, value_delimiter = ',', required = true)]
+    namespaces: Vec<String>,
+    /// ADS flavour.
+    #[arg(long, value_enum)]
+    mode: meshpilot::sim::capture::Mode,
+    /// Phases file (JSON): changes made after the initial convergence, each measured.
+    #[arg(long)]
+    phases: Option<PathBuf>,
+    /// Quiet time (no response on any stream) that ends a phase.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    settle: Duration,
+    /// Longest wait for the initial convergence and for each phase.
+    #[arg(long, default_value = "300s", value_parser = parse_duration)]
+    timeout: Duration,
+    /// New streams per second (0: all at once).
+    #[arg(long, default_value_t = 0.0)]
+    connect_rate: f64,
+    /// Write the JSON report here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Capture the responses of the first proxy of each workload into this directory.
+    #[arg(long)]
+    capture: Option<PathBuf>,
+}
+
+#[derive(Parser)]
+struct ReplayArgs {
+    /// Capture directory written by `meshpilot load --capture`.
+    #[arg(long)]
+    capture: PathBuf,
+    /// ADS (gRPC) listen address.
+    #[arg(long, default_value = "127.0.0.1:15010")]
+    xds_addr: SocketAddr,
+    /// Admin HTTP listen address (`GET /ready`, `POST /phase/<name>`).
+    #[arg(long, default_value = "127.0.0.1:15014")]
+    admin_addr: SocketAddr,
 }
 
 #[derive(Parser)]
@@ -240,17 +276,15 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Validate { path } => validate(&path),
-        Command::Load { xds_url, proxies, namespaces, wait_version, timeout } => {
-            let settings = meshpilot::sim::load::LoadSettings { xds_url, proxies, namespaces, wait_version, timeout };
-            match load(settings) {
-                Ok(true) => ExitCode::SUCCESS,
-                Ok(false) => ExitCode::FAILURE,
-                Err(e) => {
-                    eprintln!("meshpilot load: {e:#}");
-                    ExitCode::from(2)
-                }
+        Command::Load(args) => match load(args) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::FAILURE,
+            Err(e) => {
+                eprintln!("meshpilot load: {e:#}");
+                ExitCode::from(2)
             }
-        }
+        },
+        Command::Replay(args) => exit(run_replay(args)),
         Command::Standalone(args) => exit(run_standalone(args)),
         Command::Ingest(args) => exit(run_ingest(args)),
         Command::Frontend(args) => exit(run_frontend(args)),
@@ -325,12 +359,40 @@ fn run_standalone(args: StandaloneArgs) -> anyhow::Result<()> {
     app::run(|drain| app::standalone::run(settings, process, drain)).context("standalone meshpilot")
 }
 
-/// Runs a load test; `Ok(false)` when not every proxy converged.
-fn load(settings: meshpilot::sim::load::LoadSettings) -> anyhow::Result<bool> {
-    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-    let report = runtime.block_on(meshpilot::sim::load::run(&settings));
-    println!("{}", serde_json::to_string(&report).context("encoding the report")?);
-    Ok(report.converged == settings.proxies)
+/// Runs a load test on one thread; `Ok(false)` when a proxy did not connect or converge or a
+/// phase did not finish.
+fn load(args: LoadArgs) -> anyhow::Result<bool> {
+    let settings = meshpilot::sim::load::LoadSettings {
+        xds_url: args.xds_url,
+        proxies: args.proxies,
+        workloads: args.workloads,
+        namespaces: args.namespaces,
+        mode: args.mode,
+        phases: args.phases,
+        settle: args.settle,
+        timeout: args.timeout,
+        connect_rate: args.connect_rate,
+        capture: args.capture,
+    };
+    // One thread: the client's own cost stays bounded and comparable between runs.
+    let runtime =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
+    let report = runtime.block_on(meshpilot::sim::load::run(&settings))?;
+    print!("{}", report.summary());
+    if let Some(path) = &args.json {
+        let text = serde_json::to_vec_pretty(&report).context("encoding the report")?;
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(report.success())
+}
+
+fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
+    let settings = meshpilot::sim::replay::ReplaySettings {
+        capture: args.capture,
+        xds_addr: args.xds_addr,
+        admin_addr: args.admin_addr,
+    };
+    app::run(|drain| meshpilot::sim::replay::run(settings, drain)).context("replay server")
 }
 
 fn validate(path: &std::path::Path) -> ExitCode {
