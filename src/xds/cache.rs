@@ -31,7 +31,7 @@ impl Generated {
     }
 
     /// Indices of the resources whose names are in `names` (all when `None`), in name order.
-    pub fn select_indices(&self, names: Option<&std::collections::BTreeSet<String>>) -> Vec<usize> {
+    pub fn select_indices(&self, names: Option<&super::names::NameSet>) -> Vec<usize> {
         (0..self.resources.len()).filter(|&i| names.is_none_or(|n| n.contains(&self.resources[i].name))).collect()
     }
 

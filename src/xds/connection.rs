@@ -3,7 +3,6 @@
 //! response does not mention.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::Instant;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
@@ -13,6 +12,7 @@ use tracing::debug;
 use super::changes;
 use super::isolation::{Holding, Isolation};
 use super::limits;
+use super::names::NameSet;
 use super::session::{Outgoing, Session};
 use super::status::Transport;
 use super::stream::{over_limit, Protocol, StreamEnd};
@@ -22,7 +22,7 @@ use super::TypeUrl;
 #[derive(Debug, Default)]
 struct Watch {
     /// Names the proxy asked for (`None`: wildcard); shared by what was sent under them.
-    names: Option<Arc<BTreeSet<String>>>,
+    names: Option<NameSet>,
     /// Last response sent.
     sent: Option<Sent>,
     /// What the proxy holds of a named type once it applied the responses sent; `None` when
@@ -36,7 +36,7 @@ struct Watch {
 struct Sent {
     nonce: String,
     hash: u64,
-    names: Option<Arc<BTreeSet<String>>>,
+    names: Option<NameSet>,
     /// What the proxy holds once it accepts the response.
     holding: Holding,
 }
@@ -69,7 +69,8 @@ impl Protocol for StateOfTheWorld {
             return Ok(());
         };
         let watch = self.watches.entry(type_url).or_default();
-        let requested_names = type_url.is_named().then(|| same_or_new(watch.names.as_ref(), &req.resource_names));
+        let requested_names =
+            type_url.is_named().then(|| NameSet::same_or_new(watch.names.as_ref(), &req.resource_names));
         if req.response_nonce.is_empty() {
             // First request for this type on this stream (or Envoy re-requesting after a restart of the watch).
             watch.names = requested_names;
@@ -189,17 +190,6 @@ impl StateOfTheWorld {
         session.send(response, out).await?;
         Ok(true)
     }
-}
-
-/// `names` as a set: the one held when it has exactly these names (an ACK repeats them, and
-/// thousands of EDS names per proxy should exist once, not once per request).
-fn same_or_new(held: Option<&Arc<BTreeSet<String>>>, names: &[String]) -> Arc<BTreeSet<String>> {
-    if let Some(held) = held {
-        if held.len() == names.len() && names.iter().all(|n| held.contains(n)) {
-            return held.clone();
-        }
-    }
-    Arc::new(names.iter().cloned().collect())
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use envoy_types::pb::google::protobuf::Any;
 
 use super::cache::Generated;
+use super::names::NameSet;
 
 /// One resource of a generation, shared: the generation and an index into it.
 #[derive(Debug, Clone)]
@@ -48,7 +49,7 @@ pub enum Holding {
         /// The generation.
         generated: Arc<Generated>,
         /// The names asked for (`None`: all), shared with the subscription.
-        names: Option<Arc<BTreeSet<String>>>,
+        names: Option<NameSet>,
     },
     /// A composition: some resources of the newest generation, some the proxy already held.
     Pieces(Arc<Vec<Piece>>),
@@ -59,7 +60,7 @@ impl Holding {
     pub fn pieces(&self) -> Vec<Piece> {
         match self {
             Holding::Whole { generated, names } => generated
-                .select_indices(names.as_deref())
+                .select_indices(names.as_ref())
                 .into_iter()
                 .map(|index| Piece { generated: generated.clone(), index })
                 .collect(),
@@ -85,7 +86,7 @@ impl Holding {
         match self {
             // The common case, on every push: no pieces are built for a whole generation.
             Holding::Whole { generated, names } => generated
-                .select_indices(names.as_deref())
+                .select_indices(names.as_ref())
                 .into_iter()
                 .map(|i| generated.resources[i].body.clone())
                 .collect(),
@@ -97,7 +98,7 @@ impl Holding {
     pub fn hash(&self) -> u64 {
         let hashes: Vec<u64> = match self {
             Holding::Whole { generated, names } => {
-                generated.select_indices(names.as_deref()).into_iter().map(|i| generated.hashes[i]).collect()
+                generated.select_indices(names.as_ref()).into_iter().map(|i| generated.hashes[i]).collect()
             }
             Holding::Pieces(pieces) => pieces.iter().map(Piece::hash).collect(),
         };
@@ -179,14 +180,14 @@ impl Isolation {
 
     /// What to send for `generated` under `names`: everything, except rejected versions and
     /// suspects not under test, which are replaced by what the proxy holds.
-    pub fn compose(&mut self, generated: &Arc<Generated>, names: Option<&Arc<BTreeSet<String>>>) -> Holding {
+    pub fn compose(&mut self, generated: &Arc<Generated>, names: Option<&NameSet>) -> Holding {
         // A rejection applies to one version: a changed or removed resource is tried afresh.
         self.rejected.retain(|name, r| generated.find(name).is_some_and(|i| generated.hashes[i] == r.hash));
         if self.rejected.is_empty() && self.bisect.is_none() {
             return Holding::Whole { generated: generated.clone(), names: names.cloned() };
         }
         let mut pieces = Vec::new();
-        for index in generated.select_indices(names.map(|n| &**n)) {
+        for index in generated.select_indices(names) {
             let piece = Piece { generated: generated.clone(), index };
             let rejected = self.rejected.get(piece.name()).is_some_and(|r| r.hash == piece.hash());
             let untested = self.bisect.as_ref().is_some_and(|b| b.untested.contains(piece.name()));

@@ -9,6 +9,7 @@ pub mod generate;
 pub mod isolation;
 pub mod limits;
 pub mod metrics;
+pub mod names;
 pub mod proxy;
 pub mod server;
 pub mod session;

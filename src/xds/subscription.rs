@@ -2,8 +2,7 @@
 //! names, changed by `resource_names_subscribe` / `resource_names_unsubscribe` as Envoy sends
 //! them (an empty first subscribe of CDS or LDS, or `*`, is the wildcard).
 
-use std::collections::BTreeSet;
-use std::sync::Arc;
+use super::names::NameSet;
 
 use super::TypeUrl;
 
@@ -14,8 +13,8 @@ pub const WILDCARD: &str = "*";
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Subscription {
     wildcard: bool,
-    /// Shared with what was sent under them; copied only when a request changes them.
-    names: Arc<BTreeSet<String>>,
+    /// Shared with what was sent under them; rebuilt only when a request changes them.
+    names: NameSet,
 }
 
 /// What one request changed.
@@ -52,27 +51,34 @@ impl Subscription {
             self.wildcard = true;
             change.wildcard_added = true;
         }
+        let mut newly = std::collections::HashSet::new();
         for name in subscribe {
             if name == WILDCARD {
                 change.wildcard_added |= !self.wildcard;
                 self.wildcard = true;
-            } else if !self.names.contains(name) {
-                Arc::make_mut(&mut self.names).insert(name.clone());
+            } else if !self.names.contains(name) && newly.insert(name.as_str()) {
                 change.subscribed.push(name.clone());
             }
         }
+        let mut removed = Vec::new();
         for name in unsubscribe {
             if name == WILDCARD {
                 self.wildcard = false;
-            } else if self.names.contains(name) && Arc::make_mut(&mut self.names).remove(name) && !self.wildcard {
-                change.dropped.push(name.clone());
+            } else if self.names.contains(name) || newly.contains(name.as_str()) {
+                removed.push(name.as_str());
+                if !self.wildcard {
+                    change.dropped.push(name.clone());
+                }
             }
+        }
+        if !newly.is_empty() || !removed.is_empty() {
+            self.names = self.names.changed(newly, removed);
         }
         change
     }
 
     /// The names subscribed to; `None` under the wildcard (everything).
-    pub fn names(&self) -> Option<&Arc<BTreeSet<String>>> {
+    pub fn names(&self) -> Option<&NameSet> {
         (!self.wildcard).then_some(&self.names)
     }
 
@@ -115,7 +121,7 @@ mod tests {
         assert_eq!(change.subscribed, ["a"]);
         assert_eq!(s.names(), None);
         s.apply(TypeUrl::Cluster, false, &[], &names(&["*"]));
-        assert_eq!(s.names().map(|n| n.iter().cloned().collect::<Vec<_>>()), Some(names(&["a"])));
+        assert_eq!(s.names(), Some(&NameSet::new(["a"])));
         assert!(!s.wants("b"));
     }
 
