@@ -106,17 +106,17 @@ class Sampler:
         self.metrics_urls = metrics_urls
         self.samples = []
 
-    def take(self, label):
-        """Records a sample now, labelled label."""
-        self.samples.append(
-            {
-                "label": label,
-                "t": time.monotonic(),
-                "procs": sample_procs(self.procs),
-                "metrics": {role: scrape(url) for role, url in self.metrics_urls.items()},
-            }
-        )
-        return self.samples[-1]
+    def take(self, label, metrics=True):
+        """Records a sample now, labelled label; its metrics later (fill_metrics) if not now."""
+        sample = {"label": label, "t": time.monotonic(), "procs": sample_procs(self.procs), "metrics": {}}
+        self.samples.append(sample)
+        if metrics:
+            self.fill_metrics(sample)
+        return sample
+
+    def fill_metrics(self, sample):
+        """Scrapes every metrics URL into sample."""
+        sample["metrics"] = {role: scrape(url) for role, url in self.metrics_urls.items()}
 
     def get(self, label):
         """The sample with that label, or None."""
@@ -124,8 +124,11 @@ class Sampler:
 
 
 class PhaseHook:
-    """HTTP server the load client's phase actions post to (`POST /phase/NAME`): it samples,
-    performs the phase (a callable per phase name), and answers 200 once done, 500 on failure."""
+    """HTTP server the load client's phase actions post to (`POST /phase/NAME`): it samples the
+    processes, performs the phase (a callable per phase name), answers 200 once done (500 on
+    failure), and only then scrapes the metrics, so that the client's phase time does not include
+    the scrapes. The scrape still sees the counters as before the edit: every server waits a
+    debounce (100 ms) after a change before it builds."""
 
     def __init__(self, sampler, actions):
         """actions: {phase name: callable()} that performs the phase's edit."""
@@ -133,6 +136,7 @@ class PhaseHook:
         self.actions = actions
         self.errors = []
         self.done = []
+        self.pending = None
         hook = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -146,6 +150,8 @@ class PhaseHook:
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
+                self.wfile.flush()
+                hook.finish()
 
             def log_message(self, *args):
                 pass
@@ -165,7 +171,7 @@ class PhaseHook:
         if action is None:
             self.errors.append(f"unknown phase {name}")
             return 404, b"unknown phase\n"
-        self.sampler.take(f"before {name}")
+        self.pending = self.sampler.take(f"before {name}", metrics=False)
         try:
             action()
         except Exception as e:  # reported, and the client sees the 500
@@ -173,6 +179,12 @@ class PhaseHook:
             return 500, f"{e}\n".encode()
         self.done.append(name)
         return 200, b"ok\n"
+
+    def finish(self):
+        """Scrapes the metrics of the sample the last run() took."""
+        if self.pending is not None:
+            self.sampler.fill_metrics(self.pending)
+            self.pending = None
 
     def close(self):
         """Stops the server."""

@@ -144,9 +144,11 @@ def client_figures(client, name):
         "responses": pick(c, "responses"),
         "bytes_total": pick(c, "bytes_total"),
         "bytes_per_proxy": pick(c, "bytes_per_pushed_proxy", "bytes_per_proxy"),
-        "bytes_max_per_proxy": pick(c, "bytes_max_per_proxy"),
+        "bytes_max_per_proxy": pick(c, "bytes_per_proxy_max", "bytes_max_per_proxy"),
+        "timed_out": c.get("timed_out") or None,
+        "error": c.get("error") or None,
     }
-    for k in ("p50_ms", "p99_ms", "max_ms"):
+    for k in ("p50_ms", "p99_ms", "max_ms"):  # pick() gives seconds
         if out[k] is not None:
             out[k] *= 1000.0
     return {k: v for k, v in out.items() if v is not None}
@@ -257,7 +259,7 @@ def print_table(report):
             print(
                 f"  {row['figure']:<34} {_fmt(row['value'], 3):>10}  {row.get('target', ''):<14} "
                 f"{_verdict(row.get('pass')):<5} x{_fmt(row['vs_limit'])} limit  x{_fmt(row['vs_istiod'])} istiod "
-                f"{'(ahead)' if row['ahead_of_istiod'] else ''}"
+                f"{ {True: 'ahead of istiod', False: 'NOT ahead of istiod', None: ''}[row['ahead_of_istiod']]}"
             )
     for name, r in report["targets"].items():
         if r["status"] != "ok" and r.get("error"):

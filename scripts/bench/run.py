@@ -41,7 +41,7 @@ def client_argv(opts, flags, xds_url, phases_path, json_out, capture):
     wanted = [
         ("--xds-url", xds_url), ("--proxies", opts.proxies), ("--workloads", opts.workloads),
         ("--namespaces", nss), ("--mode", opts.mode), ("--phases", phases_path),
-        ("--settle", f"{opts.settle}s"), ("--timeout", f"{opts.client_timeout}s"), ("--json", json_out),
+        ("--settle", f"{int(opts.settle * 1000)}ms"), ("--timeout", f"{opts.client_timeout}s"), ("--json", json_out),
         ("--capture", capture),
     ]
     argv = [opts.meshpilot, "load"]
@@ -76,6 +76,7 @@ def run_client(opts, flags, running, workdir, phase_names, hook, sampler, mesh, 
         sampler.take("after initial")  # ends 'initial' before the first edit
         for name in phase_names:
             status, body = hook.run(name)
+            hook.finish()
             if status != 200:
                 raise StepError(f"phase {name}: {body.decode().strip()}")
             time.sleep(opts.settle + 1.0)
