@@ -133,6 +133,14 @@ def figures(sampler, running, client, proxies):
                 ph["metrics"][role] = d
         ph.update(client_figures(client, name))
         f["phases"][name] = ph
+    # Phases the bench did not see begin (`--phase-actions direct`): the client's figures only,
+    # and the initial interval's CPU and metrics span the whole run.
+    for p in (client or {}).get("phases") or []:
+        name = p.get("name") if isinstance(p, dict) else None
+        if name and name not in f["phases"]:
+            f["phases"][name] = client_figures(client, name)
+            if "initial" in f["phases"]:
+                f["phases"]["initial"]["interval"] = "the whole run (phases not sampled separately)"
     return f
 
 
