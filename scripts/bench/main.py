@@ -45,6 +45,9 @@ def parse_args(argv):
     p.add_argument("--phase-actions", choices=["hook", "direct"], default="hook",
                    help="hook (default): phases post to the bench, which samples CPU/metrics and then edits; "
                         "direct: the client's own write/post actions (no per-phase CPU)")
+    p.add_argument("--istiod-request-limit", type=float, default=1e6,
+                   help="istiod's PILOT_MAX_REQUESTS_PER_SECOND (new xDS streams per second, burst 1): raised by "
+                        "default so that it is not what is measured; 0 keeps istiod's own (15 + 5 x GOMAXPROCS)")
     p.add_argument("--pilot-load", action="store_true",
                    help="also drive meshpilot and istiod with pilot-load's adsc mode, where pilot-load exists")
     p.add_argument("--pilot-load-seconds", type=float, default=120.0)
@@ -70,7 +73,8 @@ def parse_args(argv):
 
     def settings():
         keys = ["services", "endpoints", "namespaces", "vs_every", "dr_every", "sidecar_scoping", "proxies",
-                "workloads", "mode", "frontends", "targets", "settle", "client_timeout", "phase_actions"]
+                "workloads", "mode", "frontends", "targets", "settle", "client_timeout", "phase_actions",
+                "istiod_request_limit"]
         return {k: getattr(opts, k) for k in keys}
 
     opts.settings = settings

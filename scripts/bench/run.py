@@ -104,7 +104,7 @@ def start(target, opts, group, workdir, mesh_dir, capture):
     if target == "limit":
         return servers.start_limit(group, opts.meshpilot, capture)
     if target == "istiod":
-        return servers.start_istiod(group, opts.repo, workdir, mesh_dir, opts.services)
+        return servers.start_istiod(group, opts.repo, workdir, mesh_dir, opts.services, opts.istiod_request_limit)
     if target == "split":
         return servers.start_split(group, opts.meshpilot, workdir, mesh_dir, opts.frontends)
     raise StepError(f"unknown target {target}")

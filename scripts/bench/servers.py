@@ -190,10 +190,12 @@ def istiod_configs(http_addr):
     return counts
 
 
-def start_istiod(group, repo, workdir, config_dir, expect_service_entries):
+def start_istiod(group, repo, workdir, config_dir, expect_service_entries, request_limit):
     """istiod (pilot-discovery) with --configDir on an empty kube-apiserver: it cannot run on
     files alone (with no Kubernetes, or --registries Mock, it panics on a nil multicluster
-    controller). Ready when /ready is 200 and /debug/configz lists every ServiceEntry."""
+    controller). Ready when /ready is 200 and /debug/configz lists every ServiceEntry.
+    request_limit: PILOT_MAX_REQUESTS_PER_SECOND (0: istiod's default, 25/s at GOMAXPROCS=2,
+    which rejects streams of a client opening hundreds at once)."""
     binary = istiod_binary()
     if not os.path.isfile(binary):
         raise StepError(
@@ -234,6 +236,7 @@ def start_istiod(group, repo, workdir, config_dir, expect_service_entries):
             "PILOT_ENABLE_STATUS": "false",
             "CLUSTER_ID": "Kubernetes",
             "GOMAXPROCS": "2",
+            **({"PILOT_MAX_REQUESTS_PER_SECOND": f"{request_limit:g}"} if request_limit > 0 else {}),
         },
     )
     support = {"kube-apiserver": api, "kube-etcd": etcd}
