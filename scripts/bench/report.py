@@ -268,6 +268,17 @@ def print_table(report):
                 f"bytes/proxy {_fmt(v.get('bytes_per_proxy'), 0):>7}  CPU {_fmt(v.get('cpu_s')):>6} s  "
                 f"build {_fmt(v.get('build_ms'), 3)} ms ({v.get('builds', 0)})"
             )
+        pl = r.get("pilot_load")
+        if pl:
+            if pl.get("status") in ("ok", "incomplete"):
+                c, u = pl["connect"], pl["first_update"]
+                print(
+                    f"  pilot-load adsc  {pl['status']}: {c.get('n', 0)} connected (p50 {_fmt(c.get('p50_ms'), 1)} ms, "
+                    f"p99 {_fmt(c.get('p99_ms'), 1)} ms), first update p50 {_fmt(u.get('p50_ms'), 1)} ms "
+                    f"p99 {_fmt(u.get('p99_ms'), 1)} ms max {_fmt(u.get('max_ms'), 1)} ms, {pl.get('errors', 0)} errors"
+                )
+            else:
+                print(f"  pilot-load adsc  {pl.get('status')}: {(pl.get('why') or '').splitlines()[0]}")
         if r["status"] != "ok":
             print(f"  error: {(r.get('error') or '').splitlines()[0] if r.get('error') else ''}")
     for target, rows in report.get("checks", {}).items():
