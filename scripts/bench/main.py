@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 
@@ -41,6 +42,7 @@ def parse_args(argv):
     p.add_argument("--targets", default=",".join(TARGETS), help="comma separated: " + ",".join(TARGETS))
     p.add_argument("--out", default=None, help="report JSON (default target/bench/scale.json)")
     p.add_argument("--settle", type=float, default=2.0, help="seconds the client waits after each phase")
+    p.add_argument("--connect-rate", type=float, default=0.0, help="the client's new streams per second (0: all at once)")
     p.add_argument("--client-timeout", type=int, default=300, help="the load client's --timeout, seconds")
     p.add_argument("--phase-actions", choices=["hook", "direct"], default="hook",
                    help="hook (default): phases post to the bench, which samples CPU/metrics and then edits; "
@@ -73,7 +75,7 @@ def parse_args(argv):
 
     def settings():
         keys = ["services", "endpoints", "namespaces", "vs_every", "dr_every", "sidecar_scoping", "proxies",
-                "workloads", "mode", "frontends", "targets", "settle", "client_timeout", "phase_actions",
+                "workloads", "mode", "frontends", "targets", "settle", "connect_rate", "client_timeout", "phase_actions",
                 "istiod_request_limit"]
         return {k: getattr(opts, k) for k in keys}
 
@@ -159,8 +161,15 @@ def chart_runs(opts):
     print(f"chart: {out_json}, {out_svg}")
 
 
+def interrupt(signum, _frame):
+    """SIGTERM/SIGHUP as Ctrl-C: every target's `with ProcGroup` stops its processes."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv):
     """Runs what the command line asks; exit 1 if any requested target failed."""
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGHUP, interrupt)
     opts = parse_args(argv)
     if not opts.no_build:
         build(opts)

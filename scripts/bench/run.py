@@ -41,7 +41,7 @@ def client_argv(opts, flags, xds_url, phases_path, json_out, capture):
     wanted = [
         ("--xds-url", xds_url), ("--proxies", opts.proxies), ("--workloads", opts.workloads),
         ("--namespaces", nss), ("--mode", opts.mode), ("--phases", phases_path),
-        ("--settle", f"{int(opts.settle * 1000)}ms"), ("--timeout", f"{opts.client_timeout}s"), ("--json", json_out),
+        ("--settle", f"{int(opts.settle * 1000)}ms"), ("--connect-rate", opts.connect_rate or None), ("--timeout", f"{opts.client_timeout}s"), ("--json", json_out),
         ("--capture", capture),
     ]
     argv = [opts.meshpilot, "load"]
