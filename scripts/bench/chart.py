@@ -67,7 +67,7 @@ def svg(points, caption_lines):
     conv = series(points, "initial_seconds")
     rss = series(points, "rss_after_initial_mb")
     names = sorted(set(conv) | set(rss))
-    width, height = 960, 470
+    width, height = 960, 490
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'viewBox="0 0 {width} {height}" font-family="sans-serif">',
            f'<rect width="{width}" height="{height}" fill="white"/>']

@@ -116,11 +116,12 @@ def chart_point(report, proxies):
     targets = {}
     for name, r in report["targets"].items():
         f = r.get("figures") or {}
+        measured = r["status"] in ("ok", "incomplete")
         targets[name] = {
             "status": r["status"],
-            "initial_seconds": ((f.get("phases") or {}).get("initial") or {}).get("seconds") if r["status"] == "ok" else None,
-            "rss_after_initial_mb": f.get("rss_after_initial_mb") if r["status"] == "ok" else None,
-            "rss_per_proxy_kb": f.get("rss_per_proxy_kb") if r["status"] == "ok" else None,
+            "initial_seconds": ((f.get("phases") or {}).get("initial") or {}).get("seconds") if measured else None,
+            "rss_after_initial_mb": f.get("rss_after_initial_mb") if measured else None,
+            "rss_per_proxy_kb": f.get("rss_per_proxy_kb") if measured else None,
             "error": (r.get("error") or "").splitlines()[0] if r.get("error") else None,
         }
     return {"proxies": proxies, "targets": targets}
@@ -144,6 +145,7 @@ def chart_runs(opts):
         "git": report["git"],
         "settings": {k: v for k, v in opts.settings().items() if k != "proxies"},
         "proxies": counts,
+        "load_client_missing_flags": report.get("load_client_missing_flags", []),
         "points": points,
     }
     out_json = os.path.join(opts.chart_dir, "scale.json")
@@ -155,6 +157,9 @@ def chart_runs(opts):
         f"{opts.services} services x {opts.endpoints} endpoints, {opts.namespaces} namespaces, "
         f"sidecar scoping {opts.sidecar_scoping}, {opts.mode}, split = {opts.frontends} frontends",
     ]
+    if report.get("load_client_missing_flags"):
+        caption.append("load client without " + ", ".join(report["load_client_missing_flags"]) +
+                       " (initial convergence only; no limit target)")
     out_svg = os.path.join(opts.chart_dir, "scale.svg")
     with open(out_svg, "w") as f:
         f.write(chart.svg(points, caption))
@@ -167,7 +172,7 @@ def interrupt(signum, _frame):
 
 
 def main(argv):
-    """Runs what the command line asks; exit 1 if any requested target failed."""
+    """Runs what the command line asks; exit 1 if any requested target failed or was incomplete."""
     signal.signal(signal.SIGTERM, interrupt)
     signal.signal(signal.SIGHUP, interrupt)
     opts = parse_args(argv)
@@ -185,7 +190,7 @@ def main(argv):
     except KeyboardInterrupt:
         print("interrupted: every process started was stopped", file=sys.stderr)
         return 130
-    failed = [n for n, r in report["targets"].items() if r["status"] == "failed"]
+    failed = [n for n, r in report["targets"].items() if r["status"] in ("failed", "incomplete")]
     return 1 if failed else 0
 
 

@@ -199,7 +199,7 @@ def checks(results):
     limit and to istiod (and whether it is ahead of istiod), from the same run."""
     def fig(name):
         r = results.get(name) or {}
-        return r.get("figures") if r.get("status") == "ok" else None
+        return r.get("figures") if r.get("status") in ("ok", "incomplete") else None
 
     limit, istiod = fig("limit"), fig("istiod")
     out = {}
@@ -224,7 +224,10 @@ def checks(results):
                 row["target"] = f"<= {multiple:g}x limit"
                 row["pass"] = v <= multiple * lv if v is not None and lv else None
             rows.append(row)
-        out[target] = rows
+        out[target] = {
+            "incomplete": [n for n in (target, "limit", "istiod") if (results.get(n) or {}).get("status") == "incomplete"],
+            "rows": rows,
+        }
     return out
 
 
@@ -281,10 +284,11 @@ def print_table(report):
                 print(f"  pilot-load adsc  {pl.get('status')}: {(pl.get('why') or '').splitlines()[0]}")
         if r["status"] != "ok":
             print(f"  error: {(r.get('error') or '').splitlines()[0] if r.get('error') else ''}")
-    for target, rows in report.get("checks", {}).items():
+    for target, c in report.get("checks", {}).items():
         print()
-        print(f"{target}: figure, value, target, vs limit, vs istiod")
-        for row in rows:
+        note = f" (incomplete runs: {', '.join(c['incomplete'])})" if c["incomplete"] else ""
+        print(f"{target}: figure, value, target, vs limit, vs istiod{note}")
+        for row in c["rows"]:
             print(
                 f"  {row['figure']:<34} {_fmt(row['value'], 3):>10}  {row.get('target', ''):<14} "
                 f"{_verdict(row.get('pass')):<5} x{_fmt(row['vs_limit'])} limit  x{_fmt(row['vs_istiod'])} istiod "
