@@ -260,7 +260,8 @@ def start_istiod(group, repo, workdir, config_dir, expect_service_entries, reque
 def lb_bootstrap(frontends, listen_port, admin_port):
     """Envoy bootstrap of the hashing load balancer, as tests/common/xds_lb.rs builds it:
     MAGLEV on the proxy-key header over the frontends (HTTP/2), each endpoint's hash_key its
-    member id, in member-id order, TCP health checks, no panic mode."""
+    member id, in member-id order, TCP health checks, no panic mode; with the deployed LB's
+    circuit breakers (one request per proxy)."""
     endpoints = [
         {
             "endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}},
@@ -275,6 +276,12 @@ def lb_bootstrap(frontends, listen_port, admin_port):
         "lb_policy": "MAGLEV",
         "maglev_lb_config": {"table_size": 65537},
         "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
+        # Every ADS stream is one long-lived request: Envoy's default 1024 requests per cluster
+        # would refuse proxies beyond the 1024th (as deploy/kustomize/base/envoy/xds-lb.yaml).
+        "circuit_breakers": {"thresholds": [{
+            "priority": "DEFAULT", "max_connections": 1000000, "max_pending_requests": 1000000,
+            "max_requests": 1000000, "max_retries": 1000,
+        }]},
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                 "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
