@@ -71,6 +71,10 @@ def parse_args(argv):
     for name in ("services", "endpoints", "namespaces", "proxies", "workloads"):
         if getattr(opts, name) < 1:
             p.error(f"--{name} must be at least 1")
+    if opts.services < 2:
+        p.error("--services must be at least 2 (the edits change two different services)")
+    if (opts.services + 2) * opts.endpoints >= 1 << 23:
+        p.error("--services x --endpoints must stay below 8M: endpoints use 10.0.0.0-10.127.255.255")
     opts.command_line = "bash scripts/bench.sh " + " ".join(shlex.quote(a) for a in argv)
 
     def settings():

@@ -111,19 +111,21 @@ def start(target, opts, group, workdir, mesh_dir, capture):
 
 
 def run_target(target, opts, flags, root, capture):
-    """Runs one target end to end; its result dict (status ok/failed/skipped)."""
+    """Runs one target end to end; its result dict (status ok, incomplete or failed)."""
     workdir = os.path.join(root, target)
-    if os.path.isdir(workdir):
-        shutil.rmtree(workdir)  # the previous run's mesh and logs
-    os.makedirs(workdir)
-    settings = meshgen.MeshSettings(opts.services, opts.endpoints, opts.namespaces, opts.vs_every, opts.dr_every,
-                                    opts.sidecar_scoping == "on")
-    mesh = meshgen.generate(os.path.join(workdir, "mesh"), settings)
-    result = {"status": "failed", "logs": workdir, "mesh_objects": mesh.counts}
-    step = "starting"
+    result = {"status": "failed", "logs": workdir}
+    step = "generating the mesh"
     hook = None
     print(f"== {target}: starting (logs in {workdir})", flush=True)
     try:
+        if os.path.isdir(workdir):
+            shutil.rmtree(workdir)  # the previous run's mesh and logs
+        os.makedirs(workdir)
+        settings = meshgen.MeshSettings(opts.services, opts.endpoints, opts.namespaces, opts.vs_every,
+                                        opts.dr_every, opts.sidecar_scoping == "on")
+        mesh = meshgen.generate(os.path.join(workdir, "mesh"), settings)
+        result["mesh_objects"] = mesh.counts
+        step = "starting"
         with ProcGroup(os.path.join(workdir, "logs")) as group:
             t0 = time.monotonic()
             running = start(target, opts, group, workdir, mesh.dir, capture)
