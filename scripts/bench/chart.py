@@ -2,6 +2,7 @@
 initial convergence) against proxies, one line per server, two panels side by side."""
 
 import math
+import sys
 from xml.sax.saxutils import escape
 
 COLORS = {"meshpilot": "#1f77b4", "limit": "#2ca02c", "istiod": "#d62728", "split": "#9467bd"}
@@ -9,13 +10,14 @@ FALLBACK = ["#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f"]
 
 
 def series(points, key):
-    """{target: [(proxies, value)]} from chart points ({'proxies', 'targets': {name: {key: v}}})."""
+    """{target: [(proxies, value, complete)]} from chart points ({'proxies', 'targets': {name:
+    {key: v, 'status': s}}}); complete is False for an 'incomplete' run."""
     out = {}
     for p in points:
         for name, figs in p["targets"].items():
             v = figs.get(key)
             if v is not None:
-                out.setdefault(name, []).append((p["proxies"], v))
+                out.setdefault(name, []).append((p["proxies"], v, figs.get("status") != "incomplete"))
     return {k: sorted(v) for k, v in out.items()}
 
 
@@ -34,7 +36,7 @@ def panel(x0, y0, w, h, title, unit, data, xs):
     """SVG elements of one panel: axes (x log scale over xs), grid, one polyline per target."""
     out = [f'<text x="{x0 + w / 2}" y="{y0 - 12}" text-anchor="middle" font-size="14" font-weight="bold">'
            f'{escape(title)}</text>']
-    ymax = nice_max(max((v for pts in data.values() for _, v in pts), default=1.0))
+    ymax = nice_max(max((v for pts in data.values() for _, v, _ in pts), default=1.0))
     lo, hi = math.log10(min(xs)), math.log10(max(xs))
     span = hi - lo or 1.0
     px = lambda x: x0 + (math.log10(x) - lo) / span * w  # noqa: E731
@@ -53,12 +55,32 @@ def panel(x0, y0, w, h, title, unit, data, xs):
                f'transform="rotate(-90 {x0 - 42} {y0 + h / 2})">{escape(unit)}</text>')
     for i, (name, pts) in enumerate(sorted(data.items())):
         color = COLORS.get(name, FALLBACK[i % len(FALLBACK)])
-        coords = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
+        coords = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y, _ in pts)
         out.append(f'<polyline points="{coords}" fill="none" stroke="{color}" stroke-width="2"/>')
-        for x, y in pts:
-            out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{color}">'
-                       f'<title>{escape(name)}: {y:.3g} {escape(unit)} at {x} proxies</title></circle>')
+        for x, y, complete in pts:
+            fill = color if complete else "white"
+            note = "" if complete else " (not every proxy converged)"
+            out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="{3 if complete else 4}" fill="{fill}" '
+                       f'stroke="{color}" stroke-width="2"><title>{escape(name)}: {y:.3g} {escape(unit)} at {x} '
+                       f'proxies{note}</title></circle>')
     return out
+
+
+def caption(summary):
+    """The lines under the chart: the command that made it, when, where, and the settings."""
+    git, m, st = summary["git"], summary["machine"], summary["settings"]
+    commit = (git.get("commit") or "?")[:12] + (" (dirty)" if git.get("dirty") else "")
+    lines = [
+        f"made by: {summary['command']}",
+        f"{summary['date']}, commit {commit}, {m['nproc']} cpus {m['cpu_model']}",
+        f"{st['services']} services x {st['endpoints']} endpoints, {st['namespaces']} namespaces, sidecar scoping "
+        f"{st['sidecar_scoping']}, {st['mode']}, split = {st['frontends']} frontends; hollow: not every proxy "
+        f"converged within {st['client_timeout']} s",
+    ]
+    if summary.get("load_client_missing_flags"):
+        lines.append("load client without " + ", ".join(summary["load_client_missing_flags"]) +
+                     " (initial convergence only; no limit target)")
+    return lines
 
 
 def svg(points, caption_lines):
@@ -82,3 +104,21 @@ def svg(points, caption_lines):
         out.append(f'<text x="20" y="{425 + i * 16}" font-size="11" fill="#555">{escape(line)}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
+
+
+def main(argv):
+    """`python3 scripts/bench/chart.py SCALE.json [OUT.svg]`: redraws a chart from its JSON."""
+    import json
+
+    if not argv:
+        sys.exit("usage: chart.py SCALE.json [OUT.svg]")
+    with open(argv[0]) as f:
+        summary = json.load(f)
+    out = argv[1] if len(argv) > 1 else argv[0][: -len(".json")] + ".svg"
+    with open(out, "w") as f:
+        f.write(svg(summary["points"], caption(summary)))
+    print(out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

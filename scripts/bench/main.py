@@ -154,19 +154,9 @@ def chart_runs(opts):
     }
     out_json = os.path.join(opts.chart_dir, "scale.json")
     write_json(out_json, summary)
-    commit = (report["git"]["commit"] or "?")[:12] + (" (dirty)" if report["git"]["dirty"] else "")
-    caption = [
-        f"made by: {opts.command_line}",
-        f"{report['date']}, commit {commit}, {report['machine']['nproc']} cpus {report['machine']['cpu_model']}",
-        f"{opts.services} services x {opts.endpoints} endpoints, {opts.namespaces} namespaces, "
-        f"sidecar scoping {opts.sidecar_scoping}, {opts.mode}, split = {opts.frontends} frontends",
-    ]
-    if report.get("load_client_missing_flags"):
-        caption.append("load client without " + ", ".join(report["load_client_missing_flags"]) +
-                       " (initial convergence only; no limit target)")
     out_svg = os.path.join(opts.chart_dir, "scale.svg")
     with open(out_svg, "w") as f:
-        f.write(chart.svg(points, caption))
+        f.write(chart.svg(points, chart.caption(summary)))
     print(f"chart: {out_json}, {out_svg}")
 
 
