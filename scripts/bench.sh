@@ -12,4 +12,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v python3 >/dev/null || { echo "bench: python3 is required" >&2; exit 1; }
-exec python3 scripts/bench/main.py "$@"
+PYTHONDONTWRITEBYTECODE=1 exec python3 scripts/bench/main.py "$@"
