@@ -5,14 +5,13 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
-use tokio_stream::StreamExt;
 
 use super::identity::ProxyIdentity;
 use super::names::{diff, Coverage, DeltaHeld};
-use super::stream::{open, ProxyContext};
+use super::stream::{Flavour, ProxyContext};
 use super::wire;
 use crate::xds::TypeUrl;
 
@@ -29,41 +28,19 @@ struct State {
     converged: bool,
 }
 
-/// Runs proxy `id` until its stream ends (or the task is aborted).
+/// Runs proxy `id` on a delta stream until it ends (or the task is aborted).
 pub async fn run(ctx: Arc<ProxyContext>, id: ProxyIdentity) {
-    // Boxed: a request with its node is large, and the channel allocates slots for 32 at once.
-    let (tx, rx) = mpsc::channel::<Box<DeltaDiscoveryRequest>>(16);
-    let node = id.node();
-    for (i, t) in [TypeUrl::Cluster, TypeUrl::Listener].into_iter().enumerate() {
-        let first = DeltaDiscoveryRequest {
-            node: (i == 0).then(|| node.clone()),
-            type_url: t.as_str().into(),
-            ..Default::default()
-        };
-        // The channel is new and has room: this cannot fail.
-        let _ = tx.try_send(Box::new(first));
-    }
-    let mut responses = match open(&ctx, &id, PATH, ReceiverStream::new(rx).map(|r| *r)).await {
-        Ok(s) => s,
-        Err(e) => return ctx.board.error(id.index, e),
-    };
-    ctx.board.connected(id.index);
-    let capture = ctx.capture_key(&id);
-    let mut state = State::default();
-    loop {
-        match responses.message(&ctx.assembly).await {
-            Ok(Some(bytes)) => {
-                if let Err(e) = state.on_response(&ctx, &id, capture.as_deref(), bytes, &tx).await {
-                    return ctx.board.error(id.index, e);
-                }
-            }
-            Ok(None) => return ctx.board.error(id.index, "stream closed by the server"),
-            Err(e) => return ctx.board.error(id.index, e),
-        }
-    }
+    super::stream::run::<State>(ctx, id).await
 }
 
-impl State {
+impl Flavour for State {
+    type Request = DeltaDiscoveryRequest;
+    const PATH: &'static str = PATH;
+
+    fn subscribe(type_url: TypeUrl, node: Option<Node>) -> DeltaDiscoveryRequest {
+        DeltaDiscoveryRequest { node, type_url: type_url.as_str().into(), ..Default::default() }
+    }
+
     async fn on_response(
         &mut self,
         ctx: &ProxyContext,

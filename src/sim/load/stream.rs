@@ -7,12 +7,16 @@
 //! message is assembled in a buffer of its own that is dropped once the message is processed,
 //! so an idle proxy holds no config bytes at all.
 
-use std::sync::Mutex;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use envoy_types::pb::envoy::config::core::v3::Node;
 use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::body::Body;
 use tonic::codegen::http::{self, header};
@@ -22,6 +26,7 @@ use tonic::{Code, Status};
 use super::board::SharedBoard;
 use super::identity::{ProxyIdentity, PROXY_KEY_HEADER};
 use super::names::NameCache;
+use crate::xds::TypeUrl;
 
 /// Responses larger than this end the stream (a bound on what one message may make us allocate).
 const MAX_RESPONSE_BYTES: usize = 256 << 20;
@@ -65,6 +70,57 @@ impl ProxyContext {
     /// The capture key of proxy `id` if its responses are captured.
     pub fn capture_key(&self, id: &ProxyIdentity) -> Option<String> {
         (id.index < self.capture_below).then(|| id.key())
+    }
+}
+
+/// One ADS flavour as a simulated proxy speaks it: its method, its first requests, and what it
+/// does with each response (ACK, subscribe to the names it leads to, record convergence).
+pub trait Flavour: Default + Send + 'static {
+    /// The request message.
+    type Request: prost::Message + Send + Sync + 'static;
+    /// The gRPC method path.
+    const PATH: &'static str;
+
+    /// The first request for `type_url` (the stream's very first carries the node).
+    fn subscribe(type_url: TypeUrl, node: Option<Node>) -> Self::Request;
+
+    /// Handles one response message; the error is the message to report.
+    fn on_response(
+        &mut self,
+        ctx: &ProxyContext,
+        id: &ProxyIdentity,
+        capture: Option<&str>,
+        bytes: Bytes,
+        tx: &mpsc::Sender<Box<Self::Request>>,
+    ) -> impl Future<Output = Result<(), String>> + Send;
+}
+
+/// Runs proxy `id` speaking `F` until its stream ends (or the task is aborted).
+pub async fn run<F: Flavour>(ctx: Arc<ProxyContext>, id: ProxyIdentity) {
+    // Boxed: a request with its node is large, and the channel allocates slots for 32 at once.
+    let (tx, rx) = mpsc::channel::<Box<F::Request>>(16);
+    let node = id.node();
+    for (i, t) in [TypeUrl::Cluster, TypeUrl::Listener].into_iter().enumerate() {
+        // The channel is new and has room: this cannot fail.
+        let _ = tx.try_send(Box::new(F::subscribe(t, (i == 0).then(|| node.clone()))));
+    }
+    let mut responses = match open(&ctx, &id, F::PATH, ReceiverStream::new(rx).map(|r| *r)).await {
+        Ok(s) => s,
+        Err(e) => return ctx.board.error(id.index, e),
+    };
+    ctx.board.connected(id.index);
+    let capture = ctx.capture_key(&id);
+    let mut state = F::default();
+    loop {
+        match responses.message(&ctx.assembly).await {
+            Ok(Some(bytes)) => {
+                if let Err(e) = state.on_response(&ctx, &id, capture.as_deref(), bytes, &tx).await {
+                    return ctx.board.error(id.index, e);
+                }
+            }
+            Ok(None) => return ctx.board.error(id.index, "stream closed by the server"),
+            Err(e) => return ctx.board.error(id.index, e),
+        }
     }
 }
 
