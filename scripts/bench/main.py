@@ -47,6 +47,8 @@ def parse_args(argv):
     p.add_argument("--phase-actions", choices=["hook", "direct"], default="hook",
                    help="hook (default): phases post to the bench, which samples CPU/metrics and then edits; "
                         "direct: the client's own write/post actions (no per-phase CPU)")
+    p.add_argument("--istiod-max-proxies", type=int, default=5000,
+                   help="skip istiod above this many proxies (it needs about 1.6 MB each; 0: never skip)")
     p.add_argument("--istiod-request-limit", type=float, default=1e6,
                    help="istiod's PILOT_MAX_REQUESTS_PER_SECOND (new xDS streams per second, burst 1): raised by "
                         "default so that it is not what is measured; 0 keeps istiod's own (15 + 5 x GOMAXPROCS)")
