@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use arc_swap::ArcSwap;
+use bytes::Bytes;
+use prost::Message;
 use tokio::sync::{OnceCell, Semaphore};
 
 use super::generate::{generate, Resource};
@@ -22,6 +24,9 @@ pub struct Generated {
     pub resources: Vec<Resource>,
     /// Hash of each resource's encoded bytes, parallel to `resources`.
     pub hashes: Vec<u64>,
+    /// Each resource encoded as the `Any` it is sent as, parallel to `resources`: every
+    /// response carrying it copies these bytes, never re-encodes the resource.
+    pub encoded: Vec<Bytes>,
 }
 
 impl Generated {
@@ -43,13 +48,15 @@ impl Generated {
     fn new(mut resources: Vec<Resource>) -> Generated {
         resources.sort_by(|a, b| a.name.cmp(&b.name));
         let hashes = resources.iter().map(resource_hash).collect();
-        Generated { resources, hashes }
+        let encoded = resources.iter().map(|r| Bytes::from(r.body.encode_to_vec())).collect();
+        Generated { resources, hashes, encoded }
     }
 
     /// Bytes it holds (encoded resources and names), for the cache's budget.
     pub fn bytes(&self) -> usize {
         self.resources.iter().map(|r| r.body.value.len() + r.body.type_url.len() + r.name.len() * 2).sum::<usize>()
             + self.hashes.len() * 8
+            + self.encoded.iter().map(Bytes::len).sum::<usize>()
     }
 }
 

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
+use bytes::Bytes;
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use tracing::debug;
@@ -13,6 +14,7 @@ use super::changes;
 use super::isolation::{Holding, Isolation};
 use super::limits;
 use super::names::NameSet;
+use super::response::Encoded;
 use super::session::{Outgoing, Session};
 use super::status::Transport;
 use super::stream::{over_limit, Protocol, StreamEnd};
@@ -41,6 +43,9 @@ struct Sent {
     holding: Holding,
 }
 
+/// A state-of-the-world response, encoded.
+pub type SotwResponse = Encoded<DiscoveryResponse>;
+
 /// The state-of-the-world protocol of one stream.
 #[derive(Debug, Default)]
 pub struct StateOfTheWorld {
@@ -51,7 +56,7 @@ pub struct StateOfTheWorld {
 
 impl Protocol for StateOfTheWorld {
     type Request = DiscoveryRequest;
-    type Response = DiscoveryResponse;
+    type Response = SotwResponse;
     const TRANSPORT: Transport = Transport::StateOfTheWorld;
 
     fn node(request: &DiscoveryRequest) -> Option<&Node> {
@@ -60,7 +65,7 @@ impl Protocol for StateOfTheWorld {
 
     async fn on_request(
         &mut self,
-        session: &mut Session<DiscoveryResponse>,
+        session: &mut Session<SotwResponse>,
         req: DiscoveryRequest,
     ) -> Result<(), StreamEnd> {
         limits::check_names(req.resource_names.len()).map_err(over_limit)?;
@@ -126,7 +131,7 @@ impl Protocol for StateOfTheWorld {
         self.clusters_changed.clear();
     }
 
-    async fn push(&mut self, session: &mut Session<DiscoveryResponse>, type_url: TypeUrl) -> Result<bool, StreamEnd> {
+    async fn push(&mut self, session: &mut Session<SotwResponse>, type_url: TypeUrl) -> Result<bool, StreamEnd> {
         self.respond(session, type_url, false).await
     }
 }
@@ -137,7 +142,7 @@ impl StateOfTheWorld {
     /// whether it sent.
     async fn respond(
         &mut self,
-        session: &mut Session<DiscoveryResponse>,
+        session: &mut Session<SotwResponse>,
         type_url: TypeUrl,
         force: bool,
     ) -> Result<bool, StreamEnd> {
@@ -159,7 +164,7 @@ impl StateOfTheWorld {
             self.clusters_changed = changed.iter().map(|p| p.name().to_string()).collect();
         }
         let rebuilt = &self.clusters_changed;
-        let resources = match (&watch.base, force || !type_url.is_named()) {
+        let resources: Vec<Bytes> = match (&watch.base, force || !type_url.is_named()) {
             (Some(base), false) => {
                 let changed = changes::updated(&holding, |name| {
                     let held = base.get(name).map(|p| p.hash());
@@ -169,21 +174,15 @@ impl StateOfTheWorld {
                     // Only removals: Envoy keeps named resources a response leaves out anyway.
                     return Ok(false);
                 }
-                changed.iter().map(|p| p.body().clone()).collect()
+                changed.iter().map(|p| p.encoded().clone()).collect()
             }
-            _ => holding.bodies(),
+            _ => holding.encoded(),
         };
         let nonce = session.next_nonce(&snapshot);
         let version = snapshot.version.to_string();
-        let response = DiscoveryResponse {
-            version_info: version.clone(),
-            resources,
-            type_url: type_url.as_str().to_string(),
-            nonce: nonce.clone(),
-            ..Default::default()
-        };
-        let bytes = response.resources.iter().map(|r| r.value.len()).sum();
-        let count = response.resources.len();
+        let response = Encoded::sotw(&version, type_url.as_str(), &nonce, &resources);
+        let bytes = resources.iter().map(|r| r.len()).sum();
+        let count = resources.len();
         watch.base = type_url.is_named().then(|| holding.clone());
         watch.sent = Some(Sent { nonce: nonce.clone(), hash, names: watch.names.clone(), holding });
         let out = Outgoing { type_url, version, nonce, count, bytes, started, push: !force };

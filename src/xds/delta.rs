@@ -9,12 +9,13 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Instant;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
-use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource};
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
 use tracing::debug;
 
 use super::changes::{self, Held};
 use super::isolation::{Holding, Isolation, Piece};
 use super::limits;
+use super::response::{DeltaResource, Encoded};
 use super::session::{nonce_version, Outgoing, Session};
 use super::status::Transport;
 use super::stream::{over_limit, Protocol, StreamEnd};
@@ -71,6 +72,9 @@ struct Watch {
     deferred: Option<(Holding, Vec<String>)>,
 }
 
+/// A delta response, encoded.
+pub type DeltaResponse = Encoded<DeltaDiscoveryResponse>;
+
 /// The delta protocol of one stream.
 #[derive(Debug, Default)]
 pub struct Delta {
@@ -81,7 +85,7 @@ pub struct Delta {
 
 impl Protocol for Delta {
     type Request = DeltaDiscoveryRequest;
-    type Response = DeltaDiscoveryResponse;
+    type Response = DeltaResponse;
     const TRANSPORT: Transport = Transport::Delta;
 
     fn node(request: &DeltaDiscoveryRequest) -> Option<&Node> {
@@ -90,7 +94,7 @@ impl Protocol for Delta {
 
     async fn on_request(
         &mut self,
-        session: &mut Session<DeltaDiscoveryResponse>,
+        session: &mut Session<DeltaResponse>,
         req: DeltaDiscoveryRequest,
     ) -> Result<(), StreamEnd> {
         let names = req.resource_names_subscribe.len()
@@ -145,15 +149,11 @@ impl Protocol for Delta {
         self.clusters_changed.clear();
     }
 
-    async fn push(
-        &mut self,
-        session: &mut Session<DeltaDiscoveryResponse>,
-        type_url: TypeUrl,
-    ) -> Result<bool, StreamEnd> {
+    async fn push(&mut self, session: &mut Session<DeltaResponse>, type_url: TypeUrl) -> Result<bool, StreamEnd> {
         self.respond(session, type_url, Reason::Push).await
     }
 
-    async fn finish_push(&mut self, session: &mut Session<DeltaDiscoveryResponse>) -> Result<bool, StreamEnd> {
+    async fn finish_push(&mut self, session: &mut Session<DeltaResponse>) -> Result<bool, StreamEnd> {
         self.clusters_changed.clear();
         let mut sent = false;
         for type_url in [TypeUrl::Endpoint, TypeUrl::Cluster] {
@@ -169,12 +169,7 @@ impl Protocol for Delta {
 
 impl Watch {
     /// Handles the ACK or NACK a request carries; returns whether a response is due.
-    fn answer(
-        &mut self,
-        session: &mut Session<DeltaDiscoveryResponse>,
-        type_url: TypeUrl,
-        req: &DeltaDiscoveryRequest,
-    ) -> bool {
+    fn answer(&mut self, session: &mut Session<DeltaResponse>, type_url: TypeUrl, req: &DeltaDiscoveryRequest) -> bool {
         let Some(at) = self.in_flight.iter().position(|f| f.nonce == req.response_nonce) else {
             session.expired_nonce(type_url, &req.response_nonce);
             return false;
@@ -201,7 +196,7 @@ impl Delta {
     /// Sends what the proxy lacks of `type_url`; returns whether it sent.
     async fn respond(
         &mut self,
-        session: &mut Session<DeltaDiscoveryResponse>,
+        session: &mut Session<DeltaResponse>,
         type_url: TypeUrl,
         reason: Reason,
     ) -> Result<bool, StreamEnd> {
@@ -241,7 +236,7 @@ impl Delta {
     /// Sends one response and notes what the proxy will hold once it applies it.
     async fn send(
         &mut self,
-        session: &mut Session<DeltaDiscoveryResponse>,
+        session: &mut Session<DeltaResponse>,
         type_url: TypeUrl,
         change: Change,
         started: Instant,
@@ -253,14 +248,11 @@ impl Delta {
         let Change { updated, removed, holding } = change;
         let nonce = session.next_nonce(&snapshot);
         let version = nonce_version(&nonce);
-        let resources: Vec<Resource> = updated
+        let versions: Vec<String> = updated.iter().map(|p| changes::resource_version(p.hash())).collect();
+        let resources: Vec<DeltaResource<'_>> = updated
             .iter()
-            .map(|p| Resource {
-                name: p.name().to_string(),
-                version: changes::resource_version(p.hash()),
-                resource: Some(p.body().clone()),
-                ..Default::default()
-            })
+            .zip(&versions)
+            .map(|(p, version)| DeltaResource { name: p.name(), version, body: p.encoded() })
             .collect();
         let flight = InFlight {
             nonce: nonce.clone(),
@@ -273,16 +265,9 @@ impl Delta {
             watch.in_flight.pop_front();
         }
         watch.in_flight.push_back(flight);
-        let bytes = resources.iter().filter_map(|r| r.resource.as_ref()).map(|a| a.value.len()).sum();
+        let bytes = resources.iter().map(|r| r.body.len()).sum();
         let count = resources.len();
-        let response = DeltaDiscoveryResponse {
-            system_version_info: version.clone(),
-            resources,
-            type_url: type_url.as_str().to_string(),
-            removed_resources: removed,
-            nonce: nonce.clone(),
-            ..Default::default()
-        };
+        let response = Encoded::delta(&version, type_url.as_str(), &nonce, &resources, removed);
         session.send(response, Outgoing { type_url, version, nonce, count, bytes, started, push }).await?;
         Ok(true)
     }

@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
+use bytes::Bytes;
 use envoy_types::pb::google::protobuf::Any;
 
 use super::cache::Generated;
@@ -34,9 +35,14 @@ impl Piece {
         self.generated.hashes[self.index]
     }
 
-    /// The encoded resource.
+    /// The resource.
     pub fn body(&self) -> &Any {
         &self.generated.resources[self.index].body
+    }
+
+    /// The resource encoded as the `Any` it is sent as (shared with the cache).
+    pub fn encoded(&self) -> &Bytes {
+        &self.generated.encoded[self.index]
     }
 }
 
@@ -81,16 +87,14 @@ impl Holding {
         }
     }
 
-    /// The encoded resources to put in a response.
-    pub fn bodies(&self) -> Vec<Any> {
+    /// The encoded resources to put in a response (shared with the cache, not copied).
+    pub fn encoded(&self) -> Vec<Bytes> {
         match self {
             // The common case, on every push: no pieces are built for a whole generation.
-            Holding::Whole { generated, names } => generated
-                .select_indices(names.as_ref())
-                .into_iter()
-                .map(|i| generated.resources[i].body.clone())
-                .collect(),
-            Holding::Pieces(pieces) => pieces.iter().map(|p| p.body().clone()).collect(),
+            Holding::Whole { generated, names } => {
+                generated.select_indices(names.as_ref()).into_iter().map(|i| generated.encoded[i].clone()).collect()
+            }
+            Holding::Pieces(pieces) => pieces.iter().map(|p| p.encoded().clone()).collect(),
         }
     }
 

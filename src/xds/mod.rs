@@ -11,6 +11,7 @@ pub mod limits;
 pub mod metrics;
 pub mod names;
 pub mod proxy;
+pub mod response;
 pub mod server;
 pub mod session;
 pub mod status;

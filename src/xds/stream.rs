@@ -18,6 +18,7 @@ use super::cache::GenerationCache;
 use super::limits::{self, RequestRate};
 use super::metrics::XdsMetrics;
 use super::proxy::Proxy;
+use super::response::Framed;
 use super::session::Session;
 use super::status::{ConnectionRegistry, Transport};
 use super::TypeUrl;
@@ -73,8 +74,8 @@ pub fn over_limit(error: limits::LimitError) -> StreamEnd {
 pub trait Protocol: Send {
     /// The request message.
     type Request: Send;
-    /// The response message.
-    type Response: Send;
+    /// The response, encoded.
+    type Response: Framed + Send + 'static;
     /// How `/debug/syncz` names it.
     const TRANSPORT: Transport;
 

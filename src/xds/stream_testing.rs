@@ -14,6 +14,7 @@ use super::admission::{Admission, AdmissionSettings};
 use super::cache::GenerationCache;
 use super::generate::testing::snapshot;
 use super::metrics::XdsMetrics;
+use super::response::Framed;
 use super::status::ConnectionRegistry;
 use super::stream::{serve, ConnectionContext, Protocol};
 use crate::snapshot::{SnapshotWriter, Version};
@@ -128,9 +129,9 @@ where
         self.requests.send(Ok(request)).await.expect("stream open");
     }
 
-    /// The next response, `None` if none comes within half a second.
-    pub async fn next(&mut self) -> Option<P::Response> {
+    /// The next response, decoded; `None` if none comes within half a second.
+    pub async fn next(&mut self) -> Option<<P::Response as Framed>::Message> {
         let r = tokio::time::timeout(Duration::from_millis(500), self.responses.recv()).await.ok()??;
-        Some(r.expect("no error status"))
+        Some(r.expect("no error status").decode().expect("a response that decodes"))
     }
 }

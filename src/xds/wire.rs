@@ -4,7 +4,7 @@
 //! long as the stream and keeps the capacity of its largest message. A sidecar's CDS or EDS of
 //! a large mesh is a megabyte or more, so each connected proxy kept that much for good
 //! (measured: 1.3 MB of live heap per connected proxy at 1,000 services). Here a response is
-//! encoded into a buffer of exactly its size, handed to HTTP/2, and freed once written. Its
+//! one buffer of exactly its size (see `response`), handed to HTTP/2 and freed once written. Its
 //! request decoder does the same on the way in: an EDS request names every cluster (tens of
 //! kilobytes), and the buffer it needed is released once it is decoded.
 
@@ -12,7 +12,7 @@ use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use futures::future::BoxFuture;
 use futures::Stream;
@@ -25,6 +25,7 @@ use tonic::Status;
 use super::connection::StateOfTheWorld;
 use super::delta::Delta;
 use super::limits::MAX_REQUEST_BYTES;
+use super::response::{Framed, GRPC_PREFIX};
 use super::stream::{serve, ConnectionContext, Protocol};
 
 /// The gRPC service name of ADS.
@@ -34,13 +35,10 @@ const SOTW_PATH: &str = "/envoy.service.discovery.v3.AggregatedDiscoveryService/
 /// Delta ADS.
 const DELTA_PATH: &str = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
 /// gRPC's message prefix: a compression flag and a 4-byte length.
-const PREFIX: usize = 5;
+const PREFIX: usize = GRPC_PREFIX;
 
 /// Responses buffered per connection before the connection task waits (back-pressure).
 const RESPONSE_QUEUE: usize = 8;
-
-/// Largest message sent to a proxy (a full CDS or EDS of a large mesh).
-pub const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
 
 /// The ADS gRPC service (both protocols) over a frontend's connection context.
 #[derive(Clone)]
@@ -83,7 +81,6 @@ impl tower_service::Service<http::Request<tonic::body::Body>> for AdsService {
 fn open<P, Req>(ctx: ConnectionContext, request: http::Request<tonic::body::Body>) -> http::Response<tonic::body::Body>
 where
     P: Protocol<Request = Req> + Default + 'static,
-    P::Response: Message + 'static,
     Req: Message + Default + Send + 'static,
 {
     if let Some(encoding) = request.headers().get("grpc-encoding").filter(|e| e.as_bytes() != b"identity") {
@@ -190,7 +187,7 @@ struct ResponseBody<R> {
     done: bool,
 }
 
-impl<R: Message> http_body::Body for ResponseBody<R> {
+impl<R: Framed> http_body::Body for ResponseBody<R> {
     type Data = Bytes;
     type Error = Status;
 
@@ -203,7 +200,7 @@ impl<R: Message> http_body::Body for ResponseBody<R> {
             Poll::Ready(next) => next,
         };
         let frame = match next {
-            Some(Ok(message)) => match frame(&message) {
+            Some(Ok(response)) => match response.frame() {
                 Ok(data) => return Poll::Ready(Some(Ok(Frame::data(data)))),
                 Err(status) => trailers(&status),
             },
@@ -219,22 +216,6 @@ impl<R: Message> http_body::Body for ResponseBody<R> {
     }
 }
 
-/// `message` as one gRPC length-prefixed message, in a buffer of exactly its size.
-fn frame(message: &impl Message) -> Result<Bytes, Status> {
-    let len = message.encoded_len();
-    if len > MAX_RESPONSE_BYTES {
-        return Err(Status::resource_exhausted(format!(
-            "response of {len} bytes is larger than the {MAX_RESPONSE_BYTES} bytes sent at most"
-        )));
-    }
-    let mut buf = BytesMut::with_capacity(PREFIX + len);
-    buf.put_u8(0);
-    // Fits: at most MAX_RESPONSE_BYTES.
-    buf.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
-    message.encode_raw(&mut buf);
-    Ok(buf.freeze())
-}
-
 /// The trailers ending a stream with `status`.
 fn trailers(status: &Status) -> Frame<Bytes> {
     let mut headers = http::HeaderMap::new();
@@ -247,25 +228,17 @@ fn trailers(status: &Status) -> Frame<Bytes> {
 #[cfg(test)]
 mod tests {
     use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
+
+    use crate::xds::response::Encoded;
     use http_body_util::BodyExt;
 
     use super::*;
-
-    #[test]
-    fn a_frame_is_the_prefix_and_the_message_in_a_buffer_of_its_size() {
-        let message = DiscoveryResponse { version_info: "1.2".into(), nonce: "n".into(), ..Default::default() };
-        let data = frame(&message).expect("small enough");
-        assert_eq!(data.len(), PREFIX + message.encoded_len());
-        assert_eq!(data[0], 0, "not compressed");
-        assert_eq!(u32::from_be_bytes([data[1], data[2], data[3], data[4]]) as usize, message.encoded_len());
-        assert_eq!(DiscoveryResponse::decode(&data[PREFIX..]).ok(), Some(message));
-    }
 
     #[tokio::test]
     async fn the_body_sends_each_response_then_the_status() {
         let (tx, rx) = mpsc::channel(4);
         let first = DiscoveryResponse { nonce: "1".into(), ..Default::default() };
-        tx.send(Ok(first.clone())).await.ok();
+        tx.send(Ok(Encoded::sotw("", "", "1", &[]))).await.ok();
         tx.send(Err(Status::unavailable("frontend shutting down"))).await.ok();
         let mut body = ResponseBody { rx, done: false };
         let data = body.frame().await.and_then(Result::ok).and_then(|f| f.into_data().ok()).expect("a data frame");
@@ -281,8 +254,12 @@ mod tests {
         tonic::body::Body::new(http_body_util::StreamBody::new(futures::stream::iter(frames)))
     }
 
+    /// `request` as one gRPC message.
     fn framed(request: &DiscoveryRequest) -> Vec<u8> {
-        frame(request).expect("small").to_vec()
+        let mut out = vec![0u8];
+        out.extend_from_slice(&u32::try_from(request.encoded_len()).unwrap_or(u32::MAX).to_be_bytes());
+        out.extend_from_slice(&request.encode_to_vec());
+        out
     }
 
     #[tokio::test]
@@ -333,7 +310,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_closed_channel_ends_with_ok() {
-        let (tx, rx) = mpsc::channel::<Result<DiscoveryResponse, Status>>(1);
+        let (tx, rx) = mpsc::channel::<Result<Encoded<DiscoveryResponse>, Status>>(1);
         drop(tx);
         let mut body = ResponseBody { rx, done: false };
         let trailers = body.frame().await.and_then(Result::ok).and_then(|f| f.into_trailers().ok()).expect("trailers");
