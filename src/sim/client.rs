@@ -7,10 +7,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::config::cluster::v3::{cluster::ClusterDiscoveryType, cluster::DiscoveryType, Cluster};
 use envoy_types::pb::envoy::config::core::v3::Node;
-use envoy_types::pb::envoy::config::listener::v3::{filter::ConfigType, Listener};
-use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
-    http_connection_manager::RouteSpecifier, HttpConnectionManager,
-};
+use envoy_types::pb::envoy::config::listener::v3::Listener;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
@@ -300,22 +297,7 @@ fn eds_names(resp: &DiscoveryResponse) -> BTreeSet<String> {
         .collect()
 }
 
+/// The RDS route config names the listeners of `resp` name.
 fn rds_names(resp: &DiscoveryResponse) -> BTreeSet<String> {
-    let mut names = BTreeSet::new();
-    for r in &resp.resources {
-        let Ok(listener) = Listener::decode(r.value.as_slice()) else { continue };
-        for chain in listener.filter_chains.iter().chain(listener.default_filter_chain.iter()) {
-            for filter in &chain.filters {
-                let Some(ConfigType::TypedConfig(any)) = &filter.config_type else { continue };
-                if !any.type_url.ends_with(".HttpConnectionManager") {
-                    continue;
-                }
-                let Ok(hcm) = HttpConnectionManager::decode(any.value.as_slice()) else { continue };
-                if let Some(RouteSpecifier::Rds(rds)) = hcm.route_specifier {
-                    names.insert(rds.route_config_name);
-                }
-            }
-        }
-    }
-    names
+    resp.resources.iter().flat_map(|r| super::load::names::route_names(&r.value)).collect()
 }

@@ -6,7 +6,7 @@
 mod board;
 mod delta;
 pub mod identity;
-mod names;
+pub(crate) mod names;
 pub mod phases;
 pub mod report;
 mod sotw;

@@ -148,7 +148,7 @@ fn eds_name(bytes: &[u8]) -> Option<String> {
 }
 
 /// The RDS route config names a listener's HTTP connection managers name.
-fn route_names(bytes: &[u8]) -> Vec<String> {
+pub(crate) fn route_names(bytes: &[u8]) -> Vec<String> {
     let Ok(listener) = Listener::decode(bytes) else { return Vec::new() };
     let mut names = Vec::new();
     for chain in listener.filter_chains.iter().chain(listener.default_filter_chain.iter()) {
