@@ -206,6 +206,23 @@ def edits(root, s):
     return {name: out[name] for name in PHASES if name in out}
 
 
+def edited_namespace(s, phase):
+    """Index of the namespace of the object an edit phase changes."""
+    vs = next((i for i in range(s.services) if s.has_vs(i)), 0)
+    dr = next((i for i in range(s.services) if s.has_dr(i)), 0)
+    service = {"vs-edit": vs, "dr-edit": dr, "endpoint-change": 1, "new-service": s.services}[phase]
+    return service % s.namespaces
+
+
+def importing_proxies(s, phase, proxies, workloads):
+    """How many of the load client's proxies import what `phase` edits: those whose namespace's
+    Sidecar lists the edited object's namespace (its own and the next two), or all of them
+    without Sidecar scoping. Proxy i is workload i % W, in namespace (i % W) % NS."""
+    k = edited_namespace(s, phase)
+    importers = {(k - d) % s.namespaces for d in range(3)} if s.sidecar_scoping else set(range(s.namespaces))
+    return sum(1 for i in range(proxies) if (i % max(workloads, 1)) % s.namespaces in importers)
+
+
 def write_atomically(path, content):
     """Replaces path's content in one rename, so that no watcher reads a half-written file (the
     temporary file is in a sibling directory, so that no watcher sees it)."""

@@ -194,9 +194,10 @@ CHECKS = [
 ]
 
 
-def checks(results):
+def checks(results, importers=None):
     """For meshpilot and split: each figure, its target's pass/fail, and its ratio to the
-    limit and to istiod (and whether it is ahead of istiod), from the same run."""
+    limit and to istiod (and whether it is ahead of istiod), from the same run; and for each
+    edit, whether exactly the proxies importing the edited object were pushed (`importers`)."""
     def fig(name):
         r = results.get(name) or {}
         return r.get("figures") if r.get("status") in ("ok", "incomplete") else None
@@ -224,6 +225,12 @@ def checks(results):
                 row["target"] = f"<= {multiple:g}x limit"
                 row["pass"] = v <= multiple * lv if v is not None and lv else None
             rows.append(row)
+        for phase, expected in (importers or {}).items():
+            v = _ph(phase, "pushed")(f)
+            iv = _ph(phase, "pushed")(istiod) if istiod else None
+            rows.append({"figure": f"{phase} proxies pushed", "value": v, "limit": None, "istiod": iv,
+                         "vs_limit": None, "vs_istiod": None, "ahead_of_istiod": None,
+                         "target": f"= {expected} importing", "pass": v == expected if v is not None else None})
         out[target] = {
             "incomplete": [n for n in (target, "limit", "istiod") if (results.get(n) or {}).get("status") == "incomplete"],
             "rows": rows,

@@ -121,9 +121,7 @@ def run_target(target, opts, flags, root, capture):
         if os.path.isdir(workdir):
             shutil.rmtree(workdir)  # the previous run's mesh and logs
         os.makedirs(workdir)
-        settings = meshgen.MeshSettings(opts.services, opts.endpoints, opts.namespaces, opts.vs_every,
-                                        opts.dr_every, opts.sidecar_scoping == "on")
-        mesh = meshgen.generate(os.path.join(workdir, "mesh"), settings)
+        mesh = meshgen.generate(os.path.join(workdir, "mesh"), mesh_settings(opts))
         result["mesh_objects"] = mesh.counts
         step = "starting"
         with ProcGroup(os.path.join(workdir, "logs")) as group:
@@ -243,8 +241,17 @@ def run_all(opts):
         report["targets"][target] = run_target(target, opts, flags, root, capture)
     if opts.pilot_load:
         report["pilot_load"] = pilotload.status()
-    report["checks"] = checks(report["targets"])
+    importers = {ph: meshgen.importing_proxies(mesh_settings(opts), ph, opts.proxies, opts.workloads)
+                 for ph in meshgen.PHASES}
+    report["importing_proxies"] = importers
+    report["checks"] = checks(report["targets"], importers)
     return report
+
+
+def mesh_settings(opts):
+    """The mesh the options describe."""
+    return meshgen.MeshSettings(opts.services, opts.endpoints, opts.namespaces, opts.vs_every, opts.dr_every,
+                                opts.sidecar_scoping == "on")
 
 
 def has_subcommand(meshpilot, name):
