@@ -38,15 +38,22 @@ def addr():
     return f"127.0.0.1:{free_port()}"
 
 
-def start_meshpilot(group, meshpilot, config_dir):
-    """`meshpilot standalone --config-dir DIR`; ready when admin /ready is 200."""
+def _start_serving(group, name, meshpilot, args):
+    """`meshpilot ARGS --xds-addr .. --admin-addr ..` on free ports, once its admin /ready is 200:
+    (process, xds address, admin address)."""
     xds, admin = addr(), addr()
     p = group.start(
-        "meshpilot",
-        [meshpilot, "standalone", "--config-dir", config_dir, "--xds-addr", xds, "--admin-addr", admin],
+        name,
+        [meshpilot, *args, "--xds-addr", xds, "--admin-addr", admin],
         env={"RUST_LOG": os.environ.get("RUST_LOG", "warn")},
     )
     wait_http_200(p, f"http://{admin}/ready", STARTUP_TIMEOUT)
+    return p, xds, admin
+
+
+def start_meshpilot(group, meshpilot, config_dir):
+    """`meshpilot standalone --config-dir DIR`; ready when admin /ready is 200."""
+    p, xds, admin = _start_serving(group, "meshpilot", meshpilot, ["standalone", "--config-dir", config_dir])
     return Running(
         xds_url=f"http://{xds}",
         servers={"meshpilot": p},
@@ -58,13 +65,7 @@ def start_meshpilot(group, meshpilot, config_dir):
 def start_limit(group, meshpilot, capture_dir):
     """`meshpilot replay --capture DIR`: writes what meshpilot sent, nothing else; its phases
     are posted to its admin address."""
-    xds, admin = addr(), addr()
-    p = group.start(
-        "replay",
-        [meshpilot, "replay", "--capture", capture_dir, "--xds-addr", xds, "--admin-addr", admin],
-        env={"RUST_LOG": os.environ.get("RUST_LOG", "warn")},
-    )
-    wait_http_200(p, f"http://{admin}/ready", STARTUP_TIMEOUT)
+    p, xds, admin = _start_serving(group, "replay", meshpilot, ["replay", "--capture", capture_dir])
     return Running(xds_url=f"http://{xds}", servers={"replay": p}, phase_post=f"http://{admin}", notes={"admin": admin})
 
 
