@@ -16,8 +16,10 @@ use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
 use meshpilot::config::parse::{parse_file, Document};
 use meshpilot::snapshot::{ChangeSet, Snapshot, SnapshotWriter, SourceState, Version};
+use meshpilot::xds::admission::{Admission, AdmissionSettings};
 use meshpilot::xds::cache::{GenerationCache, DEFAULT_BUDGET_BYTES};
-use meshpilot::xds::connection::StateOfTheWorld;
+use meshpilot::xds::connection::{SotwResponse, StateOfTheWorld};
+use meshpilot::xds::response::Framed;
 use meshpilot::xds::stream::{serve, ConnectionContext};
 use meshpilot::xds::metrics::XdsMetrics;
 use meshpilot::xds::status::ConnectionRegistry;
@@ -103,6 +105,12 @@ impl Harness {
             registry: Arc::new(ConnectionRegistry::new(metrics.clone())),
             metrics,
             drain,
+            // Every input opens a stream: admission must never make one wait.
+            admission: Arc::new(Admission::new(AdmissionSettings {
+                new_streams_per_second: 1e12,
+                max_stream_age: None,
+                ..Default::default()
+            })),
         };
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         Harness { runtime, ctx, _writer: writer, _drain: trigger }
@@ -114,12 +122,13 @@ thread_local! {
 }
 
 /// Lets the connection task run until it has nothing more to do right now, collecting responses.
-async fn settle(rx: &mut mpsc::Receiver<Result<DiscoveryResponse, tonic::Status>>, seen: &mut Vec<DiscoveryResponse>) {
+async fn settle(rx: &mut mpsc::Receiver<Result<SotwResponse, tonic::Status>>, seen: &mut Vec<DiscoveryResponse>) {
     for _ in 0..16 {
         tokio::task::yield_now().await;
         while let Ok(response) = rx.try_recv() {
+            // A response the server built must decode: that is part of what is fuzzed.
             if let Ok(r) = response {
-                seen.push(r);
+                seen.push(r.decode().expect("a response meshpilot encoded decodes"));
             }
         }
     }
