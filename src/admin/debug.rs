@@ -8,8 +8,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
+use super::envoy_json::to_json;
 use super::AdminState;
 use crate::snapshot::Snapshot;
+use crate::xds::dump::{self, DumpedType};
 use crate::xds::TypeUrl;
 
 fn no_snapshot() -> Response {
@@ -25,7 +27,7 @@ fn unix_seconds(t: std::time::SystemTime) -> f64 {
 pub async fn configz(State(state): State<AdminState>) -> Response {
     let Some(snap) = state.snapshots.current() else { return no_snapshot() };
     let rejected = rejected_resources(&connections(&state));
-    render(&state, move || configz_json(&snap, rejected)).await
+    render(&state, move || Ok(configz_json(&snap, rejected))).await
 }
 
 /// Resources connected proxies rejected (NACK) and that are kept out of their config.
@@ -88,7 +90,7 @@ fn kube_counts(snap: &Snapshot) -> std::collections::BTreeMap<&'static str, usiz
 /// Services and their endpoints.
 pub async fn registryz(State(state): State<AdminState>) -> Response {
     let Some(snap) = state.snapshots.current() else { return no_snapshot() };
-    render(&state, move || registryz_json(&snap)).await
+    render(&state, move || Ok(registryz_json(&snap))).await
 }
 
 fn registryz_json(snap: &Snapshot) -> Value {
@@ -116,7 +118,7 @@ fn connections(state: &AdminState) -> Vec<std::sync::Arc<crate::xds::status::Con
 /// Per proxy and type: sent version and nonce, acked version, last NACK.
 pub async fn syncz(State(state): State<AdminState>) -> Response {
     let connections = connections(&state);
-    render(&state, move || json!(connections.iter().map(|c| json!(**c)).collect::<Vec<_>>())).await
+    render(&state, move || Ok(json!(connections.iter().map(|c| json!(**c)).collect::<Vec<_>>()))).await
 }
 
 /// The latest push: version, what changed, and how many proxies are on it.
@@ -165,56 +167,28 @@ pub async fn config_dump(State(state): State<AdminState>, Query(q): Query<HashMa
     }
     let conn = conn.clone();
     render(&state, move || {
-        let mut configs = serde_json::Map::new();
-        for (type_url, g) in &generated {
-            configs.insert(type_url.short().to_string(), dump_resources(&snap, &g.resources));
-        }
-        json!({
-            "proxy": conn.proxy,
-            "version": snap.version.to_string(),
-            "sync": conn.types,
-            "configs": configs,
-        })
+        let types: Vec<DumpedType<'_>> = generated
+            .iter()
+            .map(|(type_url, g)| DumpedType { type_url: *type_url, generated: g, status: conn.types.get(type_url) })
+            .collect();
+        to_json(&dump::config_dump(&types)).map_err(|e| e.to_string())
     })
     .await
 }
 
 /// Builds and encodes a debug answer on the blocking pool, at most `DEBUG_RENDERS` at once, so
 /// rendering a large mesh never delays `/ready` or `/metrics` on the async workers.
-async fn render(state: &AdminState, build: impl FnOnce() -> Value + Send + 'static) -> Response {
+async fn render(state: &AdminState, build: impl FnOnce() -> Result<Value, String> + Send + 'static) -> Response {
     let Ok(_permit) = state.renders.clone().acquire_owned().await else {
         return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"error": "shutting down"}))).into_response();
     };
-    match tokio::task::spawn_blocking(move || serde_json::to_vec(&build())).await {
+    let encoded =
+        tokio::task::spawn_blocking(move || build().and_then(|v| serde_json::to_vec(&v).map_err(|e| e.to_string())));
+    match encoded.await {
         Ok(Ok(body)) => ([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response(),
-        Ok(Err(e)) => (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({"error": e.to_string()}))).into_response(),
+        Ok(Err(e)) => (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({"error": e}))).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({"error": e.to_string()}))).into_response(),
     }
-}
-
-fn dump_resources(_snap: &Snapshot, resources: &[crate::xds::generate::Resource]) -> Value {
-    resources
-        .iter()
-        .map(|r| json!({"name": r.name, "@type": r.body.type_url, "bytes": r.body.value.len(), "resource": describe(&r.body)}))
-        .collect()
-}
-
-/// A human-readable rendering of a packed resource.
-fn describe(any: &envoy_types::pb::google::protobuf::Any) -> String {
-    use envoy_types::pb::envoy::config::{
-        cluster::v3::Cluster, endpoint::v3::ClusterLoadAssignment, listener::v3::Listener,
-        route::v3::RouteConfiguration,
-    };
-    use prost::Message;
-    let bytes = any.value.as_slice();
-    let text = match TypeUrl::parse(&any.type_url) {
-        Some(TypeUrl::Cluster) => Cluster::decode(bytes).map(|m| format!("{m:#?}")),
-        Some(TypeUrl::Endpoint) => ClusterLoadAssignment::decode(bytes).map(|m| format!("{m:#?}")),
-        Some(TypeUrl::Listener) => Listener::decode(bytes).map(|m| format!("{m:#?}")),
-        Some(TypeUrl::Route) => RouteConfiguration::decode(bytes).map(|m| format!("{m:#?}")),
-        None => return format!("<{} bytes of {}>", bytes.len(), any.type_url),
-    };
-    text.unwrap_or_else(|e| format!("<undecodable: {e}>"))
 }
 
 #[cfg(test)]

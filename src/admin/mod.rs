@@ -1,6 +1,7 @@
 //! Admin HTTP server: readiness, metrics and debug endpoints.
 
 mod debug;
+pub mod envoy_json;
 
 use std::sync::Arc;
 

@@ -5,6 +5,7 @@ pub mod cache;
 pub mod changes;
 pub mod connection;
 pub mod delta;
+pub mod dump;
 pub mod generate;
 pub mod isolation;
 pub mod limits;

@@ -204,6 +204,7 @@ impl<R> Session<R> {
             let t = s.types.entry(type_url).or_default();
             t.acked_version = version;
             t.acked_nonce = nonce;
+            t.acked_at = Some(SystemTime::now());
             if settled {
                 t.last_nack = None;
             }
@@ -255,6 +256,7 @@ impl<R> Session<R> {
             let t = s.types.entry(type_url).or_default();
             t.sent_version = out.version;
             t.sent_nonce = out.nonce;
+            t.sent_at = Some(SystemTime::now());
             t.sent_resources = out.count;
             t.responses += 1;
         });

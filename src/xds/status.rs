@@ -22,10 +22,14 @@ pub struct TypeStatus {
     pub sent_nonce: String,
     /// Number of resources in the last response.
     pub sent_resources: usize,
+    /// When the last response was sent.
+    pub sent_at: Option<SystemTime>,
     /// Last version the proxy acknowledged.
     pub acked_version: String,
     /// Nonce of the last acknowledged response.
     pub acked_nonce: String,
+    /// When the proxy last acknowledged a response.
+    pub acked_at: Option<SystemTime>,
     /// Last rejection, while the proxy's latest answer was a NACK or resources it rejected are
     /// still held back.
     pub last_nack: Option<Nack>,
