@@ -27,6 +27,13 @@ if pilot_agent="$(bash scripts/pilot-agent.sh)"; then
 else
     echo "pilot-agent not installed: the sidecar tests (tests/sidecar_istio.rs) will skip" >&2
 fi
+# istioctl, the same way, for the tests of istioctl against meshpilot (tests/istioctl.rs).
+if istioctl="$(bash scripts/istio-tool.sh istioctl)"; then
+    export MESHPILOT_ISTIOCTL="$istioctl"
+    echo "istioctl: $MESHPILOT_ISTIOCTL"
+else
+    echo "istioctl not installed: the istioctl tests (tests/istioctl.rs) will skip" >&2
+fi
 
 # Standards first: formatting and lints fail the run before any test starts.
 cargo fmt --check

@@ -111,6 +111,7 @@ impl Harness {
                 max_stream_age: None,
                 ..Default::default()
             })),
+            control_plane: meshpilot::xds::debug::control_plane_identifier("fuzz").into(),
         };
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         Harness { runtime, ctx, _writer: writer, _drain: trigger }

@@ -113,7 +113,8 @@ pub async fn run(settings: FrontendNodeSettings, process: Process, drain: DrainW
     );
     tokio::spawn(tracking);
 
-    let ads = AdsServer::new(reader.clone(), connections.clone(), xds_metrics, drain.clone(), settings.admission);
+    let ads = AdsServer::new(reader.clone(), connections.clone(), xds_metrics, drain.clone(), settings.admission)
+        .with_server_id(&format!("frontend/{}", settings.id));
     let admin_state = AdminState {
         snapshots: reader,
         xds: Some(XdsState { connections, cache: ads.cache() }),

@@ -47,7 +47,8 @@ pub async fn run(settings: StandaloneSettings, process: Process, drain: DrainWat
 
     let xds_metrics = XdsMetrics::register(&process.registry);
     let connections = Arc::new(ConnectionRegistry::new(xds_metrics.clone()));
-    let ads = AdsServer::new(reader.clone(), connections.clone(), xds_metrics, drain.clone(), settings.admission);
+    let ads = AdsServer::new(reader.clone(), connections.clone(), xds_metrics, drain.clone(), settings.admission)
+        .with_server_id("standalone");
     let admin_state = AdminState {
         snapshots: reader,
         xds: Some(XdsState { connections, cache: ads.cache() }),

@@ -6,11 +6,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use bytes::Bytes;
-use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::config::core::v3::{ControlPlane, Node};
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use tracing::debug;
 
 use super::changes;
+use super::debug::DebugResource;
 use super::isolation::{Holding, Isolation};
 use super::limits;
 use super::names::NameSet;
@@ -61,6 +62,24 @@ impl Protocol for StateOfTheWorld {
 
     fn node(request: &DiscoveryRequest) -> Option<&Node> {
         request.node.as_ref()
+    }
+
+    fn type_url(request: &DiscoveryRequest) -> &str {
+        &request.type_url
+    }
+
+    fn debug_names(request: &DiscoveryRequest) -> &[String] {
+        &request.resource_names
+    }
+
+    fn debug_response(type_url: &str, nonce: &str, control_plane: &str, resources: Vec<DebugResource>) -> SotwResponse {
+        Encoded::whole(&DiscoveryResponse {
+            type_url: type_url.to_string(),
+            nonce: nonce.to_string(),
+            resources: resources.into_iter().map(|(_, any)| any).collect(),
+            control_plane: Some(ControlPlane { identifier: control_plane.to_string() }),
+            ..Default::default()
+        })
     }
 
     async fn on_request(

@@ -8,11 +8,12 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Instant;
 
-use envoy_types::pb::envoy::config::core::v3::Node;
-use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
+use envoy_types::pb::envoy::config::core::v3::{ControlPlane, Node};
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource};
 use tracing::debug;
 
 use super::changes::{self, Held};
+use super::debug::DebugResource;
 use super::isolation::{Holding, Isolation, Piece};
 use super::limits;
 use super::response::{DeltaResource, Encoded};
@@ -90,6 +91,32 @@ impl Protocol for Delta {
 
     fn node(request: &DeltaDiscoveryRequest) -> Option<&Node> {
         request.node.as_ref()
+    }
+
+    fn type_url(request: &DeltaDiscoveryRequest) -> &str {
+        &request.type_url
+    }
+
+    fn debug_names(request: &DeltaDiscoveryRequest) -> &[String] {
+        &request.resource_names_subscribe
+    }
+
+    fn debug_response(
+        type_url: &str,
+        nonce: &str,
+        control_plane: &str,
+        resources: Vec<DebugResource>,
+    ) -> DeltaResponse {
+        Encoded::whole(&DeltaDiscoveryResponse {
+            type_url: type_url.to_string(),
+            nonce: nonce.to_string(),
+            resources: resources
+                .into_iter()
+                .map(|(name, any)| Resource { name, resource: Some(any), ..Default::default() })
+                .collect(),
+            control_plane: Some(ControlPlane { identifier: control_plane.to_string() }),
+            ..Default::default()
+        })
     }
 
     async fn on_request(

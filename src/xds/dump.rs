@@ -100,7 +100,8 @@ fn pack<M: Message + Name>(message: &M) -> Any {
     Any { type_url: M::type_url(), value: message.encode_to_vec() }
 }
 
-fn timestamp(at: SystemTime) -> Timestamp {
+/// `at` as a protobuf timestamp.
+pub fn timestamp(at: SystemTime) -> Timestamp {
     let since = at.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
     Timestamp { seconds: i64::try_from(since.as_secs()).unwrap_or(i64::MAX), nanos: since.subsec_nanos() as i32 }
 }

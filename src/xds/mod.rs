@@ -4,6 +4,7 @@ pub mod admission;
 pub mod cache;
 pub mod changes;
 pub mod connection;
+pub mod debug;
 pub mod delta;
 pub mod dump;
 pub mod generate;

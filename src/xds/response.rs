@@ -125,6 +125,11 @@ impl Encoded<DeltaDiscoveryResponse> {
 }
 
 impl<M: Message> Encoded<M> {
+    /// A whole message, encoded as it is (small answers such as debug responses).
+    pub fn whole(message: &M) -> Self {
+        Encoded::build(message, 0, |_| {})
+    }
+
     /// The frame of `header` (a message without resources) followed by `body` bytes of
     /// resource fields that `put` writes. Repeated fields may come in any order on the wire.
     fn build(header: &M, body: usize, put: impl FnOnce(&mut BytesMut)) -> Self {

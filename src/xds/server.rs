@@ -29,7 +29,14 @@ impl AdsServer {
     ) -> Self {
         let cache = Arc::new(GenerationCache::new(metrics.clone(), DEFAULT_BUDGET_BYTES));
         let admission = Arc::new(Admission::new(admission));
-        AdsServer { ctx: ConnectionContext { snapshots, cache, registry, metrics, drain, admission } }
+        let control_plane = super::debug::control_plane_identifier("meshpilot").into();
+        AdsServer { ctx: ConnectionContext { snapshots, cache, registry, metrics, drain, admission, control_plane } }
+    }
+
+    /// Names this server `id` in answers to debug clients (istioctl's ISTIOD column).
+    pub fn with_server_id(mut self, id: &str) -> Self {
+        self.ctx.control_plane = super::debug::control_plane_identifier(id).into();
+        self
     }
 
     /// The gRPC service (state of the world and delta).

@@ -40,6 +40,8 @@ pub struct ConnectionContext {
     pub drain: DrainWatcher,
     /// New-stream rate, push concurrency and stream age.
     pub admission: Arc<Admission>,
+    /// How answers name this server (see [`super::debug::control_plane_identifier`]).
+    pub control_plane: Arc<str>,
 }
 
 /// Why a stream ended.
@@ -81,6 +83,20 @@ pub trait Protocol: Send {
 
     /// The node a request carries (the first request of a stream must).
     fn node(request: &Self::Request) -> Option<&Node>;
+
+    /// The type a request is about.
+    fn type_url(request: &Self::Request) -> &str;
+
+    /// The resource names a debug request names.
+    fn debug_names(request: &Self::Request) -> &[String];
+
+    /// The answer to a debug request: `resources` of `type_url`, with this server's identifier.
+    fn debug_response(
+        type_url: &str,
+        nonce: &str,
+        control_plane: &str,
+        resources: Vec<super::debug::DebugResource>,
+    ) -> Self::Response;
 
     /// Handles one request: subscriptions, ACK or NACK, and any response it calls for.
     fn on_request(
@@ -132,6 +148,10 @@ where
         if let Err(e) = limits::check_node(node) {
             return refuse(&tx, Status::resource_exhausted(e.to_string())).await;
         }
+    }
+    if super::debug::is_debug_type(P::type_url(&first)) {
+        ctx.admission.admit_stream().await;
+        return super::debug::serve::<P, S>(ctx, first, requests, tx).await;
     }
     let proxy = match Proxy::from_node(P::node(&first)) {
         Ok(p) => p,

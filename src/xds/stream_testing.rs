@@ -89,6 +89,7 @@ where
             metrics,
             drain,
             admission: Arc::new(Admission::new(admission)),
+            control_plane: crate::xds::debug::control_plane_identifier("test").into(),
         };
         let (requests, rx) = mpsc::channel(16);
         let (tx, responses) = mpsc::channel(16);

@@ -29,6 +29,8 @@ pub mod http;
 pub mod ingress;
 /// Istio YAML builders.
 pub mod istio;
+/// Istio's real istioctl.
+pub mod istioctl;
 /// A real kube-apiserver on a real etcd, and applying objects to it.
 pub mod kube;
 /// A standalone meshpilot with a gateway and a sidecar Envoy.
