@@ -11,6 +11,7 @@ pub mod app;
 pub mod backoff;
 pub mod cluster;
 pub mod config;
+pub mod ctl;
 pub mod drain;
 pub mod ingest;
 pub mod mesh;

@@ -50,8 +50,51 @@ enum Command {
     Load(LoadArgs),
     /// Serve a capture of `meshpilot load --capture` verbatim over ADS (the physical limit).
     Replay(ReplayArgs),
+    /// Show each proxy's CDS/LDS/EDS/RDS sync state (SYNCED, NOT SENT, STALE, NACK), frontend and version.
+    ProxyStatus(ProxyStatusArgs),
+    /// Show the config meshpilot generated for a proxy, as istioctl's tables or Envoy's JSON/YAML.
+    ProxyConfig(ProxyConfigArgs),
     /// Print the version.
     Version,
+}
+
+/// The admin URL operator commands ask by default (a local standalone meshpilot).
+const DEFAULT_ADMIN_URL: &str = "http://127.0.0.1:15014";
+
+#[derive(Parser)]
+struct ProxyStatusArgs {
+    /// Only this proxy: node id or pod.namespace.
+    proxy: Option<String>,
+    /// Admin URL of any meshpilot node (a frontend or ingest node covers every frontend through membership).
+    #[arg(long, default_value = DEFAULT_ADMIN_URL)]
+    admin_url: String,
+}
+
+#[derive(Parser)]
+struct ProxyConfigArgs {
+    /// What to show.
+    #[arg(value_enum)]
+    kind: meshpilot::ctl::proxy_config::ConfigKind,
+    /// The proxy: node id or pod.namespace.
+    proxy: String,
+    /// Admin URL of any meshpilot node.
+    #[arg(long, default_value = DEFAULT_ADMIN_URL)]
+    admin_url: String,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value = "short")]
+    output: meshpilot::ctl::proxy_config::Output,
+    /// Only clusters (and endpoints) of services whose host contains this.
+    #[arg(long)]
+    fqdn: Option<String>,
+    /// Only this port (cluster service port, listener port, endpoint port).
+    #[arg(long)]
+    port: Option<u32>,
+    /// Only clusters of this subset.
+    #[arg(long)]
+    subset: Option<String>,
+    /// Only clusters of this direction (inbound or outbound).
+    #[arg(long)]
+    direction: Option<String>,
 }
 
 #[derive(Parser)]
@@ -285,6 +328,8 @@ fn main() -> ExitCode {
             }
         },
         Command::Replay(args) => exit(run_replay(args)),
+        Command::ProxyStatus(args) => exit(proxy_status(args)),
+        Command::ProxyConfig(args) => exit(proxy_config(args)),
         Command::Standalone(args) => exit(run_standalone(args)),
         Command::Ingest(args) => exit(run_ingest(args)),
         Command::Frontend(args) => exit(run_frontend(args)),
@@ -384,6 +429,39 @@ fn load(args: LoadArgs) -> anyhow::Result<bool> {
         std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(report.success())
+}
+
+fn tool_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")
+}
+
+fn proxy_status(args: ProxyStatusArgs) -> anyhow::Result<()> {
+    use meshpilot::ctl::proxy_status::{collect, names_proxy, render};
+    let mut collected = tool_runtime()?.block_on(collect(&args.admin_url))?;
+    if let Some(wanted) = &args.proxy {
+        collected.proxies.retain(|p| names_proxy(wanted, &p.proxy));
+        if collected.proxies.is_empty() {
+            anyhow::bail!(meshpilot::ctl::CtlError::UnknownProxy(wanted.clone()));
+        }
+    }
+    print!("{}", render(&collected.proxies));
+    for why in &collected.unreachable {
+        eprintln!("warning: not listed: {why}");
+    }
+    Ok(())
+}
+
+fn proxy_config(args: ProxyConfigArgs) -> anyhow::Result<()> {
+    use meshpilot::ctl::proxy_config::{fetch, render};
+    let dump = tool_runtime()?.block_on(fetch(&args.admin_url, &args.proxy))?;
+    let filters = meshpilot::ctl::config_tables::Filters {
+        fqdn: args.fqdn,
+        port: args.port,
+        subset: args.subset,
+        direction: args.direction,
+    };
+    print!("{}", render(&dump, args.kind, &filters, args.output)?);
+    Ok(())
 }
 
 fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {

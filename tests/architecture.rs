@@ -23,6 +23,7 @@ const LAYERS: &[&[&str]] = &[
     &["xds"],
     // Readers of everything below, and the composition roots.
     &["admin", "sim"],
+    &["ctl"],
     &["app"],
 ];
 

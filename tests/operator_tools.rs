@@ -5,11 +5,14 @@ mod common;
 
 use common::backend::Backend;
 use common::config_dump::*;
-use common::files::temp_dir_with;
+use common::envoy::Envoy;
+use common::files::{temp_dir_with, write_files};
 use common::istio::*;
 use common::mesh::*;
+use common::meshpilot::Meshpilot;
+use common::poll::{poll, CONVERGE_TIMEOUT, STARTUP_TIMEOUT};
 use common::ports::free_port;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 /// Clusters, listeners and routes of `dump`: Envoy dumps them exactly as it received them.
 /// (Its endpoint section is its own reconstruction, with health status and defaults filled in;
@@ -94,4 +97,91 @@ async fn config_dump_of_unknown_proxies_and_bad_requests_are_clear_errors() {
     let (code, body) = cp.admin_get("/debug/config_dump?proxyID=nobody.nowhere").await;
     assert_eq!(code, 404, "{body}");
     assert!(body.contains("nobody.nowhere is not connected"), "{body}");
+}
+
+/// `meshpilot proxy-status ARGS --admin-url URL`: success, stdout, stderr.
+async fn proxy_status(cp: &Meshpilot, args: &[&str]) -> (bool, String, String) {
+    let mut command = std::process::Command::new(Meshpilot::binary());
+    command.arg("proxy-status").args(args).args(["--admin-url", &cp.admin_url()]);
+    let out = tokio::task::spawn_blocking(move || command.output()).await.expect("joined").expect("runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The states `meshpilot proxy-status` shows for `node_id`: CDS, LDS, EDS, RDS, FRONTEND, VERSION.
+async fn status_line(cp: &Meshpilot, node_id: &str) -> String {
+    let (ok, out, err) = proxy_status(cp, &[]).await;
+    assert!(ok, "meshpilot proxy-status failed:\n{out}\n{err}");
+    out.lines().find(|l| l.starts_with(node_id)).map(str::to_string).unwrap_or_default()
+}
+
+fn gateway_with_servers(ports: &[u16]) -> String {
+    let servers: String = ports
+        .iter()
+        .map(|p| format!("  - port: {{number: {p}, name: http-{p}, protocol: HTTP}}\n    hosts: [\"*\"]\n"))
+        .collect();
+    format!(
+        "apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata:\n  name: gw\n  namespace: shop\nspec:\n  \
+         selector:\n    istio: ingressgateway\n  servers:\n{servers}"
+    )
+}
+
+#[tokio::test]
+async fn proxy_status_shows_synced_then_stale_then_nack() {
+    let (good, bad) = (free_port(), free_port());
+    let ratings = Backend::new("ratings-v1");
+    let config = temp_dir_with(&[
+        ("services.yaml", service_entry("ratings", 80, &[(&ratings, "v1")]).as_str()),
+        ("gateway.yaml", gateway_with_servers(&[good]).as_str()),
+    ]);
+    let cp = start_meshpilot(config.path()).await;
+    // A static listener holds `bad`: a gateway server there is a listener Envoy must reject.
+    let blocker = json!({
+        "name": "blocker",
+        "address": {"socket_address": {"address": "0.0.0.0", "port_value": bad}},
+        "filter_chains": [{"filters": [{"name": "envoy.filters.network.tcp_proxy", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+            "stat_prefix": "blocker", "cluster": "xds"
+        }}]}]
+    });
+    let envoy =
+        Envoy::builder(GATEWAY_NODE_ID, cp.xds_addr()).metadata(gateway_metadata()).static_listener(blocker).start();
+    envoy.wait_ready(STARTUP_TIMEOUT).await;
+    wait_synced(&cp, &[GATEWAY_NODE_ID]).await;
+
+    let line = status_line(&cp, GATEWAY_NODE_ID).await;
+    let cells: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(cells.get(1..6), Some(&["SYNCED", "SYNCED", "SYNCED", "SYNCED", "standalone"][..]), "{line}");
+    let version = cp.admin_json("/debug/push_status").await["version"].as_str().unwrap_or_default().to_string();
+    assert_eq!(cells.last(), Some(&version.as_str()), "{line}");
+    let (ok, one, _) = proxy_status(&cp, &["gw-1.istio-system"]).await;
+    assert!(ok && one.lines().count() == 2 && one.contains(GATEWAY_NODE_ID), "one proxy by pod.namespace:\n{one}");
+    let (ok, _, err) = proxy_status(&cp, &["nobody.nowhere"]).await;
+    assert!(!ok && err.contains("nobody.nowhere is not connected"), "unknown proxy: {err}");
+
+    // Frozen, Envoy cannot acknowledge what meshpilot sends next.
+    let pid = envoy.pid().expect("Envoy runs") as i32;
+    // SAFETY: signals a child process this test started.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    write_files(
+        config.path(),
+        &[("vs.yaml", route_all("shop", "ratings.example.com", "gw", "ratings", None).as_str())],
+    );
+    let stale = poll(CONVERGE_TIMEOUT, async || status_line(&cp, GATEWAY_NODE_ID).await.contains("STALE")).await;
+    let line = status_line(&cp, GATEWAY_NODE_ID).await;
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    assert!(stale, "a frozen proxy is not shown STALE: {line}");
+    wait_synced(&cp, &[GATEWAY_NODE_ID]).await;
+
+    // A listener Envoy rejects: LDS shows the NACK with Envoy's error.
+    write_files(config.path(), &[("gateway.yaml", gateway_with_servers(&[good, bad]).as_str())]);
+    let nacked = poll(CONVERGE_TIMEOUT, async || status_line(&cp, GATEWAY_NODE_ID).await.contains("NACK (")).await;
+    let line = status_line(&cp, GATEWAY_NODE_ID).await;
+    assert!(nacked, "the rejected push is not shown as NACK: {line}");
+    let lds = line.split("     ").nth(2).unwrap_or_default();
+    assert!(lds.starts_with("NACK (") && lds.contains(&format!("0.0.0.0_{bad}")), "LDS shows Envoy's error: {line}");
 }

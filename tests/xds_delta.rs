@@ -43,16 +43,6 @@ async fn start_envoy(cp: &Meshpilot, node_id: &str, metadata: Value, delta: bool
     envoy
 }
 
-/// A VirtualService `name` for `hosts`, bound to `gateways` (`mesh` for sidecars), routing all
-/// traffic to `host` (optionally a subset).
-fn route_all(name: &str, hosts: &str, gateways: &str, host: &str, subset: Option<&str>) -> String {
-    let subset = subset.map(|s| format!(", subset: {s}")).unwrap_or_default();
-    format!(
-        "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {{name: {name}, namespace: {NS}}}\nspec:\n  \
-         hosts: [{hosts}]\n  gateways: [{gateways}]\n  http:\n  - route:\n    - destination: {{host: {host}{subset}}}\n"
-    )
-}
-
 /// The connection of `node_id` in `/debug/syncz`.
 fn connection<'a>(syncz: &'a Value, node_id: &str) -> &'a Value {
     syncz

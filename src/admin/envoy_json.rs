@@ -58,6 +58,16 @@ pub fn bytes_to_json(full_name: &str, bytes: &[u8]) -> Result<Value, JsonError> 
         .map_err(|source| JsonError::Json { name: full_name.into(), source })
 }
 
+/// The message of type `M` that Envoy's JSON `value` writes (what an admin endpoint answered).
+pub fn from_json<M: Message + Name + Default>(value: &Value) -> Result<M, JsonError> {
+    let name = M::full_name();
+    let pool = POOL.as_ref().map_err(|e| JsonError::Descriptors(e.clone()))?;
+    let descriptor = pool.get_message_by_name(&name).ok_or_else(|| JsonError::UnknownType(name.clone()))?;
+    let message = DynamicMessage::deserialize(descriptor, value)
+        .map_err(|source| JsonError::Json { name: name.clone(), source })?;
+    message.transcode_to::<M>().map_err(|source| JsonError::Decode { name, source })
+}
+
 #[cfg(test)]
 mod tests {
     use envoy_types::pb::envoy::config::cluster::v3::{cluster, Cluster};
@@ -82,6 +92,19 @@ mod tests {
         let expanded = to_json(&any).expect("json");
         assert_eq!(expanded["@type"], "type.googleapis.com/envoy.config.cluster.v3.Cluster");
         assert_eq!(expanded["connect_timeout"], "10s");
+    }
+
+    #[test]
+    fn json_reads_back_into_the_message() {
+        let c = Cluster {
+            name: "a".into(),
+            connect_timeout: Some(Duration { seconds: 1, nanos: 500_000_000 }),
+            ..Default::default()
+        };
+        let any = Any { type_url: Cluster::type_url(), value: c.encode_to_vec() };
+        let back: Any = from_json(&to_json(&any).expect("json")).expect("reads back");
+        assert_eq!(Cluster::decode(back.value.as_slice()).expect("decodes"), c);
+        assert!(from_json::<Cluster>(&json!({"name": 5})).is_err());
     }
 
     #[test]

@@ -106,7 +106,7 @@ pub async fn run(settings: FrontendNodeSettings, process: Process, drain: DrainW
     let tracking = track_ownership(
         settings.id.clone(),
         settings.proxy_key,
-        members,
+        members.clone(),
         connections.clone(),
         summary_tx,
         cluster_metrics,
@@ -121,7 +121,7 @@ pub async fn run(settings: FrontendNodeSettings, process: Process, drain: DrainW
         ready,
         metrics: process.registry.clone(),
         identity: format!("frontend/{}", settings.id),
-        node_status: Some(node_status(settings.id.clone(), sub_status, registered, summary)),
+        node_status: Some(node_status(settings.id.clone(), sub_status, registered, summary, members)),
         renders: crate::admin::render_limit(),
     };
     info!(id = %settings.id, advertise = %settings.advertise_addr, "frontend started");
@@ -203,6 +203,7 @@ fn node_status(
     sub: watch::Receiver<SubscriberStatus>,
     registered: watch::Receiver<bool>,
     ownership: watch::Receiver<OwnershipSummary>,
+    members: watch::Receiver<Members>,
 ) -> NodeStatus {
     Arc::new(move || {
         let s = sub.borrow().clone();
@@ -222,6 +223,7 @@ fn node_status(
             "refused_lower_term": s.refused_lower_term,
             "resyncs": s.resyncs,
             "ownership": *ownership.borrow(),
+            "members": members.borrow().as_slice(),
         })
     })
 }

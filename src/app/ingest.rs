@@ -17,6 +17,7 @@ use super::servers;
 use super::{pipeline, Process, RoleError};
 use crate::admin::{AdminState, NodeStatus};
 use crate::cluster::election::{Candidate, ElectionSettings, Leadership};
+use crate::cluster::membership::{Members, MembersWatch, DEFAULT_PREFIX};
 use crate::cluster::metrics::ClusterMetrics;
 use crate::drain::DrainWatcher;
 use crate::ingest::{DebounceSettings, IngestEvent};
@@ -63,7 +64,7 @@ pub async fn run(settings: IngestNodeSettings, process: Process, drain: DrainWat
     let cluster_metrics = ClusterMetrics::register(&process.registry);
     let mut election = ElectionSettings::new(settings.id.clone(), settings.advertise_addr.clone());
     election.ttl = settings.lease_ttl;
-    let candidate = Candidate::new(client, election);
+    let candidate = Candidate::new(client.clone(), election);
     let leadership = candidate.leadership();
     let campaign_drain = drain.clone();
     // The task holds its drain watcher until the candidate has resigned and revoked its lease.
@@ -76,7 +77,12 @@ pub async fn run(settings: IngestNodeSettings, process: Process, drain: DrainWat
 
     let replication_metrics = ReplicationMetrics::register(&process.registry);
     let server = SnapshotServer::with_metrics(published, is_leader, ServerSettings::default(), replication_metrics);
-    let status = node_status(&settings, leadership, server.clone(), local.clone());
+    // The frontends, shown at /debug/node: `meshpilot proxy-status` pointed here reaches them all.
+    let members_watch = MembersWatch::new(client, DEFAULT_PREFIX);
+    let members = members_watch.members();
+    let w = drain.clone();
+    tokio::spawn(async move { members_watch.run(w.draining()).await });
+    let status = node_status(&settings, leadership, server.clone(), local.clone(), members);
     info!(id = %settings.id, advertise = %settings.advertise_addr, "ingest node started");
     let admin_state = AdminState {
         snapshots: local,
@@ -159,6 +165,7 @@ fn node_status(
     leadership: watch::Receiver<Leadership>,
     server: SnapshotServer,
     local: SnapshotReader,
+    members: watch::Receiver<Members>,
 ) -> NodeStatus {
     let id = settings.id.clone();
     let advertise = settings.advertise_addr.clone();
@@ -173,6 +180,7 @@ fn node_status(
             "snapshot": local.current().map(|s| s.version.to_string()),
             "published": server.latest().map(|v| v.to_string()),
             "subscribers": server.subscribers(),
+            "members": members.borrow().as_slice(),
         })
     })
 }

@@ -305,6 +305,11 @@ impl Envoy {
         Self::builder(node_id, xds_addr).metadata(metadata).start()
     }
 
+    /// Its process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.pid()
+    }
+
     /// Its node id.
     pub fn node_id(&self) -> &str {
         &self.node_id

@@ -151,3 +151,13 @@ pub fn reviews_alice_to_v2() -> String {
         "#,
     )
 }
+
+/// A VirtualService `name` for `hosts`, bound to `gateways` (`mesh` for sidecars), routing all
+/// traffic to `host` (optionally a subset).
+pub fn route_all(name: &str, hosts: &str, gateways: &str, host: &str, subset: Option<&str>) -> String {
+    let subset = subset.map(|s| format!(", subset: {s}")).unwrap_or_default();
+    format!(
+        "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {{name: {name}, namespace: {NS}}}\nspec:\n  \
+         hosts: [{hosts}]\n  gateways: [{gateways}]\n  http:\n  - route:\n    - destination: {{host: {host}{subset}}}\n"
+    )
+}

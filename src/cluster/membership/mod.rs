@@ -26,7 +26,7 @@ pub const DEFAULT_PREFIX: &str = "/meshpilot/frontends/";
 pub const DEFAULT_TTL: Duration = Duration::from_secs(5);
 
 /// A registered frontend.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 pub struct Member {
     /// Member id (the key below the prefix; also the `hash_key` of its endpoint in the load balancer).
     pub id: String,

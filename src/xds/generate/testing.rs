@@ -95,7 +95,7 @@ pub(crate) fn kube_snapshot(yaml: &str) -> Snapshot {
 }
 
 /// The testdata directory.
-pub(super) fn testdata() -> PathBuf {
+pub(crate) fn testdata() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/xds/generate/testdata")
 }
 
@@ -123,7 +123,7 @@ pub(crate) fn sidecar_at(namespace: &str, labels: &[(&str, &str)], ips: &[&str])
 }
 
 /// A gateway proxy in `namespace` with `labels`.
-pub(super) fn router(namespace: &str, labels: &[(&str, &str)]) -> ProxyView {
+pub(crate) fn router(namespace: &str, labels: &[(&str, &str)]) -> ProxyView {
     ProxyView {
         kind: ProxyKind::Router,
         namespace: namespace.into(),
