@@ -1,9 +1,10 @@
 //! Applying source events to the ingest state and building the next snapshot.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use crate::config::{ConfigError, IgnoredObject, Kind};
+use crate::config::api::Labels;
+use crate::config::{ConfigError, ConfigKey, IgnoredObject, Kind};
 use crate::registry::kubernetes::KubeKind;
 use crate::registry::{IncrementalRegistry, Registry};
 use crate::snapshot::{ChangeSet, ChangedKey, Snapshot, SourceState, Version};
@@ -54,9 +55,15 @@ impl SnapshotBuilder {
                     }
                 }
                 SourceEvent::Status { source, errors, ignored } => {
+                    let before = rejected_policies(&self.state.errors);
                     self.statuses.insert(source, (errors, ignored));
                     let lists = self.statuses.values();
                     self.state.errors = Arc::new(lists.clone().flat_map(|(e, _)| e.iter().cloned()).collect());
+                    // A rejected AuthorizationPolicy keeps its scope denied: it coming or going
+                    // changes proxy config, though no valid object changed.
+                    let after = rejected_policies(&self.state.errors);
+                    let flipped = before.symmetric_difference(&after).map(|(k, _)| ChangedKey::Config(k.clone()));
+                    changes.keys.extend(flipped);
                     self.state.ignored = Arc::new(lists.flat_map(|(_, i)| i.iter().cloned()).collect());
                 }
                 SourceEvent::Mesh(mesh) => {
@@ -105,6 +112,15 @@ impl SnapshotBuilder {
 /// Registry objects are ServiceEntries, WorkloadEntries and every Kubernetes object: a Pod,
 /// EndpointSlice, Node (locality) or Namespace (network) change may change endpoints only, and a
 /// Service change that leaves the built services equal (an annotation the registry ignores) too.
+/// The rejected AuthorizationPolicies among `errors`, with the selector their denial covers.
+fn rejected_policies(errors: &[ConfigError]) -> BTreeSet<(ConfigKey, Option<Labels>)> {
+    errors
+        .iter()
+        .filter_map(|e| e.object.as_ref().filter(|k| k.kind == Kind::AuthorizationPolicy).map(|k| (k, e)))
+        .map(|(k, e)| (k.clone(), e.policy_selector.clone()))
+        .collect()
+}
+
 fn classify(last: &Snapshot, mut changes: ChangeSet, new_registry: &Registry) -> ChangeSet {
     if changes.full {
         return changes;
