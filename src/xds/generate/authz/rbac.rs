@@ -109,7 +109,7 @@ fn rule_policy(rule: &Rule, action: Action, namespace: &str, ctx: &RuleContext<'
     for source in sources {
         let mut and = Vec::new();
         if let Some(s) = source {
-            and.extend(keep(action, source_principals(s, namespace, ctx))?);
+            and.extend(keep_fields(action, source_principals(s, namespace, ctx))?);
         }
         and.extend(base_principals.iter().cloned());
         principals.push(if and.is_empty() { any_id() } else { and_ids(and) });
@@ -122,7 +122,7 @@ fn rule_policy(rule: &Rule, action: Action, namespace: &str, ctx: &RuleContext<'
     for operation in operations {
         let mut and = Vec::new();
         if let Some(op) = operation {
-            and.extend(keep(action, operation_permissions(op, ctx))?);
+            and.extend(keep_fields(action, operation_permissions(op, ctx))?);
         }
         and.extend(base_permissions.iter().cloned());
         permissions.push(if and.is_empty() { any_perm() } else { and_perms(and) });
@@ -141,6 +141,16 @@ fn keep<T>(action: Action, result: Result<Vec<T>, Unsupported>) -> Option<Vec<T>
         }
         Err(_) => Some(Vec::new()),
     }
+}
+
+/// [`keep`] for each field of a source or operation: one field that cannot apply fails an ALLOW
+/// rule, and is left out of a DENY or AUDIT rule while the other fields stay.
+fn keep_fields<T>(action: Action, fields: Vec<Result<Vec<T>, Unsupported>>) -> Option<Vec<T>> {
+    let mut out = Vec::new();
+    for field in fields {
+        out.extend(keep(action, field)?);
+    }
+    Some(out)
 }
 
 /// Which side of an RBAC policy a `when` key belongs to (Istio's model).
@@ -211,40 +221,47 @@ fn http_only(ctx: &RuleContext<'_>, what: &str) -> Result<(), Unsupported> {
     }
 }
 
-fn source_principals(s: &Source, namespace: &str, ctx: &RuleContext<'_>) -> Result<Vec<Principal>, Unsupported> {
-    let mut and = Vec::new();
-    and.extend(principal_field(&s.ip_blocks, &s.not_ip_blocks, direct_remote_ip)?);
-    and.extend(principal_field(&s.remote_ip_blocks, &s.not_remote_ip_blocks, remote_ip)?);
-    and.extend(principal_field(&s.namespaces, &s.not_namespaces, |v| Ok(peer_identity(spiffe_namespace(v))))?);
-    and.extend(principal_field(&s.trust_domains, &s.not_trust_domains, |v| {
-        Ok(peer_identity(spiffe_trust_domain(v)))
-    })?);
-    and.extend(principal_field(&s.service_accounts, &s.not_service_accounts, |v| {
-        Ok(peer_identity(spiffe_service_account(v, namespace)))
-    })?);
-    if !(s.request_principals.is_empty() && s.not_request_principals.is_empty()) {
-        http_only(ctx, "requestPrincipals")?;
-    }
-    and.extend(principal_field(&s.request_principals, &s.not_request_principals, |v| Ok(request_principal(v)))?);
-    and.extend(principal_field(&s.principals, &s.not_principals, |v| Ok(source_principal(v, ctx)))?);
-    Ok(and)
+/// The matchers of a source, field by field (ANDed by the caller).
+fn source_principals(s: &Source, namespace: &str, ctx: &RuleContext<'_>) -> Vec<Result<Vec<Principal>, Unsupported>> {
+    let request_principals = if s.request_principals.is_empty() && s.not_request_principals.is_empty() {
+        Ok(Vec::new())
+    } else {
+        http_only(ctx, "requestPrincipals")
+            .and_then(|_| principal_field(&s.request_principals, &s.not_request_principals, |v| Ok(request_principal(v))))
+    };
+    vec![
+        principal_field(&s.ip_blocks, &s.not_ip_blocks, direct_remote_ip),
+        principal_field(&s.remote_ip_blocks, &s.not_remote_ip_blocks, remote_ip),
+        principal_field(&s.namespaces, &s.not_namespaces, |v| Ok(peer_identity(spiffe_namespace(v)))),
+        principal_field(&s.trust_domains, &s.not_trust_domains, |v| Ok(peer_identity(spiffe_trust_domain(v)))),
+        principal_field(&s.service_accounts, &s.not_service_accounts, |v| {
+            Ok(peer_identity(spiffe_service_account(v, namespace)))
+        }),
+        request_principals,
+        principal_field(&s.principals, &s.not_principals, |v| Ok(source_principal(v, ctx))),
+    ]
 }
 
-fn operation_permissions(op: &Operation, ctx: &RuleContext<'_>) -> Result<Vec<Permission>, Unsupported> {
-    let mut and = Vec::new();
-    and.extend(permission_field(&op.ports, &op.not_ports, destination_port)?);
-    let http = [&op.paths, &op.not_paths, &op.methods, &op.not_methods, &op.hosts, &op.not_hosts];
-    if http.iter().any(|v| !v.is_empty()) {
-        http_only(ctx, "paths, methods and hosts")?;
-    }
-    and.extend(permission_field(&op.paths, &op.not_paths, path)?);
-    and.extend(permission_field(&op.methods, &op.not_methods, |v| Ok(header_perm(":method", wildcard(v))))?);
-    and.extend(permission_field(&op.hosts, &op.not_hosts, |v| {
+/// The matchers of an operation, field by field (ANDed by the caller).
+fn operation_permissions(op: &Operation, ctx: &RuleContext<'_>) -> Vec<Result<Vec<Permission>, Unsupported>> {
+    // Paths, methods and hosts exist only in HTTP requests.
+    let http = |values: &[String], not_values: &[String], what: &str, one: &dyn Fn(&str) -> Result<Permission, Unsupported>| {
+        if values.is_empty() && not_values.is_empty() {
+            return Ok(Vec::new());
+        }
+        http_only(ctx, what).and_then(|_| permission_field(values, not_values, one))
+    };
+    let host = |v: &str| {
         let mut m = wildcard(v);
         m.ignore_case = true;
         Ok(header_perm(":authority", m))
-    })?);
-    Ok(and)
+    };
+    vec![
+        permission_field(&op.ports, &op.not_ports, destination_port),
+        http(&op.paths, &op.not_paths, "paths", &path),
+        http(&op.methods, &op.not_methods, "methods", &|v| Ok(header_perm(":method", wildcard(v)))),
+        http(&op.hosts, &op.not_hosts, "hosts", &host),
+    ]
 }
 
 fn condition_permissions(c: &Condition, _ctx: &RuleContext<'_>) -> Result<Vec<Permission>, Unsupported> {
