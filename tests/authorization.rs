@@ -183,11 +183,8 @@ impl SigningKey {
 
     fn token(&self, claims: Value) -> String {
         let header = json!({"alg": "ES256", "typ": "JWT", "kid": self.kid});
-        let input = format!(
-            "{}.{}",
-            URL_SAFE_NO_PAD.encode(header.to_string()),
-            URL_SAFE_NO_PAD.encode(claims.to_string())
-        );
+        let input =
+            format!("{}.{}", URL_SAFE_NO_PAD.encode(header.to_string()), URL_SAFE_NO_PAD.encode(claims.to_string()));
         let sig = self.pair.sign(&SystemRandom::new(), input.as_bytes()).expect("sign");
         format!("{input}.{}", URL_SAFE_NO_PAD.encode(sig.as_ref()))
     }
@@ -283,7 +280,8 @@ async fn rejected_policies_keep_their_scope_denied() {
     assert_status(&wait_status(&s, "/public", &[], 200).await, 200, "no policy");
 
     // CUSTOM (ext_authz) is not supported: rejected, and its scope is denied, never left open.
-    let custom = policy("ext", "action: CUSTOM\nprovider: {name: ext-authz}\nrules: [{to: [{operation: {paths: [/admin]}}]}]");
+    let custom =
+        policy("ext", "action: CUSTOM\nprovider: {name: ext-authz}\nrules: [{to: [{operation: {paths: [/admin]}}]}]");
     write_atomic(s.config.path(), "custom.yaml", &custom);
     assert_status(&wait_status(&s, "/public", &[], 403).await, 403, "CUSTOM closes its scope");
     let errors = policy_errors(&s.cp, "ext").await;

@@ -48,9 +48,8 @@ impl<T> ByNamespace<T> {
     /// Items of `root` and `namespace` applying to a workload with `labels`: root-namespace ones
     /// first, then the namespace's own.
     fn applying<'a>(&'a self, root: &str, namespace: &str, labels: &Labels) -> Vec<&'a T> {
-        let selects = |e: &&Entry<T>| {
-            e.selector.as_ref().is_none_or(|sel| sel.iter().all(|(k, v)| labels.get(k) == Some(v)))
-        };
+        let selects =
+            |e: &&Entry<T>| e.selector.as_ref().is_none_or(|sel| sel.iter().all(|(k, v)| labels.get(k) == Some(v)));
         let mut namespaces = vec![root];
         if namespace != root {
             namespaces.push(namespace);
@@ -107,7 +106,11 @@ impl SecurityIndex {
     }
 
     /// AuthorizationPolicies applying to a workload in `namespace` with `labels`.
-    pub fn authorization_policies_for(&self, namespace: &str, labels: &Labels) -> Vec<(&ValidConfig, &AuthorizationPolicy)> {
+    pub fn authorization_policies_for(
+        &self,
+        namespace: &str,
+        labels: &Labels,
+    ) -> Vec<(&ValidConfig, &AuthorizationPolicy)> {
         self.authorization
             .applying(&self.root_namespace, namespace, labels)
             .into_iter()
@@ -208,7 +211,11 @@ mod tests {
     #[test]
     fn rejected_policies_deny_their_selector_or_namespace() {
         let yaml = [
-            ap("shop", "custom", "{action: CUSTOM, provider: {name: x}, rules: [{}], selector: {matchLabels: {app: orders}}}"),
+            ap(
+                "shop",
+                "custom",
+                "{action: CUSTOM, provider: {name: x}, rules: [{}], selector: {matchLabels: {app: orders}}}",
+            ),
             ap("shop", "typo", "{action: DENY, rules: [{to: [{operation: {pahts: [/admin]}}]}]}"),
         ]
         .concat();

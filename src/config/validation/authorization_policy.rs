@@ -82,8 +82,7 @@ fn check_rule(errors: &mut Errors, path: &str, rule: &Rule) {
 
 fn check_source(errors: &mut Errors, path: &str, s: &Source) {
     let identity = [&s.principals, &s.not_principals, &s.namespaces, &s.not_namespaces];
-    if identity.iter().any(|v| !v.is_empty()) && !(s.service_accounts.is_empty() && s.not_service_accounts.is_empty())
-    {
+    if identity.iter().any(|v| !v.is_empty()) && !(s.service_accounts.is_empty() && s.not_service_accounts.is_empty()) {
         errors.add(path, forbidden("cannot set serviceAccounts with namespaces or principals"));
     }
     let lists: [(&str, &Vec<String>); 14] = [
@@ -257,14 +256,22 @@ fn check_attribute(key: &str, values: &[String]) -> Result<(), String> {
         "source.ip" | "remote.ip" | "destination.ip" => check_ips(values),
         "source.serviceAccount" => check_service_accounts(values),
         "source.trustDomain" => check_wildcards(values),
-        "source.namespace" | "source.principal" | "request.auth.principal" | "request.auth.audiences"
-        | "request.auth.presenter" | "connection.sni" => Ok(()),
+        "source.namespace"
+        | "source.principal"
+        | "request.auth.principal"
+        | "request.auth.audiences"
+        | "request.auth.presenter"
+        | "connection.sni" => Ok(()),
         _ if key.starts_with("request.auth.claims") => map_key(),
         "destination.port" => check_ports(values),
         _ if key.starts_with("experimental.envoy.filters.") => map_key(),
         "destination.namespace" => Err(format!("attribute {key} is replaced by the metadata.namespace")),
-        _ if key.starts_with("destination.labels") => Err(format!("attribute {key} is replaced by the workload selector")),
-        "destination.name" | "destination.user" => Err(format!("deprecated attribute {key}: only supported in v1alpha1")),
+        _ if key.starts_with("destination.labels") => {
+            Err(format!("attribute {key} is replaced by the workload selector"))
+        }
+        "destination.name" | "destination.user" => {
+            Err(format!("deprecated attribute {key}: only supported in v1alpha1"))
+        }
         _ => Err(format!("unknown attribute: {key}")),
     }
 }
@@ -374,7 +381,11 @@ mod tests {
     fn conditions_follow_istio_attributes() {
         assert_rejected("rules: [{when: [{key: 'request.headers[a]'}]}]", "spec.rules[0].when[0]", "at least one of");
         assert_rejected("rules: [{when: [{key: '', values: [a]}]}]", "spec.rules[0].when[0].key", "must not be empty");
-        assert_rejected("rules: [{when: [{key: foo.bar, values: [a]}]}]", "spec.rules[0].when[0].values", "unknown attribute");
+        assert_rejected(
+            "rules: [{when: [{key: foo.bar, values: [a]}]}]",
+            "spec.rules[0].when[0].values",
+            "unknown attribute",
+        );
         assert_rejected(
             "rules: [{when: [{key: request.headers, values: [a]}]}]",
             "spec.rules[0].when[0].values",
@@ -423,7 +434,11 @@ mod tests {
 
     #[test]
     fn unknown_fields_and_versions_are_rejected() {
-        assert_rejected("rules: [{from: [{source: {principles: [a]}}]}]", "spec.rules[0].from[0].source.principles", "unknown field");
+        assert_rejected(
+            "rules: [{from: [{source: {principles: [a]}}]}]",
+            "spec.rules[0].from[0].source.principles",
+            "unknown field",
+        );
         let v1alpha1 = doc("{}").replace("security.istio.io/v1", "security.istio.io/v1alpha1");
         let e = first_error_of(&v1alpha1).expect("rejected");
         assert_eq!(e.field, "apiVersion");

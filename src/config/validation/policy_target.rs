@@ -14,7 +14,8 @@ pub(super) fn check_policy_target(
     target_ref: Option<&PolicyTargetReference>,
     target_refs: &[PolicyTargetReference],
 ) {
-    let set = usize::from(selector.is_some()) + usize::from(target_ref.is_some()) + usize::from(!target_refs.is_empty());
+    let set =
+        usize::from(selector.is_some()) + usize::from(target_ref.is_some()) + usize::from(!target_refs.is_empty());
     if set > 1 {
         errors.add("spec", forbidden("only one of targetRefs or workloadSelector can be set"));
     }

@@ -32,7 +32,10 @@ fn check_jwt_rule(errors: &mut Errors, path: &str, rule: &JwtRule) {
     }
     for (j, header) in rule.from_headers.iter().enumerate() {
         if header.name.is_empty() {
-            errors.add(format!("{path}.fromHeaders[{j}].name"), required("location header name must be non-empty string"));
+            errors.add(
+                format!("{path}.fromHeaders[{j}].name"),
+                required("location header name must be non-empty string"),
+            );
         }
     }
     if rule.from_params.iter().any(String::is_empty) {
@@ -154,10 +157,22 @@ mod tests {
     #[test]
     fn istio_rejections() {
         assert_rejected("jwtRules: [{audiences: [a]}]", "spec.jwtRules[0].issuer", "issuer or jwksUri");
-        assert_rejected("jwtRules: [{issuer: a, audiences: ['']}]", "spec.jwtRules[0].audiences", "audience must be non-empty");
-        assert_rejected("jwtRules: [{issuer: a, jwksUri: 'ftp://x/keys'}]", "spec.jwtRules[0].jwksUri", "not supported");
+        assert_rejected(
+            "jwtRules: [{issuer: a, audiences: ['']}]",
+            "spec.jwtRules[0].audiences",
+            "audience must be non-empty",
+        );
+        assert_rejected(
+            "jwtRules: [{issuer: a, jwksUri: 'ftp://x/keys'}]",
+            "spec.jwtRules[0].jwksUri",
+            "not supported",
+        );
         assert_rejected("jwtRules: [{issuer: a, jwks: 'nope'}]", "spec.jwtRules[0].jwks", "jwks parse error");
-        assert_rejected("jwtRules: [{issuer: a, fromHeaders: [{prefix: x}]}]", "spec.jwtRules[0].fromHeaders[0].name", "non-empty");
+        assert_rejected(
+            "jwtRules: [{issuer: a, fromHeaders: [{prefix: x}]}]",
+            "spec.jwtRules[0].fromHeaders[0].name",
+            "non-empty",
+        );
         assert_rejected("jwtRules: [{issuer: a, fromParams: ['']}]", "spec.jwtRules[0].fromParams", "non-empty");
         assert_rejected("jwtRules: [{issuer: a, fromCookies: ['']}]", "spec.jwtRules[0].fromCookies", "non-empty");
         assert_rejected(

@@ -45,7 +45,8 @@ fn gateway_listener(scope: &Scope<'_>, gp: &GatewayPort<'_>) -> Option<Listener>
     let mesh = &scope.snapshot.mesh;
     let chains = if gp.servers.iter().any(|s| s.kind == ServerKind::Http) {
         let security = authz::http_filters(scope);
-        let hcm = secured_http_connection_manager(&stat_prefix, &gateway_http_route_name(gp.port), true, mesh, security);
+        let hcm =
+            secured_http_connection_manager(&stat_prefix, &gateway_http_route_name(gp.port), true, mesh, security);
         vec![chain(String::new(), None, vec![hcm], None)]
     } else {
         let mut chains = Chains::default();
@@ -158,7 +159,10 @@ fn server_chains(scope: &Scope<'_>, server: &GatewayServer<'_>, stat_prefix: &st
 }
 
 /// A TCP chain's filters: the proxy's network RBAC, then `proxy`.
-fn tcp_filters(scope: &Scope<'_>, proxy: envoy_types::pb::envoy::config::listener::v3::Filter) -> Vec<envoy_types::pb::envoy::config::listener::v3::Filter> {
+fn tcp_filters(
+    scope: &Scope<'_>,
+    proxy: envoy_types::pb::envoy::config::listener::v3::Filter,
+) -> Vec<envoy_types::pb::envoy::config::listener::v3::Filter> {
     let mut filters = authz::network_filters(scope);
     filters.push(proxy);
     filters

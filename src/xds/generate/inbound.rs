@@ -211,8 +211,17 @@ fn chains_for(scope: &Scope<'_>, c: &InboundChain) -> Vec<FilterChain> {
     let cluster = inbound_cluster_name(c.target_port);
     let stat_prefix = format!("inbound_{name}");
     let security = authz::http_filters(scope);
-    let http =
-        || vec![inbound_http_connection_manager(&stat_prefix, &cluster, &cluster, c.port, c.protocol, mesh, security.clone())];
+    let http = || {
+        vec![inbound_http_connection_manager(
+            &stat_prefix,
+            &cluster,
+            &cluster,
+            c.port,
+            c.protocol,
+            mesh,
+            security.clone(),
+        )]
+    };
     let tcp = || secured_tcp(scope, tcp_proxy_filter(&cluster, to_cluster(&cluster), mesh));
     let port = Some(c.target_port);
     match Sniffed::of(c.protocol) {
@@ -226,7 +235,10 @@ fn chains_for(scope: &Scope<'_>, c: &InboundChain) -> Vec<FilterChain> {
 }
 
 /// The proxy's network RBAC filters, then `proxy`.
-fn secured_tcp(scope: &Scope<'_>, proxy: envoy_types::pb::envoy::config::listener::v3::Filter) -> Vec<envoy_types::pb::envoy::config::listener::v3::Filter> {
+fn secured_tcp(
+    scope: &Scope<'_>,
+    proxy: envoy_types::pb::envoy::config::listener::v3::Filter,
+) -> Vec<envoy_types::pb::envoy::config::listener::v3::Filter> {
     let mut filters = authz::network_filters(scope);
     filters.push(proxy);
     filters

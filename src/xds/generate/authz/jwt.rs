@@ -26,11 +26,11 @@ use crate::config::api::destination_rule::{ClientTlsMode, ClientTlsSettings};
 use crate::config::api::request_authentication::JwtRule;
 use crate::config::api::RequestAuthentication;
 use crate::config::validation::{parse_jwks_uri, JwksUri};
+use crate::mesh::MeshConfig;
 use crate::xds::generate::endpoint::lb_endpoint;
 use crate::xds::generate::proto::{any, duration, resource};
 use crate::xds::generate::tls::upstream_transport_socket;
 use crate::xds::generate::Resource;
-use crate::mesh::MeshConfig;
 
 /// How long Envoy waits for a JWKS fetch when the rule sets no timeout (Istio's default).
 const DEFAULT_JWKS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -107,7 +107,11 @@ fn provider(rule: &JwtRule) -> JwtProvider {
         claim_to_headers: rule
             .output_claim_to_headers
             .iter()
-            .map(|c| JwtClaimToHeader { header_name: c.header.clone(), claim_name: c.claim.clone(), ..Default::default() })
+            .map(|c| JwtClaimToHeader {
+                header_name: c.header.clone(),
+                claim_name: c.claim.clone(),
+                ..Default::default()
+            })
             .collect(),
         jwks_source_specifier: jwks,
         ..Default::default()

@@ -165,7 +165,9 @@ pub(super) fn string_or_list(matcher: StringMatcher) -> ValueMatcher {
             match_pattern: Some(list_matcher::MatchPattern::OneOf(Box::new(one.clone()))),
         }))),
     };
-    ValueMatcher { match_pattern: Some(value_matcher::MatchPattern::OrMatch(OrMatcher { value_matchers: vec![one, list] })) }
+    ValueMatcher {
+        match_pattern: Some(value_matcher::MatchPattern::OrMatch(OrMatcher { value_matchers: vec![one, list] })),
+    }
 }
 
 /// `iss/sub` principals matched against a payload's separate `iss` and `sub` claims. Where the
@@ -184,16 +186,15 @@ pub(super) fn request_principal(value: &str) -> Principal {
     let mut alternatives = Vec::new();
     if let Some(prefix) = value.strip_suffix('*') {
         // "iss/sub" starts with P: the issuer starts with P, or P = ISS/REST and sub starts with REST.
-        alternatives.push(and_ids(vec![
-            payload(&["iss"], string_value(wildcard(value))),
-            payload(&["sub"], present()),
-        ]));
+        alternatives
+            .push(and_ids(vec![payload(&["iss"], string_value(wildcard(value))), payload(&["sub"], present())]));
         for (iss, rest) in splits(prefix) {
             alternatives.push(iss_sub(exact(&iss), wildcard(&format!("{rest}*"))));
         }
     } else if let Some(suffix) = value.strip_prefix('*') {
         // Ends with S: sub ends with S, or S = REST/SUB and the issuer ends with REST.
-        alternatives.push(and_ids(vec![payload(&["iss"], present()), payload(&["sub"], string_value(wildcard(value)))]));
+        alternatives
+            .push(and_ids(vec![payload(&["iss"], present()), payload(&["sub"], string_value(wildcard(value)))]));
         for (rest, sub) in splits(suffix) {
             alternatives.push(iss_sub(wildcard(&format!("*{rest}")), exact(&sub)));
         }
@@ -262,7 +263,10 @@ mod tests {
             pattern(&spiffe_principal("cluster.local/ns/default/sa/sleep")),
             "exact:spiffe://cluster.local/ns/default/sa/sleep"
         );
-        assert_eq!(pattern(&spiffe_principal("cluster.local/ns/default/*")), "prefix:spiffe://cluster.local/ns/default/");
+        assert_eq!(
+            pattern(&spiffe_principal("cluster.local/ns/default/*")),
+            "prefix:spiffe://cluster.local/ns/default/"
+        );
         assert_eq!(pattern(&spiffe_principal("*/sa/sleep")), "suffix:/sa/sleep");
         assert_eq!(pattern(&spiffe_principal("*")), "regex:.+");
         assert_eq!(pattern(&spiffe_namespace("default")), "regex:spiffe://[^/]+/ns/default/.*");

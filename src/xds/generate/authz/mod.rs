@@ -58,7 +58,8 @@ pub(super) fn network_filters(scope: &Scope<'_>) -> Vec<Filter> {
     rbac_rules(scope, ChainKind::Tcp)
         .into_iter()
         .map(|rules| {
-            let config = NetworkRbac { rules: Some(rules), stat_prefix: TCP_STAT_PREFIX.to_string(), ..Default::default() };
+            let config =
+                NetworkRbac { rules: Some(rules), stat_prefix: TCP_STAT_PREFIX.to_string(), ..Default::default() };
             network_filter(NETWORK_RBAC, config)
         })
         .collect()

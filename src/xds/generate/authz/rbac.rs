@@ -226,8 +226,9 @@ fn source_principals(s: &Source, namespace: &str, ctx: &RuleContext<'_>) -> Vec<
     let request_principals = if s.request_principals.is_empty() && s.not_request_principals.is_empty() {
         Ok(Vec::new())
     } else {
-        http_only(ctx, "requestPrincipals")
-            .and_then(|_| principal_field(&s.request_principals, &s.not_request_principals, |v| Ok(request_principal(v))))
+        http_only(ctx, "requestPrincipals").and_then(|_| {
+            principal_field(&s.request_principals, &s.not_request_principals, |v| Ok(request_principal(v)))
+        })
     };
     vec![
         principal_field(&s.ip_blocks, &s.not_ip_blocks, direct_remote_ip),
@@ -245,7 +246,10 @@ fn source_principals(s: &Source, namespace: &str, ctx: &RuleContext<'_>) -> Vec<
 /// The matchers of an operation, field by field (ANDed by the caller).
 fn operation_permissions(op: &Operation, ctx: &RuleContext<'_>) -> Vec<Result<Vec<Permission>, Unsupported>> {
     // Paths, methods and hosts exist only in HTTP requests.
-    let http = |values: &[String], not_values: &[String], what: &str, one: &dyn Fn(&str) -> Result<Permission, Unsupported>| {
+    let http = |values: &[String],
+                not_values: &[String],
+                what: &str,
+                one: &dyn Fn(&str) -> Result<Permission, Unsupported>| {
         if values.is_empty() && not_values.is_empty() {
             return Ok(Vec::new());
         }
@@ -306,7 +310,8 @@ fn condition_principals(c: &Condition, namespace: &str, ctx: &RuleContext<'_>) -
             let claim: Vec<String> = match key {
                 "request.auth.audiences" => vec!["aud".into()],
                 "request.auth.presenter" => vec!["azp".into()],
-                _ => bracketed(key, "request.auth.claims").ok_or_else(|| Unsupported(format!("unsupported key {key}")))?,
+                _ => bracketed(key, "request.auth.claims")
+                    .ok_or_else(|| Unsupported(format!("unsupported key {key}")))?,
             };
             let path: Vec<&str> = claim.iter().map(String::as_str).collect();
             principal_field(values, not_values, |v| Ok(payload(&path, string_or_list(wildcard(v)))))

@@ -54,7 +54,10 @@ fn chain<'a>(l: &'a Listener, name: &str, http: bool) -> &'a FilterChain {
     l.filter_chains
         .iter()
         .filter(|c| c.name == name)
-        .find(|c| (c.filters.last().map(|f| f.name.as_str()) == Some(super::super::names::ext::HTTP_CONNECTION_MANAGER)) == http)
+        .find(|c| {
+            (c.filters.last().map(|f| f.name.as_str()) == Some(super::super::names::ext::HTTP_CONNECTION_MANAGER))
+                == http
+        })
         .unwrap_or_else(|| panic!("no {} chain {name}", if http { "HTTP" } else { "TCP" }))
 }
 
@@ -131,7 +134,8 @@ fn http_chains_get_jwt_then_audit_deny_allow_before_the_router() {
     let s = snapshot_with("", "cluster.local");
     let l: Listener = find(&s, &orders(), TypeUrl::Listener, VIRTUAL_INBOUND_LISTENER);
     let filters = http_filters(chain(&l, "0.0.0.0_8080", true));
-    let order: Vec<(&str, Option<i32>)> = filters.iter().map(|(n, r, _)| (n.as_str(), r.as_ref().map(|r| r.action))).collect();
+    let order: Vec<(&str, Option<i32>)> =
+        filters.iter().map(|(n, r, _)| (n.as_str(), r.as_ref().map(|r| r.action))).collect();
     assert_eq!(
         order,
         [
@@ -276,7 +280,9 @@ fn empty_cases_follow_istio() {
     let l: Listener = find(&s, &other, TypeUrl::Listener, VIRTUAL_INBOUND_LISTENER);
     let allow = rbac_of(&http_filters(chain(&l, "0.0.0.0_8080", true)), rbac::Action::Allow);
     let all = &allow.policies["ns[other]-policy[allow-all]-rule[0]"];
-    assert!(is_any(&all.permissions[0]) && matches!(all.principals[0].identifier, Some(principal::Identifier::Any(true))));
+    assert!(
+        is_any(&all.permissions[0]) && matches!(all.principals[0].identifier, Some(principal::Identifier::Any(true)))
+    );
 }
 
 fn service_in_other() -> &'static str {
@@ -293,7 +299,9 @@ fn rejected_policies_deny_their_scope_on_every_chain() {
     let p = &deny.policies["ns[shop]-policy[ext]-rejected"];
     assert!(is_any(&p.permissions[0]) && matches!(p.principals[0].identifier, Some(principal::Identifier::Any(true))));
     let tcp = network_rbacs(chain(&l, VIRTUAL_INBOUND_LISTENER, false));
-    assert!(tcp.iter().any(|r| r.action == rbac::Action::Deny as i32 && r.policies.contains_key("ns[shop]-policy[ext]-rejected")));
+    assert!(tcp
+        .iter()
+        .any(|r| r.action == rbac::Action::Deny as i32 && r.policies.contains_key("ns[shop]-policy[ext]-rejected")));
     // Its selector is readable: orders is not in its scope.
     let l: Listener = find(&s, &orders(), TypeUrl::Listener, VIRTUAL_INBOUND_LISTENER);
     let deny = rbac_of(&http_filters(chain(&l, "0.0.0.0_8080", true)), rbac::Action::Deny);
@@ -314,7 +322,10 @@ fn jwt_rules_become_providers_with_istio_requirements() {
     assert_eq!(inline.forward_payload_header, "x-jwt-payload");
     assert_eq!(inline.from_headers[0].name, "x-jwt");
     assert_eq!(inline.from_headers[0].value_prefix, "Bearer ");
-    assert_eq!((inline.from_params.clone(), inline.from_cookies.clone()), (vec!["token".into()], vec!["session".into()]));
+    assert_eq!(
+        (inline.from_params.clone(), inline.from_cookies.clone()),
+        (vec!["token".into()], vec!["session".into()])
+    );
     assert_eq!(inline.claim_to_headers[0].header_name, "x-sub");
     assert!(matches!(inline.jwks_source_specifier, Some(JwksSourceSpecifier::LocalJwks(_))));
     let remote = &jwt.providers["origins-1"];
@@ -337,9 +348,12 @@ fn jwt_rules_become_providers_with_istio_requirements() {
     let c: Cluster = find(&s, &orders(), TypeUrl::Cluster, &cluster_name);
     let ts = format!("{:?}", c.transport_socket);
     assert!(ts.contains("envoy.transport_sockets.tls"), "{ts}");
-    assert!(!names(&s, &sidecar_at("shop", &[("app", "legacy")], &["10.2.0.7"]), TypeUrl::Cluster)
-        .iter()
-        .any(|n| n.starts_with("jwks|")), "only proxies with the rule get the cluster");
+    assert!(
+        !names(&s, &sidecar_at("shop", &[("app", "legacy")], &["10.2.0.7"]), TypeUrl::Cluster)
+            .iter()
+            .any(|n| n.starts_with("jwks|")),
+        "only proxies with the rule get the cluster"
+    );
 }
 
 #[test]
