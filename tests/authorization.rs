@@ -122,6 +122,12 @@ async fn policies_allow_and_deny_by_path_method_header_and_address() {
     write_atomic(s.config.path(), "policy.yaml", &deny);
     let r = wait_status(&s, "/admin", &[], 403).await;
     assert!(r.body.contains("RBAC"), "Envoy's RBAC refused it: {r:?}");
+    let configz = s.cp.admin_json("/debug/configz").await;
+    let served = configz["configs"].as_array().cloned().unwrap_or_default();
+    assert!(
+        served.iter().any(|c| c["kind"] == "AuthorizationPolicy" && c["name"] == "deny-admin"),
+        "the policy is shown as served: {served:?}"
+    );
     assert_status(&send(&s, "GET", "/admin/users", &[], LOCAL).await, 403, "prefix /admin/*");
     assert_status(&send(&s, "GET", "/public", &[], LOCAL).await, 200, "other paths pass");
     assert_status(&send(&s, "GET", "/public", &[("x-block", "yes")], LOCAL).await, 403, "header denied");

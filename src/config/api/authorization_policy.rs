@@ -170,3 +170,49 @@ pub struct Condition {
     /// Values none of which may match.
     pub not_values: Vec<String>,
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::parse::{object_from_value, parse_file, Document};
+    use crate::config::render::IstioDocument;
+
+    /// Replication and the debug endpoints render objects back to documents: the security kinds
+    /// must read back equal (absent and empty `rules` stay distinct).
+    #[test]
+    fn security_kinds_render_back_to_equal_objects() {
+        let text = r#"
+apiVersion: security.istio.io/v1beta1
+kind: AuthorizationPolicy
+metadata: {name: p, namespace: shop}
+spec:
+  selector: {matchLabels: {app: a}}
+  action: DENY
+  rules:
+  - from: [{source: {principals: [cluster.local/ns/a/sa/b], notIpBlocks: [10.0.0.1]}}]
+    to: [{operation: {paths: [/admin], notMethods: [GET]}}]
+    when: [{key: "request.auth.claims[groups]", values: [x], notValues: [z]}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: nothing, namespace: shop}
+spec: {}
+---
+apiVersion: security.istio.io/v1
+kind: RequestAuthentication
+metadata: {name: r, namespace: shop}
+spec:
+  jwtRules:
+  - issuer: i
+    jwksUri: https://k.example/keys
+    timeout: 2s
+    fromHeaders: [{name: x, prefix: "Bearer "}]
+    outputClaimToHeaders: [{header: x-sub, claim: sub}]
+"#;
+        for doc in parse_file("t.yaml", text) {
+            let Document::Valid(obj) = doc else { panic!("{doc:?}") };
+            let value = serde_json::to_value(IstioDocument(&obj)).expect("renders");
+            let back = object_from_value(value).expect("parses").expect("served kind");
+            assert_eq!(back, obj);
+        }
+    }
+}
