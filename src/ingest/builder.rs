@@ -197,6 +197,24 @@ mod tests {
         assert!(!s.changes.endpoints_only(), "{:?}", s.changes);
     }
 
+    #[test]
+    fn a_rejected_authorization_policy_coming_or_going_is_a_config_change() {
+        let text = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: p, namespace: shop}\nspec: {action: DENY}\n";
+        let Some(Document::Invalid(error)) = parse_file("p.yaml", text).into_iter().next() else { panic!("invalid") };
+        let key = error.object.clone().expect("key");
+        let status = |errors: Vec<ConfigError>| SourceEvent::Status {
+            source: crate::source::SourceId::ConfigDir,
+            errors: Arc::new(errors),
+            ignored: Arc::new(Vec::new()),
+        };
+        let mut b = SnapshotBuilder::default();
+        let c = b.apply(vec![status(vec![error.clone()])]);
+        assert!(c.keys.contains(&ChangedKey::Config(key.clone())), "{c:?}");
+        assert!(b.apply(vec![status(vec![error])]).is_empty(), "the same rejection again changes nothing");
+        let c = b.apply(vec![status(Vec::new())]);
+        assert!(c.keys.contains(&ChangedKey::Config(key)), "{c:?}");
+    }
+
     fn kube(object: KubeObject) -> SourceEvent {
         SourceEvent::Kube(vec![(object.key(), Some(Arc::new(object)))])
     }
