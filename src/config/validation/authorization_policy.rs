@@ -14,6 +14,9 @@ const MAX_SERVICE_ACCOUNT_LEN: usize = 320;
 /// Most service accounts in one list, as Istio bounds it.
 const MAX_SERVICE_ACCOUNTS: usize = 16;
 
+/// Most `rules`, and most `from` entries of a rule (the CRD's `maxItems`).
+const MAX_ITEMS: usize = 512;
+
 /// Checks an AuthorizationPolicy.
 pub(super) fn validate(policy: &AuthorizationPolicy, errors: &mut Errors) {
     check_policy_target(errors, policy.selector.as_ref(), policy.target_ref.as_ref(), &policy.target_refs);
@@ -35,14 +38,22 @@ pub(super) fn validate(policy: &AuthorizationPolicy, errors: &mut Errors) {
         ),
         _ => {}
     }
-    for (i, rule) in policy.rules.iter().flatten().enumerate() {
+    let rules = policy.rules.as_deref().unwrap_or_default();
+    if rules.len() > MAX_ITEMS {
+        errors.add("spec.rules", super::too_many(rules.len(), MAX_ITEMS));
+    }
+    for (i, rule) in rules.iter().enumerate() {
         check_rule(errors, &format!("spec.rules[{i}]"), rule);
     }
 }
 
 fn check_rule(errors: &mut Errors, path: &str, rule: &Rule) {
-    if rule.from.as_ref().is_some_and(Vec::is_empty) {
-        errors.add(format!("{path}.from"), required("`from` must not be empty"));
+    match rule.from.as_deref() {
+        Some([]) => errors.add(format!("{path}.from"), required("`from` must not be empty")),
+        Some(from) if from.len() > MAX_ITEMS => {
+            errors.add(format!("{path}.from"), super::too_many(from.len(), MAX_ITEMS))
+        }
+        _ => {}
     }
     for (j, from) in rule.from.iter().flatten().enumerate() {
         let path = format!("{path}.from[{j}].source");
@@ -401,6 +412,14 @@ mod tests {
             "spec.rules[0].when[0].notValues",
             "not a valid IP",
         );
+    }
+
+    #[test]
+    fn list_sizes_follow_the_crd() {
+        let many: Vec<String> = (0..513).map(|_| "{}".to_string()).collect();
+        assert_rejected(&format!("rules: [{}]", many.join(", ")), "spec.rules", "Too many: 513");
+        let from: Vec<String> = (0..513).map(|_| "{source: {namespaces: [a]}}".to_string()).collect();
+        assert_rejected(&format!("rules: [{{from: [{}]}}]", from.join(", ")), "spec.rules[0].from", "Too many");
     }
 
     #[test]

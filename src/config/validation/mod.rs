@@ -118,6 +118,11 @@ fn forbidden(detail: impl Display) -> String {
     format!("Forbidden: {detail}")
 }
 
+/// Reason for a list longer than its schema allows.
+fn too_many(count: usize, max: usize) -> String {
+    format!("Too many: {count}: must have at most {max} items")
+}
+
 /// Reason for a value outside an enumeration.
 fn unsupported(value: impl Debug, supported: &[&str]) -> String {
     let list: Vec<String> = supported.iter().map(|s| format!("{s:?}")).collect();

@@ -7,6 +7,9 @@ use crate::config::api::common::WorkloadSelector;
 use super::labels::check_selector;
 use super::{forbidden, Errors};
 
+/// Most `targetRefs` (the CRD's `maxItems`).
+const MAX_TARGET_REFS: usize = 16;
+
 /// Checks `selector`, `targetRef` and `targetRefs` of a policy at `spec`.
 pub(super) fn check_policy_target(
     errors: &mut Errors,
@@ -21,6 +24,9 @@ pub(super) fn check_policy_target(
     }
     if let Some(selector) = selector {
         check_selector(errors, "spec.selector.matchLabels", &selector.match_labels);
+    }
+    if target_refs.len() > MAX_TARGET_REFS {
+        errors.add("spec.targetRefs", super::too_many(target_refs.len(), MAX_TARGET_REFS));
     }
     let refs = target_ref.into_iter().map(|r| ("spec.targetRef".to_string(), r));
     let many = target_refs.iter().enumerate().map(|(i, r)| (format!("spec.targetRefs[{i}]"), r));
