@@ -6,7 +6,7 @@
 //! `jwksUri` keys are fetched by Envoy (`remote_jwks`) through a cluster generated for the URI's
 //! host and port; an `https` URI gets TLS verified against the system CA bundle and the host name.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use envoy_types::pb::envoy::config::cluster::v3::{cluster, Cluster};
 use envoy_types::pb::envoy::config::core::v3::{data_source, http_uri, DataSource, HttpUri};
@@ -28,7 +28,7 @@ use crate::config::api::RequestAuthentication;
 use crate::config::validation::{parse_jwks_uri, JwksUri};
 use crate::mesh::MeshConfig;
 use crate::xds::generate::endpoint::lb_endpoint;
-use crate::xds::generate::proto::{any, duration, resource};
+use crate::xds::generate::proto::{any, duration, map_field, resource};
 use crate::xds::generate::tls::upstream_transport_socket;
 use crate::xds::generate::Resource;
 
@@ -50,11 +50,11 @@ pub(super) fn jwt_authentication(policies: &[&RequestAuthentication]) -> Option<
     if rules.is_empty() {
         return None;
     }
-    let mut providers = HashMap::new();
+    let mut providers = Vec::new();
     let mut requires = Vec::new();
     for (i, rule) in rules.iter().enumerate() {
         let name = format!("origins-{i}");
-        providers.insert(name.clone(), provider(rule));
+        providers.push((name.clone(), provider(rule)));
         requires.push(JwtRequirement { requires_type: Some(RequiresType::ProviderName(name)) });
     }
     // Istio: a missing token passes, an invalid one fails.
@@ -68,6 +68,8 @@ pub(super) fn jwt_authentication(policies: &[&RequestAuthentication]) -> Option<
             requires_type: Some(RequiresType::RequiresAny(JwtRequirementOrList { requirements: requires })),
         })),
     };
+    // One process-wide hasher: the same providers encode to the same bytes (and content hash).
+    let providers = map_field(providers);
     Some(JwtAuthentication { providers, rules: vec![rule], bypass_cors_preflight: true, ..Default::default() })
 }
 

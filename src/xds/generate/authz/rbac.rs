@@ -16,6 +16,7 @@ use super::matchers::{
 use crate::config::api::authorization_policy::{Action, AuthorizationPolicy, Condition, Operation, Rule, Source};
 use crate::config::ConfigKey;
 use crate::snapshot::RejectedPolicy;
+use crate::xds::generate::proto::map_field;
 
 /// The chain a filter is built for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,7 +76,8 @@ pub(super) fn rbac_rules(
         let name = format!("ns[{}]-policy[{}]-rejected", r.key.namespace, r.key.name);
         policies_out.push((name, matching_everything()));
     }
-    Some(Rbac { action: envoy_action as i32, policies: policies_out.into_iter().collect(), ..Default::default() })
+    // One process-wide hasher: the same policies encode to the same bytes (and content hash).
+    Some(Rbac { action: envoy_action as i32, policies: map_field(policies_out), ..Default::default() })
 }
 
 /// Istio's RBAC policy name of a rule.

@@ -373,3 +373,16 @@ fn gateways_get_policies_of_the_root_namespace_and_their_selectors() {
 fn bookinfo_gateway() -> &'static str {
     "apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata: {name: gw, namespace: bookinfo}\nspec:\n  selector: {istio: ingressgateway}\n  servers: [{port: {number: 8080, name: http, protocol: HTTP}, hosts: ['*']}]\n"
 }
+
+#[test]
+fn regenerating_reproduces_the_same_bytes() {
+    let s = snapshot_with("", "cluster.local");
+    let first = crate::xds::generate::generate(TypeUrl::Listener, &s, &orders());
+    for _ in 0..5 {
+        assert_eq!(
+            crate::xds::generate::generate(TypeUrl::Listener, &s, &orders()),
+            first,
+            "policy maps encode stably"
+        );
+    }
+}
