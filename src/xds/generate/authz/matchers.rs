@@ -55,13 +55,17 @@ pub(super) fn escape(text: &str) -> String {
     out
 }
 
-/// A header matcher.
-pub(super) fn header(name: &str, matcher: StringMatcher) -> HeaderMatcher {
-    HeaderMatcher {
-        name: name.to_string(),
-        header_match_specifier: Some(HeaderMatchSpecifier::StringMatch(matcher)),
-        ..Default::default()
-    }
+/// Istio's header matcher for a value with `*` wildcards: `*` alone is presence (empty values
+/// included), otherwise as [`wildcard`].
+pub(super) fn header(name: &str, value: &str, ignore_case: bool) -> HeaderMatcher {
+    let specifier = if value == "*" {
+        HeaderMatchSpecifier::PresentMatch(true)
+    } else {
+        let mut m = wildcard(value);
+        m.ignore_case = ignore_case;
+        HeaderMatchSpecifier::StringMatch(m)
+    };
+    HeaderMatcher { name: name.to_string(), header_match_specifier: Some(specifier), ..Default::default() }
 }
 
 /// An address or CIDR block (validated earlier; a bare address is a full-length prefix).
@@ -84,45 +88,40 @@ pub(super) fn peer_identity(matcher: StringMatcher) -> Principal {
     }
 }
 
-/// The SPIFFE id matcher for an Istio principal (`TD/ns/NS/sa/SA`, `*` at either end).
+/// The SPIFFE id matcher for an Istio principal (`TD/ns/NS/sa/SA`, `*` at either end), as
+/// Istio's `StringMatcherWithPrefix` builds it.
 pub(super) fn spiffe_principal(value: &str) -> StringMatcher {
     if value == "*" {
         return wildcard("*");
     }
     match value.strip_prefix('*') {
-        // A suffix does not see the scheme.
-        Some(suffix) => wildcard(&format!("*{suffix}")),
+        Some(suffix) => regex_matcher(&format!("{SPIFFE}.*{}", escape(suffix))),
         None => wildcard(&format!("{SPIFFE}{value}")),
     }
 }
 
-/// A regex segment for a namespace, service account or trust domain value with `*` at one end.
-fn segment_regex(value: &str) -> String {
-    if value == "*" {
-        "[^/]+".to_string()
-    } else if let Some(prefix) = value.strip_suffix('*') {
-        format!("{}[^/]*", escape(prefix))
-    } else if let Some(suffix) = value.strip_prefix('*') {
-        format!("[^/]*{}", escape(suffix))
-    } else {
-        escape(value)
-    }
-}
-
-/// Peers of namespace `value` (`*` at either end): `spiffe://TD/ns/NS/...`.
+/// Peers of namespace `value` (each `*` any text): Istio's `.*/ns/NS/.*`.
 pub(super) fn spiffe_namespace(value: &str) -> StringMatcher {
-    regex_matcher(&format!("spiffe://[^/]+/ns/{}/.*", segment_regex(value)))
+    let parts: Vec<String> = value.split('*').map(escape).collect();
+    regex_matcher(&format!(".*/ns/{}/.*", parts.join(".*")))
 }
 
-/// Peers of service account `value` (`SA` in `policy_namespace`, or `NS/SA`).
+/// Peers of service account `value` (`SA` in `policy_namespace`, or `NS/SA`), Istio's regex:
+/// other key/value pairs may sit between and after the `ns` and `sa` ones.
 pub(super) fn spiffe_service_account(value: &str, policy_namespace: &str) -> StringMatcher {
     let (ns, sa) = value.split_once('/').unwrap_or((policy_namespace, value));
-    regex_matcher(&format!("spiffe://[^/]+/ns/{}/sa/{}", escape(ns), escape(sa)))
+    regex_matcher(&format!("spiffe://.+/ns/{}/(.+/|)sa/{}(/.+)?", escape(ns), escape(sa)))
 }
 
 /// Peers of trust domain `value` (`*` at either end).
 pub(super) fn spiffe_trust_domain(value: &str) -> StringMatcher {
-    regex_matcher(&format!("spiffe://{}/.*", segment_regex(value)))
+    if value == "*" {
+        return prefix(SPIFFE);
+    }
+    match value.split_once('*') {
+        None => prefix(&format!("{SPIFFE}{value}/")),
+        Some((before, after)) => regex_matcher(&format!("spiffe://{}[^/]*{}/.*", escape(before), escape(after))),
+    }
 }
 
 /// A principal reading the verified JWT payload at `path` (below [`PAYLOAD_KEY`]).
@@ -152,11 +151,6 @@ pub(super) fn string_value(matcher: StringMatcher) -> ValueMatcher {
     ValueMatcher { match_pattern: Some(value_matcher::MatchPattern::StringMatch(matcher)) }
 }
 
-/// A value matcher for a present value.
-pub(super) fn present() -> ValueMatcher {
-    ValueMatcher { match_pattern: Some(value_matcher::MatchPattern::PresentMatch(true)) }
-}
-
 /// A claim is a string or a list of strings: either matches.
 pub(super) fn string_or_list(matcher: StringMatcher) -> ValueMatcher {
     let one = string_value(matcher);
@@ -170,45 +164,42 @@ pub(super) fn string_or_list(matcher: StringMatcher) -> ValueMatcher {
     }
 }
 
-/// `iss/sub` principals matched against a payload's separate `iss` and `sub` claims. Where the
-/// `/` falls is unknown (issuers contain `/`), so every split is tried: the alternatives are exact.
+/// An `iss/sub` principal as Istio matches it against the payload's `iss` and `sub` claims: split
+/// at the last `/` (issuers are URLs), `*` at either end widening the side it stands on.
 pub(super) fn request_principal(value: &str) -> Principal {
-    let iss_sub = |iss: StringMatcher, sub: StringMatcher| {
-        and_ids(vec![payload(&["iss"], string_value(iss)), payload(&["sub"], string_value(sub))])
+    let any = || regex_matcher(".+");
+    let (iss, sub, split) = match value.rfind('/') {
+        Some(i) => (&value[..i], &value[i + 1..], true),
+        None => (value, "", false),
     };
-    let exact = |s: &str| wildcard_exact(s);
-    let splits = |text: &str| -> Vec<(String, String)> {
-        text.match_indices('/').map(|(i, _)| (text[..i].to_string(), text[i + 1..].to_string())).collect()
-    };
-    if value == "*" {
-        return and_ids(vec![payload(&["iss"], present()), payload(&["sub"], present())]);
-    }
-    let mut alternatives = Vec::new();
-    if let Some(prefix) = value.strip_suffix('*') {
-        // "iss/sub" starts with P: the issuer starts with P, or P = ISS/REST and sub starts with REST.
-        alternatives
-            .push(and_ids(vec![payload(&["iss"], string_value(wildcard(value))), payload(&["sub"], present())]));
-        for (iss, rest) in splits(prefix) {
-            alternatives.push(iss_sub(exact(&iss), wildcard(&format!("{rest}*"))));
+    let (iss_m, sub_m) = if value == "*" {
+        (any(), any())
+    } else if let Some(rest) = value.strip_prefix('*') {
+        if split {
+            let iss_m = if iss == "*" { any() } else { suffix(iss.trim_start_matches('*')) };
+            (iss_m, wildcard_exact(sub))
+        } else {
+            (any(), suffix(rest))
         }
-    } else if let Some(suffix) = value.strip_prefix('*') {
-        // Ends with S: sub ends with S, or S = REST/SUB and the issuer ends with REST.
-        alternatives
-            .push(and_ids(vec![payload(&["iss"], present()), payload(&["sub"], string_value(wildcard(value)))]));
-        for (rest, sub) in splits(suffix) {
-            alternatives.push(iss_sub(wildcard(&format!("*{rest}")), exact(&sub)));
+    } else if let Some(rest) = value.strip_suffix('*') {
+        if split {
+            let sub_m = if sub == "*" { any() } else { prefix(sub.trim_end_matches('*')) };
+            (wildcard_exact(iss), sub_m)
+        } else {
+            (prefix(rest), any())
         }
     } else {
-        for (iss, sub) in splits(value) {
-            alternatives.push(iss_sub(exact(&iss), exact(&sub)));
-        }
-    }
-    match alternatives.len() {
-        // No `/`: no token's principal can match.
-        0 => not_id(any_id()),
-        1 => alternatives.remove(0),
-        _ => or_ids(alternatives),
-    }
+        (wildcard_exact(iss), wildcard_exact(sub))
+    };
+    and_ids(vec![payload(&["iss"], string_value(iss_m)), payload(&["sub"], string_value(sub_m))])
+}
+
+fn prefix(value: &str) -> StringMatcher {
+    StringMatcher { match_pattern: Some(MatchPattern::Prefix(value.to_string())), ignore_case: false }
+}
+
+fn suffix(value: &str) -> StringMatcher {
+    StringMatcher { match_pattern: Some(MatchPattern::Suffix(value.to_string())), ignore_case: false }
 }
 
 fn wildcard_exact(value: &str) -> StringMatcher {
@@ -267,23 +258,43 @@ mod tests {
             pattern(&spiffe_principal("cluster.local/ns/default/*")),
             "prefix:spiffe://cluster.local/ns/default/"
         );
-        assert_eq!(pattern(&spiffe_principal("*/sa/sleep")), "suffix:/sa/sleep");
+        assert_eq!(pattern(&spiffe_principal("*/sa/sleep")), "regex:spiffe://.*/sa/sleep");
         assert_eq!(pattern(&spiffe_principal("*")), "regex:.+");
-        assert_eq!(pattern(&spiffe_namespace("default")), "regex:spiffe://[^/]+/ns/default/.*");
-        assert_eq!(pattern(&spiffe_namespace("dev-*")), "regex:spiffe://[^/]+/ns/dev-[^/]*/.*");
-        assert_eq!(pattern(&spiffe_service_account("sleep", "shop")), "regex:spiffe://[^/]+/ns/shop/sa/sleep");
-        assert_eq!(pattern(&spiffe_service_account("a/b", "shop")), "regex:spiffe://[^/]+/ns/a/sa/b");
-        assert_eq!(pattern(&spiffe_trust_domain("example.org")), "regex:spiffe://example\\.org/.*");
+        assert_eq!(pattern(&spiffe_namespace("default")), "regex:.*/ns/default/.*");
+        assert_eq!(pattern(&spiffe_namespace("dev-*")), "regex:.*/ns/dev-.*/.*");
+        assert_eq!(pattern(&spiffe_service_account("sleep", "shop")), "regex:spiffe://.+/ns/shop/(.+/|)sa/sleep(/.+)?");
+        assert_eq!(pattern(&spiffe_service_account("a/b", "shop")), "regex:spiffe://.+/ns/a/(.+/|)sa/b(/.+)?");
+        assert_eq!(pattern(&spiffe_trust_domain("example.org")), "prefix:spiffe://example.org/");
+        assert_eq!(pattern(&spiffe_trust_domain("*")), "prefix:spiffe://");
+        assert_eq!(pattern(&spiffe_trust_domain("*.corp")), "regex:spiffe://[^/]*\\.corp/.*");
+    }
+
+    /// (iss matcher, sub matcher) of a request principal.
+    fn iss_sub(value: &str) -> (String, String) {
+        let Some(principal::Identifier::AndIds(set)) = request_principal(value).identifier else { panic!() };
+        let side = |p: &Principal| match &p.identifier {
+            Some(principal::Identifier::SourcedMetadata(m)) => {
+                match m.metadata_matcher.as_ref().and_then(|m| m.value.as_ref()).and_then(|v| v.match_pattern.as_ref())
+                {
+                    Some(value_matcher::MatchPattern::StringMatch(s)) => pattern(s),
+                    other => format!("{other:?}"),
+                }
+            }
+            other => format!("{other:?}"),
+        };
+        (side(&set.ids[0]), side(&set.ids[1]))
     }
 
     #[test]
-    fn request_principals_try_every_split() {
-        let text = format!("{:?}", request_principal("https://issuer.example/alice"));
-        // Splits at each `/`: "https:" + "/issuer.example/alice", "https:/" + ..., "https://issuer.example" + "alice".
-        assert!(text.contains("Exact(\"https://issuer.example\")") && text.contains("Exact(\"alice\")"), "{text}");
-        assert_eq!(text.matches("AndIds").count(), 3, "{text}");
-        assert!(format!("{:?}", request_principal("nosplit")).contains("NotId"));
-        let any = format!("{:?}", request_principal("*"));
-        assert!(any.contains("PresentMatch(true)"), "{any}");
+    fn request_principals_split_at_the_last_slash_as_istio_does() {
+        let s = |a: &str, b: &str| (a.to_string(), b.to_string());
+        assert_eq!(iss_sub("https://issuer.example/alice"), s("exact:https://issuer.example", "exact:alice"));
+        assert_eq!(iss_sub("*"), s("regex:.+", "regex:.+"));
+        assert_eq!(iss_sub("https://issuer.example/*"), s("exact:https://issuer.example", "regex:.+"));
+        assert_eq!(iss_sub("https://issuer.example/a*"), s("exact:https://issuer.example", "prefix:a"));
+        assert_eq!(iss_sub("*/alice"), s("regex:.+", "exact:alice"));
+        assert_eq!(iss_sub("*.example/alice"), s("suffix:.example", "exact:alice"));
+        assert_eq!(iss_sub("*alice"), s("regex:.+", "suffix:alice"));
+        assert_eq!(iss_sub("issuer*"), s("prefix:issuer", "regex:.+"));
     }
 }

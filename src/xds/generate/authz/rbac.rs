@@ -7,6 +7,7 @@
 //! and is left out of a DENY or AUDIT rule (which then matches more, so denies more).
 
 use envoy_types::pb::envoy::config::rbac::v3::{permission, rbac, Permission, Policy, Principal, Rbac};
+use envoy_types::pb::envoy::config::route::v3::HeaderMatcher;
 
 use super::matchers::{
     and_ids, any_id, cidr, header, not_id, or_ids, payload, peer_identity, regex_matcher, request_principal,
@@ -257,15 +258,11 @@ fn operation_permissions(op: &Operation, ctx: &RuleContext<'_>) -> Vec<Result<Ve
         }
         http_only(ctx, what).and_then(|_| permission_field(values, not_values, one))
     };
-    let host = |v: &str| {
-        let mut m = wildcard(v);
-        m.ignore_case = true;
-        Ok(header_perm(":authority", m))
-    };
+    let host = |v: &str| Ok(header_perm(header(":authority", v, true)));
     vec![
         permission_field(&op.ports, &op.not_ports, destination_port),
         http(&op.paths, &op.not_paths, "paths", &path),
-        http(&op.methods, &op.not_methods, "methods", &|v| Ok(header_perm(":method", wildcard(v)))),
+        http(&op.methods, &op.not_methods, "methods", &|v| Ok(header_perm(header(":method", v, false)))),
         http(&op.hosts, &op.not_hosts, "hosts", &host),
     ]
 }
@@ -307,7 +304,7 @@ fn condition_principals(c: &Condition, namespace: &str, ctx: &RuleContext<'_>) -
             }
             if let Some(name) = bracketed(key, "request.headers") {
                 let name = name.first().cloned().unwrap_or_default();
-                return principal_field(values, not_values, |v| Ok(header_id(&name, wildcard(v))));
+                return principal_field(values, not_values, |v| Ok(header_id(header(&name, v, false))));
             }
             let claim: Vec<String> = match key {
                 "request.auth.audiences" => vec!["aud".into()],
@@ -352,20 +349,20 @@ fn envoy_filter_permission(filter: &str, path: &[String], value: &str) -> Permis
     }
 }
 
-/// An Istio principal, also matched under the mesh trust domain when written for
-/// `cluster.local` (Istio's trust domain aliasing of the default domain), and vice versa.
+/// An Istio principal. Written for the mesh trust domain or for `cluster.local`, it stands for
+/// the mesh trust domain (Istio's trust-domain migration; meshpilot knows no aliases).
 fn source_principal(value: &str, ctx: &RuleContext<'_>) -> Principal {
     const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
-    let mut values = vec![value.to_string()];
-    if ctx.trust_domain != DEFAULT_TRUST_DOMAIN {
-        for (from, to) in [(DEFAULT_TRUST_DOMAIN, ctx.trust_domain), (ctx.trust_domain, DEFAULT_TRUST_DOMAIN)] {
-            if let Some(rest) = value.strip_prefix(&format!("{from}/")) {
-                values.push(format!("{to}/{rest}"));
-            }
+    let parts: Vec<&str> = value.split('/').collect();
+    let migrated = match parts.as_slice() {
+        [td, rest @ ..]
+            if rest.len() == 4 && *td != "*" && (*td == ctx.trust_domain || *td == DEFAULT_TRUST_DOMAIN) =>
+        {
+            format!("{}/{}", ctx.trust_domain, rest.join("/"))
         }
-    }
-    let ids: Vec<Principal> = values.iter().map(|v| peer_identity(spiffe_principal(v))).collect();
-    single_or(ids, &or_ids)
+        _ => value.to_string(),
+    };
+    peer_identity(spiffe_principal(&migrated))
 }
 
 fn direct_remote_ip(v: &str) -> Result<Principal, Unsupported> {
@@ -407,13 +404,13 @@ fn template_regex(template: &str) -> String {
         .join("/")
 }
 
-fn header_perm(name: &str, m: envoy_types::pb::envoy::r#type::matcher::v3::StringMatcher) -> Permission {
-    Permission { rule: Some(permission::Rule::Header(header(name, m))) }
+fn header_perm(m: HeaderMatcher) -> Permission {
+    Permission { rule: Some(permission::Rule::Header(m)) }
 }
 
-fn header_id(name: &str, m: envoy_types::pb::envoy::r#type::matcher::v3::StringMatcher) -> Principal {
+fn header_id(m: HeaderMatcher) -> Principal {
     use envoy_types::pb::envoy::config::rbac::v3::principal::Identifier;
-    Principal { identifier: Some(Identifier::Header(header(name, m))) }
+    Principal { identifier: Some(Identifier::Header(m)) }
 }
 
 fn any_perm() -> Permission {

@@ -168,32 +168,34 @@ fn principals_are_exact_spiffe_matchers() {
     let ids = policy_identities(policy);
     for expected in [
         "exact:spiffe://cluster.local/ns/default/sa/sleep",
-        "suffix:/sa/admin",
+        "regex:spiffe://.*/sa/admin",
         "!prefix:spiffe://cluster.local/ns/evil/",
-        "regex:spiffe://[^/]+/ns/default/.*",
-        "regex:spiffe://[^/]+/ns/dev-[^/]*/.*",
-        "!regex:spiffe://[^/]+/ns/kube-system/.*",
-        "regex:spiffe://[^/]+/ns/shop/sa/reporter",
-        "regex:spiffe://[^/]+/ns/other/sa/reader",
-        "regex:spiffe://example\\.org/.*",
+        "regex:.*/ns/default/.*",
+        "regex:.*/ns/dev-.*/.*",
+        "!regex:.*/ns/kube-system/.*",
+        "regex:spiffe://.+/ns/shop/(.+/|)sa/reporter(/.+)?",
+        "regex:spiffe://.+/ns/other/(.+/|)sa/reader(/.+)?",
+        "prefix:spiffe://example.org/",
         "regex:spiffe://[^/]*\\.corp/.*",
-        "!regex:spiffe://bad\\.example/.*",
+        "!prefix:spiffe://bad.example/",
         // `when` source.serviceAccount, source.trustDomain.
-        "regex:spiffe://[^/]+/ns/default/sa/sleep",
-        "regex:spiffe://cluster\\.local/.*",
+        "regex:spiffe://.+/ns/default/(.+/|)sa/sleep(/.+)?",
+        "prefix:spiffe://cluster.local/",
     ] {
         assert!(ids.iter().any(|i| i == expected), "{expected} missing from {ids:#?}");
     }
 }
 
 #[test]
-fn a_mesh_trust_domain_also_matches_cluster_local_principals() {
+fn cluster_local_principals_stand_for_the_mesh_trust_domain() {
     let s = snapshot_with("", "example.org");
     let l: Listener = find(&s, &orders(), TypeUrl::Listener, VIRTUAL_INBOUND_LISTENER);
     let allow = rbac_of(&http_filters(chain(&l, "0.0.0.0_8080", true)), rbac::Action::Allow);
     let ids = policy_identities(&allow.policies["ns[shop]-policy[orders-allow]-rule[0]"]);
-    assert!(ids.iter().any(|i| i == "exact:spiffe://cluster.local/ns/default/sa/sleep"), "{ids:#?}");
     assert!(ids.iter().any(|i| i == "exact:spiffe://example.org/ns/default/sa/sleep"), "{ids:#?}");
+    assert!(!ids.iter().any(|i| i == "exact:spiffe://cluster.local/ns/default/sa/sleep"), "{ids:#?}");
+    // Not a full SPIFFE identity, or a wildcard trust domain: left as written.
+    assert!(ids.iter().any(|i| i == "!prefix:spiffe://cluster.local/ns/evil/"), "{ids:#?}");
 }
 
 #[test]
