@@ -136,7 +136,7 @@ fn server_chains(scope: &Scope<'_>, server: &GatewayServer<'_>, stat_prefix: &st
                 let socket = downstream_transport_socket(tls?, &[])?;
                 let target = tcp_target(scope, &vss, None, &ctx)?;
                 let filter = tcp_proxy_filter(stat_prefix_of(&target), target.clone(), mesh);
-                Some(chain(String::new(), None, tcp_filters(scope, filter), Some(socket)))
+                Some(chain(String::new(), None, authz::secured_tcp(scope, filter), Some(socket)))
             });
         }
         ServerKind::TlsPassthrough => {
@@ -144,7 +144,7 @@ fn server_chains(scope: &Scope<'_>, server: &GatewayServer<'_>, stat_prefix: &st
             for t in tls_targets(scope, &vss, &ctx, allowed) {
                 let filter = tcp_proxy_filter(stat_prefix_of(&t.target), t.target.clone(), mesh);
                 chains.add(t.server_names.join(","), &t.server_names, || {
-                    Some(chain(String::new(), None, tcp_filters(scope, filter), None))
+                    Some(chain(String::new(), None, authz::secured_tcp(scope, filter), None))
                 });
             }
         }
@@ -152,20 +152,10 @@ fn server_chains(scope: &Scope<'_>, server: &GatewayServer<'_>, stat_prefix: &st
             let Some(target) = tcp_target(scope, &vss, None, &ctx) else { return };
             let filter = tcp_proxy_filter(stat_prefix_of(&target), target.clone(), mesh);
             chains.add(chain_name, &["*".to_string()], || {
-                Some(chain(String::new(), None, tcp_filters(scope, filter), None))
+                Some(chain(String::new(), None, authz::secured_tcp(scope, filter), None))
             });
         }
     }
-}
-
-/// A TCP chain's filters: the proxy's network RBAC, then `proxy`.
-fn tcp_filters(
-    scope: &Scope<'_>,
-    proxy: envoy_types::pb::envoy::config::listener::v3::Filter,
-) -> Vec<envoy_types::pb::envoy::config::listener::v3::Filter> {
-    let mut filters = authz::network_filters(scope);
-    filters.push(proxy);
-    filters
 }
 
 #[cfg(test)]

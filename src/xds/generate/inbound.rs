@@ -212,36 +212,19 @@ fn chains_for(scope: &Scope<'_>, c: &InboundChain) -> Vec<FilterChain> {
     let stat_prefix = format!("inbound_{name}");
     let security = authz::http_filters(scope);
     let http = || {
-        vec![inbound_http_connection_manager(
-            &stat_prefix,
-            &cluster,
-            &cluster,
-            c.port,
-            c.protocol,
-            mesh,
-            security.clone(),
-        )]
+        let security = security.clone();
+        inbound_http_connection_manager(&stat_prefix, &cluster, &cluster, c.port, c.protocol, mesh, security)
     };
-    let tcp = || secured_tcp(scope, tcp_proxy_filter(&cluster, to_cluster(&cluster), mesh));
+    let tcp = || authz::secured_tcp(scope, tcp_proxy_filter(&cluster, to_cluster(&cluster), mesh));
     let port = Some(c.target_port);
     match Sniffed::of(c.protocol) {
-        Sniffed::Http => vec![chain(name.clone(), Some(raw_match(port)), http(), None)],
+        Sniffed::Http => vec![chain(name.clone(), Some(raw_match(port)), vec![http()], None)],
         Sniffed::Tcp => vec![chain(name.clone(), Some(raw_match(port)), tcp(), None)],
         Sniffed::Auto => vec![
-            chain(name.clone(), Some(http_match(port)), http(), None),
+            chain(name.clone(), Some(http_match(port)), vec![http()], None),
             chain(name.clone(), Some(raw_match(port)), tcp(), None),
         ],
     }
-}
-
-/// The proxy's network RBAC filters, then `proxy`.
-fn secured_tcp(
-    scope: &Scope<'_>,
-    proxy: envoy_types::pb::envoy::config::listener::v3::Filter,
-) -> Vec<envoy_types::pb::envoy::config::listener::v3::Filter> {
-    let mut filters = authz::network_filters(scope);
-    filters.push(proxy);
-    filters
 }
 
 /// Traffic to ports no service declares goes to its original destination, HTTP sniffed as such.
@@ -250,7 +233,7 @@ fn passthrough_chains(scope: &Scope<'_>) -> Vec<FilterChain> {
     let cluster = INBOUND_PASSTHROUGH_CLUSTER;
     let security = authz::http_filters(scope);
     let hcm = inbound_http_connection_manager(cluster, cluster, cluster, 0, Protocol::Unsupported, mesh, security);
-    let tcp = secured_tcp(scope, tcp_proxy_filter(cluster, to_cluster(cluster), mesh));
+    let tcp = authz::secured_tcp(scope, tcp_proxy_filter(cluster, to_cluster(cluster), mesh));
     vec![
         chain(VIRTUAL_INBOUND_CATCHALL_HTTP.into(), Some(http_match(None)), vec![hcm], None),
         chain(VIRTUAL_INBOUND_LISTENER.into(), Some(raw_match(None)), tcp, None),

@@ -53,8 +53,15 @@ pub(super) fn http_filters(scope: &Scope<'_>) -> Vec<HttpFilter> {
     filters
 }
 
+/// A TCP chain's filters: the proxy's network RBAC filters, then `proxy` (a TCP proxy).
+pub(super) fn secured_tcp(scope: &Scope<'_>, proxy: Filter) -> Vec<Filter> {
+    let mut filters = network_filters(scope);
+    filters.push(proxy);
+    filters
+}
+
 /// The network filters enforcing the proxy's policies, to go before a TCP proxy.
-pub(super) fn network_filters(scope: &Scope<'_>) -> Vec<Filter> {
+fn network_filters(scope: &Scope<'_>) -> Vec<Filter> {
     rbac_rules(scope, ChainKind::Tcp)
         .into_iter()
         .map(|rules| {
