@@ -15,7 +15,6 @@ mod matchers;
 mod rbac;
 
 use envoy_types::pb::envoy::config::listener::v3::Filter;
-use envoy_types::pb::envoy::config::rbac::v3::Rbac;
 use envoy_types::pb::envoy::extensions::filters::http::rbac::v3::Rbac as HttpRbac;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpFilter;
 use envoy_types::pb::envoy::extensions::filters::network::rbac::v3::Rbac as NetworkRbac;
@@ -48,7 +47,13 @@ pub(super) fn http_filters(scope: &Scope<'_>) -> Vec<HttpFilter> {
         filters.push(http_filter(JWT_AUTHN, jwt));
     }
     for rules in rbac_rules(scope, ChainKind::Http) {
-        filters.push(http_filter(HTTP_RBAC, HttpRbac { rules: Some(rules), ..Default::default() }));
+        let config = HttpRbac {
+            shadow_rules_stat_prefix: rules.shadow_stat_prefix(),
+            rules: rules.rules,
+            shadow_rules: rules.shadow,
+            ..Default::default()
+        };
+        filters.push(http_filter(HTTP_RBAC, config));
     }
     filters
 }
@@ -65,8 +70,13 @@ fn network_filters(scope: &Scope<'_>) -> Vec<Filter> {
     rbac_rules(scope, ChainKind::Tcp)
         .into_iter()
         .map(|rules| {
-            let config =
-                NetworkRbac { rules: Some(rules), stat_prefix: TCP_STAT_PREFIX.to_string(), ..Default::default() };
+            let config = NetworkRbac {
+                stat_prefix: TCP_STAT_PREFIX.to_string(),
+                shadow_rules_stat_prefix: rules.shadow_stat_prefix(),
+                rules: rules.rules,
+                shadow_rules: rules.shadow,
+                ..Default::default()
+            };
             network_filter(NETWORK_RBAC, config)
         })
         .collect()
@@ -79,17 +89,29 @@ pub(super) fn jwks_clusters(scope: &Scope<'_>) -> Vec<Resource> {
     jwt::jwks_clusters(&specs, &scope.snapshot.mesh)
 }
 
-fn rbac_rules(scope: &Scope<'_>, chain: ChainKind) -> Vec<Rbac> {
+/// The annotation that makes an AuthorizationPolicy dry-run.
+const DRY_RUN_ANNOTATION: &str = "istio.io/dry-run";
+
+fn rbac_rules(scope: &Scope<'_>, chain: ChainKind) -> Vec<rbac::ActionRules> {
     let security = &scope.snapshot.security;
     let labels = &scope.view.labels;
     let policies: Vec<_> = security
         .authorization_policies_for(scope.namespace(), labels)
         .into_iter()
-        .map(|(c, ap)| (&c.key, ap))
+        .map(|(c, spec)| rbac::PolicyRef {
+            key: &c.key,
+            spec,
+            dry_run: c.meta.annotations.get(DRY_RUN_ANNOTATION).is_some_and(|v| parse_bool(v)),
+        })
         .collect();
     let rejected = security.rejected_policies_for(scope.namespace(), labels);
     let ctx = rbac::RuleContext { chain, trust_domain: &scope.snapshot.mesh.trust_domain };
     ACTIONS.into_iter().filter_map(|action| rbac::rbac_rules(action, &policies, &rejected, &ctx)).collect()
+}
+
+/// Go's `strconv.ParseBool` truths, as Istio reads the dry-run annotation (anything else: false).
+fn parse_bool(value: &str) -> bool {
+    matches!(value, "1" | "t" | "T" | "true" | "TRUE" | "True")
 }
 
 #[cfg(test)]

@@ -40,16 +40,59 @@ pub(super) struct RuleContext<'a> {
     pub trust_domain: &'a str,
 }
 
+/// An AuthorizationPolicy applying to the proxy.
+pub(super) struct PolicyRef<'a> {
+    /// Its identity (names its RBAC policies).
+    pub key: &'a ConfigKey,
+    /// Its spec.
+    pub spec: &'a AuthorizationPolicy,
+    /// Annotated `istio.io/dry-run`: evaluated and logged (shadow rules), not enforced.
+    pub dry_run: bool,
+}
+
+/// The enforced and dry-run (shadow) RBAC rules of one action.
+pub(super) struct ActionRules {
+    /// Enforced rules; `None` when only dry-run policies have this action.
+    pub rules: Option<Rbac>,
+    /// Dry-run rules.
+    pub shadow: Option<Rbac>,
+}
+
+impl ActionRules {
+    /// Istio's stat prefix of shadow rules.
+    pub fn shadow_stat_prefix(&self) -> String {
+        let action = self.shadow.as_ref().map(|r| r.action);
+        match action {
+            Some(a) if a == rbac::Action::Allow as i32 => "istio_dry_run_allow_".into(),
+            Some(a) if a == rbac::Action::Deny as i32 => "istio_dry_run_deny_".into(),
+            _ => String::new(),
+        }
+    }
+}
+
 /// The RBAC rules of one action from `policies` (and, for DENY, the scopes of `rejected`
-/// policies); `None` when nothing of that action applies.
+/// policies, always enforced); `None` when nothing of that action applies.
 pub(super) fn rbac_rules(
     action: Action,
-    policies: &[(&ConfigKey, &AuthorizationPolicy)],
+    policies: &[PolicyRef<'_>],
+    rejected: &[&RejectedPolicy],
+    ctx: &RuleContext<'_>,
+) -> Option<ActionRules> {
+    let of_action = |dry_run: bool| -> Vec<(&ConfigKey, &AuthorizationPolicy)> {
+        policies.iter().filter(|p| p.spec.action == action && p.dry_run == dry_run).map(|p| (p.key, p.spec)).collect()
+    };
+    let rejected: &[&RejectedPolicy] = if action == Action::Deny { rejected } else { &[] };
+    let rules = rbac_of(action, &of_action(false), rejected, ctx);
+    let shadow = rbac_of(action, &of_action(true), &[], ctx);
+    (rules.is_some() || shadow.is_some()).then_some(ActionRules { rules, shadow })
+}
+
+fn rbac_of(
+    action: Action,
+    of_action: &[(&ConfigKey, &AuthorizationPolicy)],
     rejected: &[&RejectedPolicy],
     ctx: &RuleContext<'_>,
 ) -> Option<Rbac> {
-    let of_action: Vec<_> = policies.iter().filter(|(_, p)| p.action == action).collect();
-    let rejected: &[&RejectedPolicy] = if action == Action::Deny { rejected } else { &[] };
     if of_action.is_empty() && rejected.is_empty() {
         return None;
     }

@@ -388,3 +388,28 @@ fn regenerating_reproduces_the_same_bytes() {
         );
     }
 }
+
+#[test]
+fn dry_run_policies_are_shadow_rules_not_enforced() {
+    let extra = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata:\n  name: try-deny\n  namespace: shop\n  annotations: {istio.io/dry-run: \"true\"}\nspec: {selector: {matchLabels: {app: legacy}}, action: DENY, rules: [{to: [{operation: {paths: [/x]}}]}]}\n";
+    let s = snapshot_with(extra, "cluster.local");
+    let legacy = sidecar_at("shop", &[("app", "legacy")], &["10.2.0.7"]);
+    let l: Listener = find(&s, &legacy, TypeUrl::Listener, VIRTUAL_INBOUND_LISTENER);
+    let hcm: HttpConnectionManager = typed(chain(&l, "0.0.0.0_8080", true).filters.last().expect("hcm"));
+    let rbacs: Vec<HttpRbac> = hcm
+        .http_filters
+        .iter()
+        .filter(|f| f.name == "envoy.filters.http.rbac")
+        .map(|f| match &f.config_type {
+            Some(http_filter::ConfigType::TypedConfig(any)) => unpack(any),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    let deny = rbacs
+        .iter()
+        .find(|r| r.shadow_rules.as_ref().is_some_and(|s| s.action == rbac::Action::Deny as i32))
+        .expect("a DENY filter with shadow rules");
+    assert_eq!(deny.rules, None, "nothing of it is enforced");
+    assert!(deny.shadow_rules.as_ref().is_some_and(|s| s.policies.contains_key("ns[shop]-policy[try-deny]-rule[0]")));
+    assert_eq!(deny.shadow_rules_stat_prefix, "istio_dry_run_deny_");
+}
