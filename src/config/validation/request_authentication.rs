@@ -23,6 +23,13 @@ fn check_jwt_rule(errors: &mut Errors, path: &str, rule: &JwtRule) {
     }
     if rule.issuer.is_empty() && rule.jwks_uri.is_empty() {
         errors.add(format!("{path}.issuer"), required("issuer or jwksUri must be non-empty string"));
+    } else if rule.jwks_uri.is_empty() && rule.jwks.is_empty() {
+        // Istio's control plane would look the keys up in the issuer's OpenID discovery document;
+        // meshpilot does not, and Envoy needs a key source for every provider.
+        errors.add(
+            format!("{path}.jwksUri"),
+            required("jwks or jwksUri must be set: meshpilot does not resolve the issuer's OpenID discovery document"),
+        );
     }
     if !rule.jwks_uri.is_empty() {
         errors.check(format!("{path}.jwksUri"), parse_jwks_uri(&rule.jwks_uri).map(|_| ()));
@@ -157,8 +164,9 @@ mod tests {
     #[test]
     fn istio_rejections() {
         assert_rejected("jwtRules: [{audiences: [a]}]", "spec.jwtRules[0].issuer", "issuer or jwksUri");
+        assert_rejected("jwtRules: [{issuer: https://a.example}]", "spec.jwtRules[0].jwksUri", "OpenID discovery");
         assert_rejected(
-            "jwtRules: [{issuer: a, audiences: ['']}]",
+            "jwtRules: [{issuer: a, jwksUri: 'http://k/keys', audiences: ['']}]",
             "spec.jwtRules[0].audiences",
             "audience must be non-empty",
         );
@@ -167,25 +175,41 @@ mod tests {
             "spec.jwtRules[0].jwksUri",
             "not supported",
         );
-        assert_rejected("jwtRules: [{issuer: a, jwks: 'nope'}]", "spec.jwtRules[0].jwks", "jwks parse error");
         assert_rejected(
-            "jwtRules: [{issuer: a, fromHeaders: [{prefix: x}]}]",
+            "jwtRules: [{issuer: a, jwksUri: 'http://k/keys', jwks: 'nope'}]",
+            "spec.jwtRules[0].jwks",
+            "jwks parse error",
+        );
+        assert_rejected(
+            "jwtRules: [{issuer: a, jwksUri: 'http://k/keys', fromHeaders: [{prefix: x}]}]",
             "spec.jwtRules[0].fromHeaders[0].name",
             "non-empty",
         );
-        assert_rejected("jwtRules: [{issuer: a, fromParams: ['']}]", "spec.jwtRules[0].fromParams", "non-empty");
-        assert_rejected("jwtRules: [{issuer: a, fromCookies: ['']}]", "spec.jwtRules[0].fromCookies", "non-empty");
         assert_rejected(
-            "jwtRules: [{issuer: a, outputClaimToHeaders: [{header: x}]}]",
+            "jwtRules: [{issuer: a, jwksUri: 'http://k/keys', fromParams: ['']}]",
+            "spec.jwtRules[0].fromParams",
+            "non-empty",
+        );
+        assert_rejected(
+            "jwtRules: [{issuer: a, jwksUri: 'http://k/keys', fromCookies: ['']}]",
+            "spec.jwtRules[0].fromCookies",
+            "non-empty",
+        );
+        assert_rejected(
+            "jwtRules: [{issuer: a, jwksUri: 'http://k/keys', outputClaimToHeaders: [{header: x}]}]",
             "spec.jwtRules[0].outputClaimToHeaders[0]",
             "must be non-empty",
         );
         assert_rejected(
-            "jwtRules: [{issuer: a, outputClaimToHeaders: [{header: 'a b', claim: c}]}]",
+            "jwtRules: [{issuer: a, jwksUri: 'http://k/keys', outputClaimToHeaders: [{header: 'a b', claim: c}]}]",
             "spec.jwtRules[0].outputClaimToHeaders[0].header",
             "not a valid header name",
         );
-        assert_rejected("jwtRules: [{issuer: a, timeout: 0s}]", "spec.jwtRules[0].timeout", "greater than 1ms");
+        assert_rejected(
+            "jwtRules: [{issuer: a, jwksUri: 'http://k/keys', timeout: 0s}]",
+            "spec.jwtRules[0].timeout",
+            "greater than 1ms",
+        );
         assert_rejected("selector: {matchLabels: {'': a}}", "spec.selector.matchLabels[]", "empty key");
     }
 

@@ -160,7 +160,7 @@ mod tests {
             "metadata": {"name": "deny", "namespace": "shop"}, "spec": {"action": "DENY", "rules": [{}]}}));
         assert!(matches!(istio_object(&w, ap), Item::Config(Document::Valid(o)) if o.key.namespace == "shop"));
         let ra = dynamic(json!({"apiVersion": "security.istio.io/v1", "kind": "RequestAuthentication",
-            "metadata": {"name": "jwt", "namespace": "shop"}, "spec": {"jwtRules": [{"issuer": "https://i.example"}]}}));
+            "metadata": {"name": "jwt", "namespace": "shop"}, "spec": {"jwtRules": [{"issuer": "https://i.example", "jwksUri": "https://i.example/keys"}]}}));
         let w = Watched::Istio(IstioKind { group: SECURITY, kind: "RequestAuthentication" });
         assert!(matches!(istio_object(&w, ra), Item::Config(Document::Valid(o)) if o.key.name == "jwt"));
     }
