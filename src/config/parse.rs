@@ -130,14 +130,15 @@ fn parse_item(file: &str, index: usize, path: &str, item: Value) -> Document {
 
 /// The `spec.selector.matchLabels` of an AuthorizationPolicy document, read leniently (a rejected
 /// policy keeps its scope denied, and this narrows the scope to what its author selected). `None`
-/// when absent or not a map of strings: then the scope is the whole namespace.
+/// when absent, not a map of strings, or not a valid selector (`app: "*"` would select only the
+/// literal value, narrower than meant): then the scope is the whole namespace.
 fn rejected_policy_selector(item: &Value) -> Option<api::Labels> {
     if item.get("kind").and_then(Value::as_str) != Some(Kind::AuthorizationPolicy.name()) {
         return None;
     }
     let labels = item.pointer("/spec/selector/matchLabels")?;
     let labels: api::Labels = serde_json::from_value(labels.clone()).ok()?;
-    (!labels.is_empty()).then_some(labels)
+    (!labels.is_empty() && validation::is_valid_selector(&labels)).then_some(labels)
 }
 
 /// `items[3]` + `spec.hosts[0]` = `items[3].spec.hosts[0]`; either part may be empty.

@@ -217,6 +217,7 @@ mod tests {
                 "{action: CUSTOM, provider: {name: x}, rules: [{}], selector: {matchLabels: {app: orders}}}",
             ),
             ap("shop", "typo", "{action: DENY, rules: [{to: [{operation: {pahts: [/admin]}}]}]}"),
+            ap("other", "wild", "{action: DENY, rules: [{}], selector: {matchLabels: {app: '*'}}}"),
         ]
         .concat();
         let ix = index(&yaml);
@@ -225,7 +226,8 @@ mod tests {
         };
         assert_eq!(rejected("shop", &[("app", "orders")]), ["custom", "typo"]);
         assert_eq!(rejected("shop", &[("app", "web")]), ["typo"], "the CUSTOM policy's selector is readable");
-        assert!(rejected("other", &[("app", "orders")]).is_empty());
+        assert!(rejected("shop", &[("app", "*")]).iter().all(|n| n != "wild"));
+        assert_eq!(rejected("other", &[("app", "orders")]), ["wild"], "an invalid selector denies the namespace");
         let r = &ix.rejected_policies_for("shop", &labels(&[]))[0];
         assert!(r.reason.contains("spec.rules[0].to[0].operation.pahts"), "{}", r.reason);
         let in_force = SecurityIndex::build("istio-system", std::iter::empty(), &[], |_| true);

@@ -53,6 +53,13 @@ pub fn validate(obj: &ConfigObject) -> Vec<FieldError> {
     errors.0
 }
 
+/// Whether `labels` is a valid workload selector (no empty keys, no wildcards, label syntax).
+pub fn is_valid_selector(labels: &crate::config::api::Labels) -> bool {
+    let mut errors = Errors::default();
+    labels::check_selector(&mut errors, "", labels);
+    errors.0.is_empty()
+}
+
 /// Checks an RFC 1123 DNS subdomain (object names).
 pub fn check_dns1123_subdomain(value: &str) -> Result<(), String> {
     if value.is_empty() || value.len() > 253 {
