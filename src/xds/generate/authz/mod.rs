@@ -19,7 +19,7 @@ use envoy_types::pb::envoy::extensions::filters::http::rbac::v3::Rbac as HttpRba
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpFilter;
 use envoy_types::pb::envoy::extensions::filters::network::rbac::v3::Rbac as NetworkRbac;
 
-pub(crate) use rbac::ChainKind;
+use rbac::ChainKind;
 
 use super::network_filter::{http_filter, network_filter};
 use super::scope::Scope;

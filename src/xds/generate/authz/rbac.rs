@@ -21,7 +21,7 @@ use crate::xds::generate::proto::map_field;
 
 /// The chain a filter is built for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ChainKind {
+pub(super) enum ChainKind {
     /// An HTTP connection manager: every attribute applies.
     Http,
     /// A TCP chain: only connection attributes apply.
