@@ -25,6 +25,7 @@ use super::network_filter::{http_filter, network_filter};
 use super::scope::Scope;
 use super::Resource;
 use crate::config::api::authorization_policy::Action;
+use crate::snapshot::RejectedPolicy;
 
 /// The JWT authentication HTTP filter (its name is also its dynamic metadata namespace).
 pub(super) const JWT_AUTHN: &str = "envoy.filters.http.jwt_authn";
@@ -104,7 +105,15 @@ fn rbac_rules(scope: &Scope<'_>, chain: ChainKind) -> Vec<rbac::ActionRules> {
             dry_run: c.meta.annotations.get(DRY_RUN_ANNOTATION).is_some_and(|v| parse_bool(v)),
         })
         .collect();
-    let rejected = security.rejected_policies_for(scope.namespace(), labels);
+    // Validation rejects CUSTOM; one that reached a snapshot anyway (say, from a leader of
+    // another version) still closes its scope rather than being skipped.
+    let custom: Vec<RejectedPolicy> = policies
+        .iter()
+        .filter(|p| p.spec.action == Action::Custom)
+        .map(|p| RejectedPolicy { key: p.key.clone(), reason: "CUSTOM action is not supported".into() })
+        .collect();
+    let mut rejected = security.rejected_policies_for(scope.namespace(), labels);
+    rejected.extend(custom.iter());
     let ctx = rbac::RuleContext { chain, trust_domain: &scope.snapshot.mesh.trust_domain };
     ACTIONS.into_iter().filter_map(|action| rbac::rbac_rules(action, &policies, &rejected, &ctx)).collect()
 }

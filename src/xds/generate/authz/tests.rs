@@ -413,3 +413,22 @@ fn dry_run_policies_are_shadow_rules_not_enforced() {
     assert!(deny.shadow_rules.as_ref().is_some_and(|s| s.policies.contains_key("ns[shop]-policy[try-deny]-rule[0]")));
     assert_eq!(deny.shadow_rules_stat_prefix, "istio_dry_run_deny_");
 }
+
+#[test]
+fn a_custom_policy_that_reached_a_snapshot_still_closes_its_scope() {
+    // Built past validation, as a snapshot from elsewhere could hold it.
+    let text = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: ext, namespace: shop}\nspec: {action: CUSTOM, provider: {name: x}, rules: [{}]}\n";
+    let value = serde_saphyr::from_str(text).expect("yaml");
+    let obj = crate::config::parse::object_from_value(value).expect("parses").expect("served kind");
+    let mut state = SourceState::default();
+    state.configs.insert(obj.key.clone(), Arc::new(obj));
+    let s = Snapshot::build(Version::new(1, 1), ChangeSet::full(), &state);
+    let rbacs = network_rbacs(chain(
+        &find::<Listener>(&s, &orders(), TypeUrl::Listener, VIRTUAL_INBOUND_LISTENER),
+        VIRTUAL_INBOUND_LISTENER,
+        false,
+    ));
+    assert!(rbacs
+        .iter()
+        .any(|r| r.action == rbac::Action::Deny as i32 && r.policies.contains_key("ns[shop]-policy[ext]-rejected")));
+}
