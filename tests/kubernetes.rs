@@ -278,6 +278,22 @@ async fn invalid_crd_object_is_skipped_and_reported_while_the_rest_is_served() {
 }
 
 #[tokio::test]
+async fn an_authorization_policy_from_the_api_server_is_enforced_and_its_deletion_lifts_it() {
+    let Some(live) = Live::start().await else { return };
+    live.ingress.wait_all_from("/admin", &[], "reviews-v1", 3).await;
+    let deny = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: deny-admin, namespace: istio-system}\n\
+                spec:\n  selector: {matchLabels: {istio: ingressgateway}}\n  action: DENY\n  rules: [{to: [{operation: {paths: [/admin]}}]}]\n";
+    apply(&live.client, deny).await;
+    live.ingress.wait_answer("/admin", &[], "a 403 from the gateway's RBAC", |r| r.status == 403).await;
+    assert_eq!(live.ingress.backend("/other", &[]).await, "reviews-v1", "only /admin is denied");
+    let served = live.configz().await["configs"].to_string();
+    assert!(served.contains("AuthorizationPolicy") && served.contains("deny-admin"), "{served}");
+    delete(&live.client, "security.istio.io/v1", "AuthorizationPolicy", Some("istio-system"), "deny-admin").await;
+    live.ingress.wait_all_from("/admin", &[], "reviews-v1", 3).await;
+    assert_no_rejections(&live.envoy).await;
+}
+
+#[tokio::test]
 async fn a_kind_the_service_account_may_not_list_is_reported_and_the_rest_served() {
     let Some((_pods, v1, _)) = backends() else { return };
     let Some(api) = KubeApi::start().await else { return };

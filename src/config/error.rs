@@ -40,6 +40,11 @@ pub struct ConfigError {
     pub object: Option<ConfigKey>,
     /// What is wrong.
     pub error: FieldError,
+    /// For a rejected AuthorizationPolicy: the workload selector it was written with, when it
+    /// could be read. Its scope stays denied (the snapshot's security index), so the
+    /// selector narrows that scope to the workloads the author meant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_selector: Option<super::api::Labels>,
 }
 
 impl fmt::Display for ConfigError {

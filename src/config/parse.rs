@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use super::api;
 use super::error::{ConfigError, FieldError};
-use super::object::{ConfigKey, ConfigObject, Kind, Meta, Spec, NETWORKING_GROUP, NETWORKING_VERSIONS};
+use super::object::{ConfigKey, ConfigObject, Kind, Meta, Spec};
 use super::validation;
 
 /// Namespace given to objects whose metadata has none.
@@ -64,7 +64,7 @@ fn has_content(doc: &str) -> bool {
 
 fn parse_document(file: &str, index: usize, text: &str) -> Vec<Document> {
     let invalid = |object: Option<ConfigKey>, error: FieldError| {
-        Document::Invalid(ConfigError { file: file.to_string(), document: index, object, error })
+        Document::Invalid(ConfigError { file: file.to_string(), document: index, object, error, policy_selector: None })
     };
     let value: Value = match serde_saphyr::from_str(text) {
         Ok(v) => v,
@@ -102,13 +102,17 @@ pub fn parse_object(source: &str, value: Value) -> Document {
 /// Parses and validates one object; `path` locates it in its document (`items[3]` in a List,
 /// empty for a document that is the object), and prefixes the field paths of its errors.
 fn parse_item(file: &str, index: usize, path: &str, item: Value) -> Document {
+    let policy_selector = rejected_policy_selector(&item);
     let invalid = |object: Option<ConfigKey>, error: FieldError| {
         let field = join_path(path, &error.field);
+        let policy_selector =
+            policy_selector.clone().filter(|_| object.as_ref().is_some_and(|k| k.kind == Kind::AuthorizationPolicy));
         Document::Invalid(ConfigError {
             file: file.to_string(),
             document: index,
             object,
             error: FieldError { field, reason: error.reason },
+            policy_selector,
         })
     };
     // What an ignored item is reported as is read from the item itself, before it is consumed.
@@ -122,6 +126,19 @@ fn parse_item(file: &str, index: usize, path: &str, item: Value) -> Document {
         Ok(None) => Document::Ignored { document: index, api_version, kind, name },
         Err((object, error)) => invalid(object, error),
     }
+}
+
+/// The `spec.selector.matchLabels` of an AuthorizationPolicy document, read leniently (a rejected
+/// policy keeps its scope denied, and this narrows the scope to what its author selected). `None`
+/// when absent, not a map of strings, or not a valid selector (`app: "*"` would select only the
+/// literal value, narrower than meant): then the scope is the whole namespace.
+fn rejected_policy_selector(item: &Value) -> Option<api::Labels> {
+    if item.get("kind").and_then(Value::as_str) != Some(Kind::AuthorizationPolicy.name()) {
+        return None;
+    }
+    let labels = item.pointer("/spec/selector/matchLabels")?;
+    let labels: api::Labels = serde_json::from_value(labels.clone()).ok()?;
+    (!labels.is_empty() && validation::is_valid_selector(&labels)).then_some(labels)
 }
 
 /// `items[3]` + `spec.hosts[0]` = `items[3].spec.hosts[0]`; either part may be empty.
@@ -152,7 +169,8 @@ pub fn object_from_value(value: Value) -> Result<Option<ConfigObject>, ParseFail
     let Some(kind) = Kind::from_name(&kind_name) else {
         return Ok(None);
     };
-    if group != NETWORKING_GROUP {
+    let (kind_group, versions) = kind.group();
+    if group != kind_group {
         return Ok(None);
     }
     let metadata = map.remove("metadata").unwrap_or(Value::Null);
@@ -165,10 +183,10 @@ pub fn object_from_value(value: Value) -> Result<Option<ConfigObject>, ParseFail
         .to_string();
     let key = ConfigKey { kind, namespace, name };
     let fail = |field: &str, reason: String| Err((Some(key.clone()), FieldError::new(field, reason)));
-    if !NETWORKING_VERSIONS.contains(&version) {
+    if !versions.contains(&version) {
         return fail(
             "apiVersion",
-            format!("unsupported version {api_version:?} for {kind_name} (v1, v1beta1 or v1alpha3)"),
+            format!("unsupported version {api_version:?} for {kind_name} ({})", versions.join(", ")),
         );
     }
     if key.name.is_empty() {
@@ -204,6 +222,8 @@ pub fn object_from_value(value: Value) -> Result<Option<ConfigObject>, ParseFail
         Kind::ServiceEntry => typed(spec_value).map(Spec::ServiceEntry),
         Kind::WorkloadEntry => typed(spec_value).map(Spec::WorkloadEntry),
         Kind::Sidecar => typed(spec_value).map(Spec::Sidecar),
+        Kind::AuthorizationPolicy => typed(spec_value).map(Spec::AuthorizationPolicy),
+        Kind::RequestAuthentication => typed(spec_value).map(Spec::RequestAuthentication),
     };
     match spec {
         Ok(spec) => Ok(Some(ConfigObject { key, meta: Meta { labels, annotations, api_version }, spec })),

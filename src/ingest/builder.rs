@@ -1,9 +1,10 @@
 //! Applying source events to the ingest state and building the next snapshot.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use crate::config::{ConfigError, IgnoredObject, Kind};
+use crate::config::api::Labels;
+use crate::config::{ConfigError, ConfigKey, IgnoredObject, Kind};
 use crate::registry::kubernetes::KubeKind;
 use crate::registry::{IncrementalRegistry, Registry};
 use crate::snapshot::{ChangeSet, ChangedKey, Snapshot, SourceState, Version};
@@ -54,9 +55,15 @@ impl SnapshotBuilder {
                     }
                 }
                 SourceEvent::Status { source, errors, ignored } => {
+                    let before = rejected_policies(&self.state.errors);
                     self.statuses.insert(source, (errors, ignored));
                     let lists = self.statuses.values();
                     self.state.errors = Arc::new(lists.clone().flat_map(|(e, _)| e.iter().cloned()).collect());
+                    // A rejected AuthorizationPolicy keeps its scope denied: it coming or going
+                    // changes proxy config, though no valid object changed.
+                    let after = rejected_policies(&self.state.errors);
+                    let flipped = before.symmetric_difference(&after).map(|(k, _)| ChangedKey::Config(k.clone()));
+                    changes.keys.extend(flipped);
                     self.state.ignored = Arc::new(lists.flat_map(|(_, i)| i.iter().cloned()).collect());
                 }
                 SourceEvent::Mesh(mesh) => {
@@ -105,6 +112,15 @@ impl SnapshotBuilder {
 /// Registry objects are ServiceEntries, WorkloadEntries and every Kubernetes object: a Pod,
 /// EndpointSlice, Node (locality) or Namespace (network) change may change endpoints only, and a
 /// Service change that leaves the built services equal (an annotation the registry ignores) too.
+/// The rejected AuthorizationPolicies among `errors`, with the selector their denial covers.
+fn rejected_policies(errors: &[ConfigError]) -> BTreeSet<(ConfigKey, Option<Labels>)> {
+    errors
+        .iter()
+        .filter_map(|e| e.object.as_ref().filter(|k| k.kind == Kind::AuthorizationPolicy).map(|k| (k, e)))
+        .map(|(k, e)| (k.clone(), e.policy_selector.clone()))
+        .collect()
+}
+
 fn classify(last: &Snapshot, mut changes: ChangeSet, new_registry: &Registry) -> ChangeSet {
     if changes.full {
         return changes;
@@ -179,6 +195,24 @@ mod tests {
         let c = b.apply(vec![objects(&SE.replace("number: 80", "number: 81"))]);
         let s = b.build(Version::new(1, 3), c);
         assert!(!s.changes.endpoints_only(), "{:?}", s.changes);
+    }
+
+    #[test]
+    fn a_rejected_authorization_policy_coming_or_going_is_a_config_change() {
+        let text = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: p, namespace: shop}\nspec: {action: DENY}\n";
+        let Some(Document::Invalid(error)) = parse_file("p.yaml", text).into_iter().next() else { panic!("invalid") };
+        let key = error.object.clone().expect("key");
+        let status = |errors: Vec<ConfigError>| SourceEvent::Status {
+            source: crate::source::SourceId::ConfigDir,
+            errors: Arc::new(errors),
+            ignored: Arc::new(Vec::new()),
+        };
+        let mut b = SnapshotBuilder::default();
+        let c = b.apply(vec![status(vec![error.clone()])]);
+        assert!(c.keys.contains(&ChangedKey::Config(key.clone())), "{c:?}");
+        assert!(b.apply(vec![status(vec![error])]).is_empty(), "the same rejection again changes nothing");
+        let c = b.apply(vec![status(Vec::new())]);
+        assert!(c.keys.contains(&ChangedKey::Config(key)), "{c:?}");
     }
 
     fn kube(object: KubeObject) -> SourceEvent {

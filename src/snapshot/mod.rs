@@ -5,9 +5,11 @@
 mod changes;
 mod channel;
 mod push_context;
+mod security;
 mod version;
 
 pub use changes::{ChangeSet, ChangedKey};
 pub use channel::{channel, SnapshotReader, SnapshotWriter, StaleSnapshot};
 pub use push_context::{qualify_gateway, vs_applies_to_gateway, Indexed, Snapshot, SourceState};
+pub use security::{RejectedPolicy, SecurityIndex};
 pub use version::{ParseVersionError, Version};

@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
+use super::security::SecurityIndex;
 use super::{ChangeSet, Version};
 use crate::config::api::{DestinationRule, Gateway, Labels, Sidecar, VirtualService};
 use crate::config::{ConfigError, ConfigKey, IgnoredObject, Kind, Spec, ValidConfig};
@@ -54,6 +55,8 @@ pub struct Snapshot {
     destination_rules: Vec<Indexed<DestinationRule>>,
     /// Label keys some selector reads; a proxy's other labels cannot change its config.
     selector_keys: BTreeSet<String>,
+    /// AuthorizationPolicies and RequestAuthentications by scope (rejected policies included).
+    pub security: SecurityIndex,
     /// Endpoints by IP, built on the first inbound lookup (only frontends serving sidecars need it).
     instances: OnceLock<InstanceIndex>,
 }
@@ -119,7 +122,10 @@ impl Snapshot {
                 _ => {}
             }
         }
-        let selector_keys = selector_keys(configs.values());
+        let security =
+            SecurityIndex::build(&mesh.root_namespace, configs.values(), &state.errors, |k| configs.contains_key(k));
+        let mut selector_keys = selector_keys(configs.values());
+        selector_keys.extend(security.selector_keys().cloned());
         Snapshot {
             version,
             changes,
@@ -133,6 +139,7 @@ impl Snapshot {
             virtual_services,
             destination_rules,
             selector_keys,
+            security,
             instances: OnceLock::new(),
         }
     }
@@ -280,7 +287,8 @@ impl Snapshot {
 }
 
 /// Every label key a proxy's config can depend on: those of Sidecar workload selectors, Gateway
-/// selectors and VirtualService `sourceLabels` matches. A kind that starts selecting proxies by
+/// selectors and VirtualService `sourceLabels` matches (security policies' are added from the
+/// [`SecurityIndex`], which also holds rejected policies). A kind that starts selecting proxies by
 /// label must add its keys here, or proxies it tells apart would share config.
 fn selector_keys<'a>(configs: impl Iterator<Item = &'a ValidConfig>) -> BTreeSet<String> {
     let mut keys = BTreeSet::new();

@@ -391,6 +391,7 @@ fn duplicate(file: &str, document: usize, key: &ConfigKey, served: &str) -> Conf
             "metadata.name",
             format!("duplicate of {key}, which {served} defines and is served (the first in path order); ignored"),
         ),
+        policy_selector: None,
     }
 }
 

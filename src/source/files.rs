@@ -142,6 +142,7 @@ impl ReadError {
             document: 0,
             object: None,
             error: FieldError::new("", self.to_string()),
+            policy_selector: None,
         }
     }
 }

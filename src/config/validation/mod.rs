@@ -6,6 +6,7 @@
 //! message, so errors read the same as `kubectl apply` would print them.
 
 mod addresses;
+mod authorization_policy;
 mod destination;
 mod destination_rule;
 mod durations;
@@ -15,8 +16,10 @@ mod headers;
 mod hosts;
 mod http_route;
 mod labels;
+mod policy_target;
 mod ports;
 mod re2;
+mod request_authentication;
 mod service_entry;
 mod sidecar;
 mod string_match;
@@ -28,6 +31,7 @@ use std::fmt::{Debug, Display};
 
 pub use durations::{check_duration, check_duration_above};
 pub use re2::{re2_program_size, Re2Error, ENVOY_MAX_PROGRAM_SIZE};
+pub use request_authentication::{parse_jwks_uri, JwksUri};
 
 use super::error::FieldError;
 use super::object::{ConfigObject, Spec};
@@ -43,8 +47,17 @@ pub fn validate(obj: &ConfigObject) -> Vec<FieldError> {
         Spec::ServiceEntry(se) => service_entry::validate(se, namespace, &mut errors),
         Spec::WorkloadEntry(we) => workload_entry::validate(we, &mut errors),
         Spec::Sidecar(sc) => sidecar::validate(sc, &mut errors),
+        Spec::AuthorizationPolicy(ap) => authorization_policy::validate(ap, &mut errors),
+        Spec::RequestAuthentication(ra) => request_authentication::validate(ra, &mut errors),
     }
     errors.0
+}
+
+/// Whether `labels` is a valid workload selector (no empty keys, no wildcards, label syntax).
+pub fn is_valid_selector(labels: &crate::config::api::Labels) -> bool {
+    let mut errors = Errors::default();
+    labels::check_selector(&mut errors, "", labels);
+    errors.0.is_empty()
 }
 
 /// Checks an RFC 1123 DNS subdomain (object names).
@@ -110,6 +123,11 @@ fn duplicate(value: impl Debug, detail: impl Display) -> String {
 /// Reason for a field that may not be set (in this combination).
 fn forbidden(detail: impl Display) -> String {
     format!("Forbidden: {detail}")
+}
+
+/// Reason for a list longer than its schema allows.
+fn too_many(count: usize, max: usize) -> String {
+    format!("Too many: {count}: must have at most {max} items")
 }
 
 /// Reason for a value outside an enumeration.

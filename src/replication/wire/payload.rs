@@ -342,6 +342,7 @@ pub(crate) mod tests {
             document: 2,
             object: Some(ConfigKey { kind: Kind::Gateway, namespace: "ns".into(), name: "g".into() }),
             error: FieldError::new("spec.servers[0].port", "Required value"),
+            policy_selector: None,
         }]);
         s.ignored = Arc::new(vec![IgnoredObject {
             file: "cm.yaml".into(),

@@ -152,9 +152,17 @@ mod tests {
         let ap = dynamic(json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
             "metadata": {"name": "deny", "namespace": "shop"}, "spec": {"action": "DENY"}}));
         let w = Watched::Istio(IstioKind { group: SECURITY, kind: "AuthorizationPolicy" });
-        assert!(
-            matches!(istio_object(&w, ap), Item::Config(Document::Ignored { kind, .. }) if kind == "AuthorizationPolicy")
-        );
+        // Validated as a file's document is: a DENY policy needs rules.
+        let Item::Config(Document::Invalid(e)) = istio_object(&w, ap) else { panic!("expected invalid") };
+        assert_eq!(e.object.map(|k| k.to_string()).as_deref(), Some("AuthorizationPolicy shop/deny"));
+        assert_eq!(e.error.field, "spec.rules");
+        let ap = dynamic(json!({"apiVersion": "security.istio.io/v1beta1", "kind": "AuthorizationPolicy",
+            "metadata": {"name": "deny", "namespace": "shop"}, "spec": {"action": "DENY", "rules": [{}]}}));
+        assert!(matches!(istio_object(&w, ap), Item::Config(Document::Valid(o)) if o.key.namespace == "shop"));
+        let ra = dynamic(json!({"apiVersion": "security.istio.io/v1", "kind": "RequestAuthentication",
+            "metadata": {"name": "jwt", "namespace": "shop"}, "spec": {"jwtRules": [{"issuer": "https://i.example", "jwksUri": "https://i.example/keys"}]}}));
+        let w = Watched::Istio(IstioKind { group: SECURITY, kind: "RequestAuthentication" });
+        assert!(matches!(istio_object(&w, ra), Item::Config(Document::Valid(o)) if o.key.name == "jwt"));
     }
 
     #[test]

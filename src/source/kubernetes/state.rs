@@ -198,6 +198,7 @@ impl KubeState {
                     document: 0,
                     object: None,
                     error: FieldError::new("", e.to_string()),
+                    policy_selector: None,
                 };
                 self.errors.insert(key, error);
                 self.status_dirty = true;
@@ -297,6 +298,7 @@ impl KubeState {
             document: 0,
             object: None,
             error: FieldError::new("", format!("{watched}: {failure}")),
+            policy_selector: None,
         });
         let errors: Vec<ConfigError> = failures.chain(self.errors.values().cloned()).collect();
         SourceEvent::Status {

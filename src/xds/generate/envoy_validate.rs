@@ -196,3 +196,28 @@ fn envoy_accepts_inbound_and_sniffing_listeners() {
     bound.interception = Interception::None;
     assert_envoy_accepts("inbound-ingress-bound", &s, &bound);
 }
+
+#[test]
+fn envoy_accepts_security_policies() {
+    // Every AuthorizationPolicy field and condition, AUDIT/DENY/ALLOW, a rejected policy's
+    // deny-all, inline and remote (https) JWKS: on inbound HTTP, TCP and sniffed chains.
+    let read = |f: &str| std::fs::read_to_string(super::testing::testdata().join(f)).expect("testdata");
+    let mut state = crate::snapshot::SourceState::default();
+    let text = [read("inbound.yaml"), read("security.yaml")].join("\n---\n");
+    let rejected = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: ext, namespace: shop}\nspec: {action: CUSTOM, provider: {name: x}, rules: [{}]}\n";
+    let mut errors = Vec::new();
+    for doc in crate::config::parse::parse_file("t.yaml", &format!("{text}\n---\n{rejected}")) {
+        match doc {
+            crate::config::parse::Document::Valid(o) => {
+                state.configs.insert(o.key.clone(), std::sync::Arc::new(o));
+            }
+            crate::config::parse::Document::Invalid(e) => errors.push(e),
+            crate::config::parse::Document::Ignored { .. } => {}
+        }
+    }
+    assert_eq!(errors.len(), 1, "only the CUSTOM policy is rejected: {errors:?}");
+    state.errors = std::sync::Arc::new(errors);
+    let s = Snapshot::build(crate::snapshot::Version::new(1, 1), crate::snapshot::ChangeSet::full(), &state);
+    assert_envoy_accepts("security-inbound", &s, &sidecar_at("shop", &[("app", "orders")], &["10.2.0.5"]));
+    assert_envoy_accepts("security-gateway", &s, &router("shop", &[("istio", "ingressgateway")]));
+}

@@ -10,11 +10,13 @@ use std::collections::HashSet;
 use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
 use envoy_types::pb::envoy::config::listener::v3::{FilterChain, Listener};
 
+use super::authz;
 use super::gateway::{gateway_ports, GatewayPort, GatewayServer, ServerKind};
 use super::http_match::RouteContext;
 use super::names::{gateway_http_route_name, listener_name};
 use super::network_filter::{
-    chain, claim_server_names, http_connection_manager, sni_match, stat_prefix_of, tcp_proxy_filter, tls_inspector,
+    chain, claim_server_names, secured_http_connection_manager, sni_match, stat_prefix_of, tcp_proxy_filter,
+    tls_inspector,
 };
 use super::proto::{resource, socket_address};
 use super::scope::{Scope, VsRef};
@@ -42,7 +44,9 @@ fn gateway_listener(scope: &Scope<'_>, gp: &GatewayPort<'_>) -> Option<Listener>
     let stat_prefix = format!("outbound_{name}");
     let mesh = &scope.snapshot.mesh;
     let chains = if gp.servers.iter().any(|s| s.kind == ServerKind::Http) {
-        let hcm = http_connection_manager(&stat_prefix, &gateway_http_route_name(gp.port), true, mesh);
+        let security = authz::http_filters(scope);
+        let hcm =
+            secured_http_connection_manager(&stat_prefix, &gateway_http_route_name(gp.port), true, mesh, security);
         vec![chain(String::new(), None, vec![hcm], None)]
     } else {
         let mut chains = Chains::default();
@@ -123,7 +127,7 @@ fn server_chains(scope: &Scope<'_>, server: &GatewayServer<'_>, stat_prefix: &st
             chains.add(chain_name, &hosts, || {
                 let socket = downstream_transport_socket(tls?, &HTTPS_ALPN)?;
                 let prefix = if server.server.name.is_empty() { stat_prefix } else { &server.server.name };
-                let hcm = http_connection_manager(prefix, route_name, true, mesh);
+                let hcm = secured_http_connection_manager(prefix, route_name, true, mesh, authz::http_filters(scope));
                 Some(chain(String::new(), None, vec![hcm], Some(socket)))
             });
         }
@@ -132,7 +136,7 @@ fn server_chains(scope: &Scope<'_>, server: &GatewayServer<'_>, stat_prefix: &st
                 let socket = downstream_transport_socket(tls?, &[])?;
                 let target = tcp_target(scope, &vss, None, &ctx)?;
                 let filter = tcp_proxy_filter(stat_prefix_of(&target), target.clone(), mesh);
-                Some(chain(String::new(), None, vec![filter], Some(socket)))
+                Some(chain(String::new(), None, authz::secured_tcp(scope, filter), Some(socket)))
             });
         }
         ServerKind::TlsPassthrough => {
@@ -140,14 +144,16 @@ fn server_chains(scope: &Scope<'_>, server: &GatewayServer<'_>, stat_prefix: &st
             for t in tls_targets(scope, &vss, &ctx, allowed) {
                 let filter = tcp_proxy_filter(stat_prefix_of(&t.target), t.target.clone(), mesh);
                 chains.add(t.server_names.join(","), &t.server_names, || {
-                    Some(chain(String::new(), None, vec![filter], None))
+                    Some(chain(String::new(), None, authz::secured_tcp(scope, filter), None))
                 });
             }
         }
         ServerKind::Tcp => {
             let Some(target) = tcp_target(scope, &vss, None, &ctx) else { return };
             let filter = tcp_proxy_filter(stat_prefix_of(&target), target.clone(), mesh);
-            chains.add(chain_name, &["*".to_string()], || Some(chain(String::new(), None, vec![filter], None)));
+            chains.add(chain_name, &["*".to_string()], || {
+                Some(chain(String::new(), None, authz::secured_tcp(scope, filter), None))
+            });
         }
     }
 }

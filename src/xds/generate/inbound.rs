@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
 use envoy_types::pb::envoy::config::listener::v3::{FilterChain, FilterChainMatch, Listener};
 
+use super::authz;
 use super::inbound_http::inbound_http_connection_manager;
 use super::names::{
     inbound_cluster_name, listener_name, BLACKHOLE_CLUSTER, INBOUND_PASSTHROUGH_CLUSTER, VIRTUAL_INBOUND_BLACKHOLE,
@@ -209,15 +210,19 @@ fn chains_for(scope: &Scope<'_>, c: &InboundChain) -> Vec<FilterChain> {
     let name = listener_name(&c.bind, c.target_port);
     let cluster = inbound_cluster_name(c.target_port);
     let stat_prefix = format!("inbound_{name}");
-    let http = || inbound_http_connection_manager(&stat_prefix, &cluster, &cluster, c.port, c.protocol, mesh);
-    let tcp = || tcp_proxy_filter(&cluster, to_cluster(&cluster), mesh);
+    let security = authz::http_filters(scope);
+    let http = || {
+        let security = security.clone();
+        inbound_http_connection_manager(&stat_prefix, &cluster, &cluster, c.port, c.protocol, mesh, security)
+    };
+    let tcp = || authz::secured_tcp(scope, tcp_proxy_filter(&cluster, to_cluster(&cluster), mesh));
     let port = Some(c.target_port);
     match Sniffed::of(c.protocol) {
         Sniffed::Http => vec![chain(name.clone(), Some(raw_match(port)), vec![http()], None)],
-        Sniffed::Tcp => vec![chain(name.clone(), Some(raw_match(port)), vec![tcp()], None)],
+        Sniffed::Tcp => vec![chain(name.clone(), Some(raw_match(port)), tcp(), None)],
         Sniffed::Auto => vec![
             chain(name.clone(), Some(http_match(port)), vec![http()], None),
-            chain(name.clone(), Some(raw_match(port)), vec![tcp()], None),
+            chain(name.clone(), Some(raw_match(port)), tcp(), None),
         ],
     }
 }
@@ -226,11 +231,12 @@ fn chains_for(scope: &Scope<'_>, c: &InboundChain) -> Vec<FilterChain> {
 fn passthrough_chains(scope: &Scope<'_>) -> Vec<FilterChain> {
     let mesh = &scope.snapshot.mesh;
     let cluster = INBOUND_PASSTHROUGH_CLUSTER;
-    let hcm = inbound_http_connection_manager(cluster, cluster, cluster, 0, Protocol::Unsupported, mesh);
-    let tcp = tcp_proxy_filter(cluster, to_cluster(cluster), mesh);
+    let security = authz::http_filters(scope);
+    let hcm = inbound_http_connection_manager(cluster, cluster, cluster, 0, Protocol::Unsupported, mesh, security);
+    let tcp = authz::secured_tcp(scope, tcp_proxy_filter(cluster, to_cluster(cluster), mesh));
     vec![
         chain(VIRTUAL_INBOUND_CATCHALL_HTTP.into(), Some(http_match(None)), vec![hcm], None),
-        chain(VIRTUAL_INBOUND_LISTENER.into(), Some(raw_match(None)), vec![tcp], None),
+        chain(VIRTUAL_INBOUND_LISTENER.into(), Some(raw_match(None)), tcp, None),
     ]
 }
 

@@ -10,7 +10,7 @@ use envoy_types::pb::envoy::config::route::v3::{
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     http_connection_manager::{RouteSpecifier, UpgradeConfig},
-    HttpConnectionManager,
+    HttpConnectionManager, HttpFilter,
 };
 
 use super::names::{ext, DEFAULT_ROUTE};
@@ -20,7 +20,8 @@ use crate::config::api::Protocol;
 use crate::mesh::MeshConfig;
 
 /// An inbound HTTP connection manager for `port` (the service port, which names the virtual
-/// host) routing everything to `cluster`, under route configuration name `route_name`.
+/// host) routing everything to `cluster`, under route configuration name `route_name`, with the
+/// `security` filters (JWT authentication, RBAC) before the router.
 pub(super) fn inbound_http_connection_manager(
     stat_prefix: &str,
     route_name: &str,
@@ -28,11 +29,14 @@ pub(super) fn inbound_http_connection_manager(
     port: u16,
     protocol: Protocol,
     mesh: &MeshConfig,
+    security: Vec<HttpFilter>,
 ) -> Filter {
+    let mut http_filters = security;
+    http_filters.push(http_filter(ext::ROUTER, Router::default()));
     let hcm = HttpConnectionManager {
         stat_prefix: stat_prefix.to_string(),
         route_specifier: Some(RouteSpecifier::RouteConfig(route_config(route_name, cluster, port))),
-        http_filters: vec![http_filter(ext::ROUTER, Router::default())],
+        http_filters,
         use_remote_address: Some(bool_value(false)),
         // gRPC and HTTP/2 ports take prior-knowledge HTTP/2, as in Istio.
         http2_protocol_options: protocol.is_http2().then(Http2ProtocolOptions::default),

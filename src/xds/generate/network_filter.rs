@@ -32,17 +32,30 @@ pub(super) fn http_connection_manager(
     use_remote_address: bool,
     mesh: &MeshConfig,
 ) -> Filter {
+    secured_http_connection_manager(stat_prefix, route_name, use_remote_address, mesh, Vec::new())
+}
+
+/// [`http_connection_manager`] with security filters (JWT authentication, RBAC) first.
+pub(super) fn secured_http_connection_manager(
+    stat_prefix: &str,
+    route_name: &str,
+    use_remote_address: bool,
+    mesh: &MeshConfig,
+    security: Vec<HttpFilter>,
+) -> Filter {
+    let mut http_filters = security;
+    http_filters.extend([
+        http_filter(ext::CORS, Cors {}),
+        http_filter(ext::FAULT, HttpFault::default()),
+        http_filter(ext::ROUTER, Router::default()),
+    ]);
     let hcm = HttpConnectionManager {
         stat_prefix: stat_prefix.to_string(),
         route_specifier: Some(RouteSpecifier::Rds(Rds {
             config_source: Some(ads_config_source()),
             route_config_name: route_name.to_string(),
         })),
-        http_filters: vec![
-            http_filter(ext::CORS, Cors {}),
-            http_filter(ext::FAULT, HttpFault::default()),
-            http_filter(ext::ROUTER, Router::default()),
-        ],
+        http_filters,
         use_remote_address: Some(bool_value(use_remote_address)),
         upgrade_configs: vec![UpgradeConfig { upgrade_type: "websocket".into(), ..Default::default() }],
         access_log: access_logs(mesh),
