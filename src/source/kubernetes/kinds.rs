@@ -54,6 +54,13 @@ pub enum Watched {
     MeshConfigMap,
 }
 
+impl Watched {
+    /// Whether it is a security policy kind: not reading it would silently drop protection.
+    pub fn is_security_policy(&self) -> bool {
+        matches!(self, Watched::Istio(k) if k.group == SECURITY)
+    }
+}
+
 impl fmt::Display for Watched {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -124,8 +124,11 @@ impl KubeState {
             }
             Change::Failed(failure) => {
                 warn!(kind = %watched, error = %failure, "kubernetes: watch failing");
-                if failure.is_permanent() && self.pending.remove(&watched) {
-                    // A kind this node may not read must not hold back the rest of the mesh.
+                // A kind this node may not read must not hold back the rest of the mesh, unless it
+                // is a security policy: serving without the policies would widen access (fail
+                // closed: readiness waits until RBAC lets it list them).
+                let forbidden_policy = watched.is_security_policy() && matches!(failure, Failure::Forbidden(_));
+                if failure.is_permanent() && !forbidden_policy && self.pending.remove(&watched) {
                     warn!(kind = %watched, "kubernetes: serving without this kind until it can be listed");
                     if watched == Watched::MeshConfigMap {
                         mesh = self.set_mesh(Ok(MeshConfig::default()));
@@ -415,6 +418,21 @@ mod tests {
         let out = s.apply(update(NS, Change::Relisted(vec![namespace("a")])));
         assert!(init_done(&out));
         assert_eq!(s.problem_counts(), BTreeMap::from([("forbidden", 1)]));
+    }
+
+    #[test]
+    fn a_forbidden_security_policy_kind_holds_readiness() {
+        let ap = Watched::Istio(super::super::kinds::IstioKind {
+            group: super::super::kinds::SECURITY,
+            kind: "AuthorizationPolicy",
+        });
+        let mut s = KubeState::new([NS, ap], false, "cluster.local".into());
+        let out = s.apply(update(NS, Change::Relisted(vec![namespace("a")])));
+        assert!(!init_done(&out));
+        let out = s.apply(update(ap, Change::Failed(Failure::Forbidden("403".into()))));
+        assert!(!init_done(&out), "serving without AuthorizationPolicies would be fail-open");
+        let out = s.apply(update(ap, Change::Relisted(vec![])));
+        assert!(init_done(&out));
     }
 
     #[test]
