@@ -1,6 +1,6 @@
 //! Compiles meshpilot's own protos (proto/) with tonic-prost-build; needs protoc.
 
-const PROTOS: &[&str] = &["proto/meshpilot/snapshot/v1/snapshot.proto"];
+const PROTOS: &[&str] = &["proto/meshpilot/snapshot/v1/snapshot.proto", "proto/istio/v1/auth/ca.proto"];
 
 fn main() {
     println!("cargo:rerun-if-env-changed=PROTOC");
@@ -19,6 +19,9 @@ fn main() {
     tonic_prost_build::configure()
         // Payloads are sliced into chunks without copying.
         .bytes(".")
+        // Well-known types (the CA request's metadata Struct) are envoy-types' own.
+        .compile_well_known_types(true)
+        .extern_path(".google.protobuf", "::envoy_types::pb::google::protobuf")
         .compile_protos(PROTOS, &["proto"])
         .unwrap_or_else(|e| panic!("compiling {PROTOS:?} failed: {e} (`bash scripts/setup.sh` installs protoc)"));
 }
