@@ -110,7 +110,11 @@ impl Authenticator {
     }
 
     /// The caller's identities: its client certificate's, else its token's.
-    pub async fn authenticate(&self, peer: Option<&PeerInfo>, headers: &http::HeaderMap) -> Result<Vec<Identity>, AuthError> {
+    pub async fn authenticate(
+        &self,
+        peer: Option<&PeerInfo>,
+        headers: &http::HeaderMap,
+    ) -> Result<Vec<Identity>, AuthError> {
         if let Some(peer) = peer.filter(|p| !p.identities.is_empty()) {
             return Ok(peer.identities.as_ref().clone());
         }
@@ -128,7 +132,8 @@ fn bearer_token(headers: &http::HeaderMap) -> Result<Option<&str>, AuthError> {
     let Some(value) = headers.get(http::header::AUTHORIZATION) else { return Ok(None) };
     let refused = |why: &str| AuthError::TokenRefused(why.to_string());
     let text = value.to_str().map_err(|_| refused("the authorization header is not text"))?;
-    let (scheme, token) = text.split_once(' ').ok_or_else(|| refused("the authorization header is not `Bearer TOKEN`"))?;
+    let (scheme, token) =
+        text.split_once(' ').ok_or_else(|| refused("the authorization header is not `Bearer TOKEN`"))?;
     if !scheme.eq_ignore_ascii_case("bearer") || token.trim().is_empty() {
         return Err(refused("the authorization header is not `Bearer TOKEN`"));
     }

@@ -153,7 +153,10 @@ mod tests {
     #[test]
     fn spiffe_ids_round_trip_and_bad_ones_are_refused() {
         let id = Identity::parse("spiffe://cluster.local/ns/bookinfo/sa/reviews").expect("valid");
-        assert_eq!((id.trust_domain().as_str(), id.namespace(), id.service_account()), ("cluster.local", "bookinfo", "reviews"));
+        assert_eq!(
+            (id.trust_domain().as_str(), id.namespace(), id.service_account()),
+            ("cluster.local", "bookinfo", "reviews")
+        );
         assert_eq!(id.to_string(), "spiffe://cluster.local/ns/bookinfo/sa/reviews");
         for bad in [
             "spiffe://cluster.local/ns/bookinfo",

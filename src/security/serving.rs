@@ -54,7 +54,11 @@ impl ServingNames {
     }
 }
 
-async fn issue(ca: &Arc<CertificateAuthority>, names: &ServingNames, ttl: Duration) -> Result<Arc<rustls::sign::CertifiedKey>, ServingError> {
+async fn issue(
+    ca: &Arc<CertificateAuthority>,
+    names: &ServingNames,
+    ttl: Duration,
+) -> Result<Arc<rustls::sign::CertifiedKey>, ServingError> {
     let (ca, names) = (ca.clone(), names.clone());
     let issued = tokio::task::spawn_blocking(move || ca.issue_serving(&names.dns, &names.ips, ttl))
         .await
@@ -96,8 +100,12 @@ mod tests {
 
     #[test]
     fn istiod_names_and_extra_sans() {
-        let names = ServingNames::istiod("istio-system", &["10.0.0.5".into(), "meshpilot.example".into(), "10.0.0.5".into()]);
-        assert_eq!(names.dns, ["istiod.istio-system.svc", "istiod.istio-system.svc.cluster.local", "meshpilot.example"]);
+        let names =
+            ServingNames::istiod("istio-system", &["10.0.0.5".into(), "meshpilot.example".into(), "10.0.0.5".into()]);
+        assert_eq!(
+            names.dns,
+            ["istiod.istio-system.svc", "istiod.istio-system.svc.cluster.local", "meshpilot.example"]
+        );
         assert_eq!(names.ips, [IpAddr::from([10, 0, 0, 5])]);
     }
 }

@@ -88,7 +88,8 @@ impl CertificateAuthority {
         dn.push(DnType::CommonName, "meshpilot root CA");
         params.distinguished_name = dn;
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        params.key_usages =
+            vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
         let now = OffsetDateTime::now_utc();
         params.not_before = now - BACKDATE;
         params.not_after = now + SELF_SIGNED_ROOT_TTL;
@@ -119,8 +120,15 @@ impl CertificateAuthority {
     /// first identity. Other SANs of the CSR are not issued. Returns the chain as Istio does:
     /// the certificate, `cert-chain.pem` when there is one, then the root. Signing is CPU work:
     /// call off async workers.
-    pub fn sign_csr(&self, csr_pem: &str, callers: &[Identity], requested_ttl_secs: i64) -> Result<Vec<String>, CaError> {
-        let first = callers.first().ok_or_else(|| CaError::NotCallersIdentity { asked: "any".into(), caller: "nobody".into() })?;
+    pub fn sign_csr(
+        &self,
+        csr_pem: &str,
+        callers: &[Identity],
+        requested_ttl_secs: i64,
+    ) -> Result<Vec<String>, CaError> {
+        let first = callers
+            .first()
+            .ok_or_else(|| CaError::NotCallersIdentity { asked: "any".into(), caller: "nobody".into() })?;
         let csr = CertificateSigningRequestParams::from_pem(csr_pem).map_err(|e| CaError::BadCsr(e.to_string()))?;
         let mut identities = Vec::new();
         for san in &csr.params.subject_alt_names {
@@ -163,7 +171,8 @@ impl CertificateAuthority {
     pub fn issue_serving(&self, dns_names: &[String], ips: &[IpAddr], ttl: Duration) -> Result<IssuedKeyPair, CaError> {
         let mut sans = Vec::new();
         for name in dns_names {
-            let name = name.clone().try_into().map_err(|e: rcgen::Error| CaError::Settings(format!("SAN {name:?}: {e}")))?;
+            let name =
+                name.clone().try_into().map_err(|e: rcgen::Error| CaError::Settings(format!("SAN {name:?}: {e}")))?;
             sans.push(SanType::DnsName(name));
         }
         sans.extend(ips.iter().copied().map(SanType::IpAddress));
@@ -203,7 +212,161 @@ impl CertificateAuthority {
 /// 16 random bytes, the top bit clear (a positive serial).
 fn random_serial() -> Result<SerialNumber, CaError> {
     let mut bytes = [0u8; 16];
-    ring::rand::SystemRandom::new().fill(&mut bytes).map_err(|_| CaError::Sign("no randomness for a serial number".into()))?;
+    ring::rand::SystemRandom::new()
+        .fill(&mut bytes)
+        .map_err(|_| CaError::Sign("no randomness for a serial number".into()))?;
     bytes[0] &= 0x7f;
     Ok(SerialNumber::from_slice(&bytes))
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use rustls::pki_types::UnixTime;
+
+    use super::*;
+    use crate::security::ca::material::parse_certs;
+    use crate::security::tls::certificate_identities;
+
+    fn td() -> TrustDomain {
+        TrustDomain::new("cluster.local").expect("trust domain")
+    }
+
+    fn id(ns: &str, sa: &str) -> Identity {
+        Identity::new(td(), ns, sa).expect("identity")
+    }
+
+    fn root_ca(settings: CaSettings) -> CertificateAuthority {
+        CertificateAuthority::new(CertificateAuthority::self_signed_material(&td()).expect("root"), settings)
+            .expect("CA")
+    }
+
+    /// A CSR (PEM) for `sans` (URIs), and its key.
+    fn csr(sans: &[&str]) -> (String, KeyPair) {
+        let key = KeyPair::generate().expect("key");
+        let mut params = CertificateParams::default();
+        params.distinguished_name = DistinguishedName::new();
+        params.subject_alt_names =
+            sans.iter().map(|s| SanType::URI((*s).to_string().try_into().expect("ia5"))).collect();
+        let pem = params.serialize_request(&key).expect("csr").pem().expect("pem");
+        (pem, key)
+    }
+
+    /// Verifies `chain` (each entry may hold several PEM certificates) up to `roots_pem`, as a TLS
+    /// server would a client's.
+    fn verify(chain: &[String], roots_pem: &str) -> Result<(), rustls::Error> {
+        let certs: Vec<_> = chain.iter().flat_map(|c| parse_certs(c, "chain").expect("certs")).collect();
+        let mut store = rustls::RootCertStore::empty();
+        for root in parse_certs(roots_pem, "roots").expect("roots") {
+            store.add(root).expect("root");
+        }
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(store),
+            crate::security::tls::provider(),
+        )
+        .build()
+        .expect("verifier");
+        verifier.verify_client_cert(&certs[0], &certs[1..], UnixTime::now()).map(|_| ())
+    }
+
+    fn validity(pem: &str) -> Duration {
+        let der = parse_certs(pem, "leaf").expect("leaf").remove(0);
+        let (_, cert) = x509_parser::parse_x509_certificate(&der).expect("parses");
+        let v = cert.validity();
+        Duration::from_secs(u64::try_from(v.not_after.timestamp() - v.not_before.timestamp()).expect("positive"))
+    }
+
+    use std::sync::Arc;
+
+    #[test]
+    fn a_workload_gets_its_spiffe_id_for_the_ttl_with_a_chain_to_the_root() {
+        let ca = root_ca(CaSettings {
+            workload_ttl: Duration::from_secs(3600),
+            max_workload_ttl: Duration::from_secs(7200),
+        });
+        let me = id("ns-a", "reviews");
+        let (pem, _) = csr(&["spiffe://cluster.local/ns/ns-a/sa/reviews"]);
+        let chain = ca.sign_csr(&pem, std::slice::from_ref(&me), 0).expect("signed");
+        assert_eq!(chain.len(), 2, "certificate and root");
+        assert_eq!(chain[1], ca.root_pem());
+        let leaf = parse_certs(&chain[0], "leaf").expect("leaf").remove(0);
+        assert_eq!(certificate_identities(&leaf), vec![me.clone()]);
+        assert_eq!(validity(&chain[0]), Duration::from_secs(3600) + BACKDATE);
+        verify(&chain, ca.root_pem()).expect("the chain verifies to the root");
+        // A longer request is capped at the maximum; a shorter one is honoured.
+        let capped = ca.sign_csr(&pem, std::slice::from_ref(&me), 1_000_000).expect("signed");
+        assert_eq!(validity(&capped[0]), Duration::from_secs(7200) + BACKDATE);
+        let short = ca.sign_csr(&pem, std::slice::from_ref(&me), 600).expect("signed");
+        assert_eq!(validity(&short[0]), Duration::from_secs(600) + BACKDATE);
+        // Another CA's root does not verify it.
+        let other = root_ca(CaSettings::default());
+        assert!(verify(&chain, other.root_pem()).is_err());
+    }
+
+    #[test]
+    fn a_csr_for_another_identity_is_refused() {
+        let ca = root_ca(CaSettings::default());
+        let (pem, _) = csr(&["spiffe://cluster.local/ns/ns-b/sa/reviews"]);
+        let err = ca.sign_csr(&pem, &[id("ns-a", "reviews")], 0).expect_err("refused");
+        assert!(matches!(err, CaError::NotCallersIdentity { .. }), "{err}");
+        let (pem, _) = csr(&["spiffe://cluster.local/ns/ns-a/sa/ratings"]);
+        assert!(matches!(ca.sign_csr(&pem, &[id("ns-a", "reviews")], 0), Err(CaError::NotCallersIdentity { .. })));
+        assert!(matches!(ca.sign_csr("garbage", &[id("ns-a", "reviews")], 0), Err(CaError::BadCsr(_))));
+        // A CSR naming no identity gets the caller's.
+        let (pem, _) = csr(&[]);
+        let chain = ca.sign_csr(&pem, &[id("ns-a", "reviews")], 0).expect("signed");
+        let leaf = parse_certs(&chain[0], "leaf").expect("leaf").remove(0);
+        assert_eq!(certificate_identities(&leaf), vec![id("ns-a", "reviews")]);
+    }
+
+    #[test]
+    fn a_key_that_is_not_the_certificates_is_refused() {
+        let a = CertificateAuthority::self_signed_material(&td()).expect("a");
+        let b = CertificateAuthority::self_signed_material(&td()).expect("b");
+        let mixed = CaMaterial { ca_key: b.ca_key, ..a };
+        assert!(matches!(CertificateAuthority::new(mixed, CaSettings::default()), Err(CaError::Material(_))));
+    }
+
+    /// Istio's plug-in layout: a root, an intermediate signing, `cert-chain.pem` = intermediate + root.
+    pub(crate) fn plugin_material() -> (CaMaterial, String) {
+        let root_key = KeyPair::generate().expect("key");
+        let mut root_params = CertificateParams::default();
+        root_params.distinguished_name.push(DnType::CommonName, "Root CA");
+        root_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        root_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let root_cert = root_params.self_signed(&root_key).expect("root");
+        let root_issuer = Issuer::new(root_params, root_key);
+        let int_key = KeyPair::generate().expect("key");
+        let mut int_params = CertificateParams::default();
+        int_params.distinguished_name = DistinguishedName::new();
+        int_params.distinguished_name.push(DnType::CommonName, "Intermediate CA");
+        int_params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        int_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let int_cert = int_params.signed_by(&int_key, &root_issuer).expect("intermediate");
+        let material = CaMaterial {
+            ca_cert: int_cert.pem(),
+            ca_key: int_key.serialize_pem(),
+            cert_chain: format!("{}{}", int_cert.pem(), root_cert.pem()),
+            root_cert: root_cert.pem(),
+        };
+        (material, int_cert.pem())
+    }
+
+    #[test]
+    fn a_plugged_in_intermediate_signs_and_returns_the_chain_as_istio_does() {
+        let (material, intermediate) = plugin_material();
+        let ca = CertificateAuthority::new(material.clone(), CaSettings::default()).expect("CA");
+        let (pem, _) = csr(&["spiffe://cluster.local/ns/ns-a/sa/reviews"]);
+        let chain = ca.sign_csr(&pem, &[id("ns-a", "reviews")], 0).expect("signed");
+        assert_eq!(chain.len(), 3, "certificate, cert-chain.pem, root-cert.pem");
+        assert_eq!(chain[1], material.cert_chain);
+        assert!(chain[1].starts_with(&intermediate));
+        assert_eq!(chain[2], material.root_cert);
+        verify(&chain, &material.root_cert).expect("verifies through the intermediate to the plugged root");
+        // The intermediate's own root alone is not enough without the intermediate.
+        assert!(verify(&chain[..1], &material.root_cert).is_err());
+        // Serving certificates carry the intermediate too.
+        let served =
+            ca.issue_serving(&["istiod.istio-system.svc".into()], &[], Duration::from_secs(60)).expect("issued");
+        assert_eq!(parse_certs(&served.chain_pem, "served").expect("certs").len(), 3);
+    }
 }

@@ -33,7 +33,10 @@ pub struct CaMaterial {
 impl std::fmt::Debug for CaMaterial {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the key.
-        f.debug_struct("CaMaterial").field("ca_cert", &self.ca_cert).field("root_cert", &self.root_cert).finish_non_exhaustive()
+        f.debug_struct("CaMaterial")
+            .field("ca_cert", &self.ca_cert)
+            .field("root_cert", &self.root_cert)
+            .finish_non_exhaustive()
     }
 }
 
@@ -45,7 +48,8 @@ impl CaMaterial {
             return Ok(None);
         }
         let read = |name: &str| {
-            std::fs::read_to_string(dir.join(name)).map_err(|e| CaError::Io(format!("reading {}: {e}", dir.join(name).display())))
+            std::fs::read_to_string(dir.join(name))
+                .map_err(|e| CaError::Io(format!("reading {}: {e}", dir.join(name).display())))
         };
         let cert_chain = match dir.join(CERT_CHAIN).exists() {
             true => read(CERT_CHAIN)?,

@@ -126,7 +126,8 @@ fn from_secret(secret: &Secret) -> Result<CaMaterial, CaError> {
     let data = secret.data.clone().unwrap_or_default();
     let get = |key: &str, required: bool| -> Result<String, CaError> {
         match data.get(key) {
-            Some(v) => String::from_utf8(v.0.clone()).map_err(|_| CaError::Material(format!("{CA_SECRET}: {key} is not PEM text"))),
+            Some(v) => String::from_utf8(v.0.clone())
+                .map_err(|_| CaError::Material(format!("{CA_SECRET}: {key} is not PEM text"))),
             None if required => Err(CaError::Material(format!("{CA_SECRET} has no {key}"))),
             None => Ok(String::new()),
         }
@@ -138,4 +139,42 @@ fn from_secret(secret: &Secret) -> Result<CaMaterial, CaError> {
         r => r,
     };
     Ok(CaMaterial { ca_key: get(CA_KEY, true)?, cert_chain: get(CERT_CHAIN, false)?, root_cert, ca_cert })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source(dir: &std::path::Path) -> CaSource {
+        CaSource {
+            plugin_dir: dir.join("cacerts"),
+            root_store: RootStore::Directory(dir.join("ca")),
+            trust_domain: TrustDomain::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_restart_reuses_the_stored_root() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let first = load_or_create(&source(dir.path())).await.expect("created");
+        let again = load_or_create(&source(dir.path())).await.expect("reloaded");
+        assert!(first == again, "the same root after a restart");
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(dir.path().join("ca").join(CA_KEY)).expect("key file").permissions(),
+        );
+        assert_eq!(mode & 0o077, 0, "the key is private");
+        // A half-written directory is an error, not a new root.
+        std::fs::remove_file(dir.path().join("ca").join(CA_KEY)).expect("remove");
+        assert!(load_or_create(&source(dir.path())).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn plugged_in_files_win_over_a_stored_root() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let _ = load_or_create(&source(dir.path())).await.expect("created");
+        let (plugged, _) = crate::security::ca::authority::tests::plugin_material();
+        plugged.write_dir(&dir.path().join("cacerts")).expect("written");
+        let loaded = load_or_create(&source(dir.path())).await.expect("loaded");
+        assert!(loaded == plugged);
+    }
 }
