@@ -124,6 +124,66 @@ struct StandaloneArgs {
     /// What the xDS server admits at once.
     #[command(flatten)]
     admission: AdmissionArgs,
+    /// The CA and the secure xDS port.
+    #[command(flatten)]
+    security: SecurityArgs,
+}
+
+/// The CA and the secure xDS port (istiod's 15012: TLS, authenticated ADS and the CA service).
+#[derive(clap::Args)]
+struct SecurityArgs {
+    /// Secure xDS listen address: TLS with a certificate from meshpilot's CA, ADS for
+    /// authenticated proxies (client certificate or service-account token) and Istio's CA service.
+    #[arg(long, default_value = "127.0.0.1:15012")]
+    secure_xds_addr: SocketAddr,
+    /// Serve no secure port (and run no CA).
+    #[arg(long)]
+    no_secure_xds: bool,
+    /// Serve no plaintext xDS port (`--xds-addr`): proxies must use the secure port.
+    #[arg(long)]
+    no_plaintext_xds: bool,
+    /// Extra DNS names or IP addresses of the secure port's certificate (comma separated), beside
+    /// istiod.<namespace>.svc[.cluster.local]: the address proxies dial.
+    #[arg(long, value_delimiter = ',')]
+    xds_tls_san: Vec<String>,
+    /// Lifetime of workload certificates when the request names none.
+    #[arg(long, default_value = "24h", value_parser = parse_duration)]
+    workload_cert_ttl: Duration,
+    /// Longest workload certificate lifetime issued; longer requests are capped to it.
+    #[arg(long, default_value = "2160h", value_parser = parse_duration)]
+    max_workload_cert_ttl: Duration,
+    /// Istio's plug-in CA directory (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem):
+    /// when it holds a CA, meshpilot signs with it (an intermediate of your root).
+    #[arg(long, default_value = meshpilot::app::security::DEFAULT_PLUGIN_DIR)]
+    cacerts_dir: PathBuf,
+    /// Where the self-signed root is kept without Kubernetes (with Kubernetes: the Secret
+    /// istio-ca-secret in --namespace).
+    #[arg(long, default_value = meshpilot::app::security::DEFAULT_ROOT_DIR)]
+    ca_dir: PathBuf,
+}
+
+impl SecurityArgs {
+    fn settings(&self, namespace: &str) -> meshpilot::app::security::SecuritySettings {
+        meshpilot::app::security::SecuritySettings {
+            secure_xds_addr: (!self.no_secure_xds).then_some(self.secure_xds_addr),
+            extra_sans: self.xds_tls_san.clone(),
+            ca: meshpilot::security::ca::CaSettings {
+                workload_ttl: self.workload_cert_ttl,
+                max_workload_ttl: self.max_workload_cert_ttl,
+            },
+            plugin_dir: self.cacerts_dir.clone(),
+            root_dir: self.ca_dir.clone(),
+            namespace: namespace.to_string(),
+        }
+    }
+
+    /// Refuses a process serving xDS on no port at all.
+    fn check(&self) -> anyhow::Result<()> {
+        if self.no_secure_xds && self.no_plaintext_xds {
+            anyhow::bail!("--no-secure-xds and --no-plaintext-xds together leave no xDS port");
+        }
+        Ok(())
+    }
 }
 
 /// What an xDS server admits at once (Istio's PILOT_MAX_REQUESTS_PER_SECOND, PILOT_PUSH_THROTTLE
@@ -250,6 +310,20 @@ struct FrontendArgs {
     /// What the xDS server admits at once.
     #[command(flatten)]
     admission: AdmissionArgs,
+    /// The CA and the secure xDS port.
+    #[command(flatten)]
+    security: SecurityArgs,
+    /// Kubernetes API server (its kubeconfig) the secure port reviews service-account tokens
+    /// with and reads the CA's istio-ca-secret from; without it only client certificates
+    /// authenticate.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// As --kubeconfig, found as kubectl finds it (in-cluster service account first).
+    #[arg(long, conflicts_with = "kubeconfig")]
+    kubernetes: bool,
+    /// meshpilot's namespace (istiod's service names, the istio-ca-secret).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "istio-system")]
+    namespace: String,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -329,6 +403,7 @@ fn run_ingest(args: IngestArgs) -> anyhow::Result<()> {
 }
 
 fn run_frontend(args: FrontendArgs) -> anyhow::Result<()> {
+    args.security.check()?;
     let id = args.id.unwrap_or_else(|| default_id("frontend"));
     let (process, _telemetry) = serving_process(Role::Frontend, &id);
     let settings = app::frontend::FrontendNodeSettings {
@@ -343,13 +418,24 @@ fn run_frontend(args: FrontendArgs) -> anyhow::Result<()> {
         },
         lease_ttl: Duration::from_secs(args.lease_ttl.max(2)),
         admission: args.admission.settings(),
+        plaintext_xds: !args.security.no_plaintext_xds,
+        security: args.security.settings(&args.namespace),
+        kubernetes: match (args.kubeconfig, args.kubernetes) {
+            (Some(file), _) => Some(ClusterChoice::Kubeconfig(file)),
+            (None, true) => Some(ClusterChoice::Infer),
+            (None, false) => None,
+        },
     };
     app::run(|drain| app::frontend::run(settings, process, drain)).context("frontend")
 }
 
 fn run_standalone(args: StandaloneArgs) -> anyhow::Result<()> {
+    args.security.check()?;
     let (process, _telemetry) = serving_process(Role::Standalone, &default_id("standalone"));
+    let security = args.security.settings(&args.sources.namespace);
     let settings = app::standalone::StandaloneSettings {
+        plaintext_xds: !args.security.no_plaintext_xds,
+        security,
         sources: args.sources.settings(),
         debounce: DebounceSettings { after: args.debounce_after, max: args.debounce_max },
         xds_addr: args.xds_addr,

@@ -10,7 +10,9 @@ use serde_json::json;
 use tokio::sync::watch;
 use tracing::info;
 
+use super::security::{self, SecurityError, SecuritySettings};
 use super::servers;
+use crate::source::kubernetes::ClusterChoice;
 use super::{Process, RoleError};
 use crate::admin::{AdminState, NodeStatus, XdsState};
 use crate::cluster::election::{LeaderWatch, DEFAULT_ELECTION_NAME};
@@ -47,6 +49,12 @@ pub struct FrontendNodeSettings {
     pub lease_ttl: Duration,
     /// New-stream rate, push concurrency and stream age of the xDS server.
     pub admission: AdmissionSettings,
+    /// Whether the plaintext xDS port (`xds_addr`) is served.
+    pub plaintext_xds: bool,
+    /// The CA and the secure xDS port.
+    pub security: SecuritySettings,
+    /// The API server tokens are reviewed with (and the CA Secret read from).
+    pub kubernetes: Option<ClusterChoice>,
 }
 
 /// Owned and foreign proxy counts at one moment.
@@ -66,7 +74,14 @@ pub struct OwnershipSummary {
 pub async fn run(settings: FrontendNodeSettings, process: Process, drain: DrainWatcher) -> Result<(), RoleError> {
     let ready = Ready::new();
     let first_snapshot = ready.register_task("first snapshot from the leader");
-    let xds_listener = servers::bind("xDS server", settings.xds_addr).await?;
+    let xds_listener = match settings.plaintext_xds {
+        true => Some(servers::bind("xDS server", settings.xds_addr).await?),
+        false => None,
+    };
+    let secure_listener = match settings.security.secure_xds_addr {
+        Some(addr) => Some(servers::bind("secure xDS server", addr).await?),
+        None => None,
+    };
     let admin_listener = servers::bind("admin server", settings.admin_addr).await?;
     let client = crate::cluster::etcd::connect(&settings.etcd_endpoints).await?;
 
@@ -114,6 +129,20 @@ pub async fn run(settings: FrontendNodeSettings, process: Process, drain: DrainW
     tokio::spawn(tracking);
 
     let ads = AdsServer::new(reader.clone(), connections.clone(), xds_metrics, drain.clone(), settings.admission);
+    let secure = match secure_listener {
+        Some(listener) => {
+            let kube = match &settings.kubernetes {
+                Some(choice) => Some(
+                    crate::source::kubernetes::client::connect(choice)
+                        .await
+                        .map_err(|e| SecurityError::Kubernetes(e.to_string()))?,
+                ),
+                None => None,
+            };
+            Some((listener, security::start(&settings.security, kube, reader.clone(), &drain).await?))
+        }
+        None => None,
+    };
     let admin_state = AdminState {
         snapshots: reader,
         xds: Some(XdsState { connections, cache: ads.cache() }),
@@ -124,10 +153,25 @@ pub async fn run(settings: FrontendNodeSettings, process: Process, drain: DrainW
         renders: crate::admin::render_limit(),
     };
     info!(id = %settings.id, advertise = %settings.advertise_addr, "frontend started");
-    tokio::try_join!(
-        servers::serve_xds(xds_listener, ads, drain.clone()),
-        servers::serve_admin(admin_listener, admin_state, drain),
-    )?;
+    let plaintext = {
+        let (ads, drain) = (ads.clone(), drain.clone());
+        async move {
+            match xds_listener {
+                Some(listener) => servers::serve_xds(listener, ads, drain).await,
+                None => Ok(()),
+            }
+        }
+    };
+    let secure_served = {
+        let drain = drain.clone();
+        async move {
+            match secure {
+                Some((listener, security)) => servers::serve_secure_xds(listener, ads, security, drain).await,
+                None => Ok(()),
+            }
+        }
+    };
+    tokio::try_join!(plaintext, secure_served, servers::serve_admin(admin_listener, admin_state, drain))?;
     Ok(())
 }
 

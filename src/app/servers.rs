@@ -9,7 +9,10 @@ use tokio::net::{TcpListener, TcpSocket};
 use tokio_stream::wrappers::TcpListenerStream;
 use tracing::info;
 
+use super::security::Security;
 use crate::admin::{self, AdminState};
+use crate::security::ca::service::CaService;
+use crate::security::tls;
 use crate::drain::DrainWatcher;
 use crate::replication::SnapshotServer;
 use crate::xds::server::AdsServer;
@@ -73,6 +76,26 @@ pub async fn serve_xds(listener: TcpListener, ads: AdsServer, drain: DrainWatche
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move { drain.draining().await })
         .await
         .map_err(|source| ServeError::Grpc { what: "xDS server", addr, source })
+}
+
+/// Serves the secure port on `listener` until the drain starts: TLS (`tls`), ADS for callers
+/// that authenticate and claim their own node, and Istio's CA service, as istiod's 15012 does.
+pub async fn serve_secure_xds(
+    listener: TcpListener,
+    ads: AdsServer,
+    security: Security,
+    drain: DrainWatcher,
+) -> Result<(), ServeError> {
+    let addr = local_addr(&listener);
+    info!(%addr, "secure xDS server (TLS, ADS and CA) listening");
+    let ca = CaService::new(security.ca.clone(), security.authn.clone());
+    tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .add_service(ads.authenticated_service(security.authn.clone()))
+        .add_service(ca.into_service())
+        .serve_with_incoming_shutdown(tls::accept(listener, security.tls.clone()), async move { drain.draining().await })
+        .await
+        .map_err(|source| ServeError::Grpc { what: "secure xDS server", addr, source })
 }
 
 /// Serves snapshots to frontends on `listener` until the drain starts.

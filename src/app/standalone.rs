@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use tracing::info;
 
+use super::security::{self, SecurityError, SecuritySettings};
 use super::servers;
+use crate::security::ca::root_publisher;
 use super::{pipeline, Process, RoleError};
 use crate::admin::{AdminState, XdsState};
 use crate::drain::DrainWatcher;
@@ -31,6 +33,10 @@ pub struct StandaloneSettings {
     pub admin_addr: SocketAddr,
     /// New-stream rate, push concurrency and stream age of the xDS server.
     pub admission: AdmissionSettings,
+    /// Whether the plaintext xDS port (`xds_addr`) is served.
+    pub plaintext_xds: bool,
+    /// The CA and the secure xDS port.
+    pub security: SecuritySettings,
 }
 
 /// Runs until the drain starts.
@@ -38,7 +44,14 @@ pub async fn run(settings: StandaloneSettings, process: Process, drain: DrainWat
     let ready = Ready::new();
     let first_snapshot = ready.register_task("first snapshot");
     let xds_bound = ready.register_task("xDS listener");
-    let xds_listener = servers::bind("xDS server", settings.xds_addr).await?;
+    let xds_listener = match settings.plaintext_xds {
+        true => Some(servers::bind("xDS server", settings.xds_addr).await?),
+        false => None,
+    };
+    let secure_listener = match settings.security.secure_xds_addr {
+        Some(addr) => Some(servers::bind("secure xDS server", addr).await?),
+        None => None,
+    };
     let admin_listener = servers::bind("admin server", settings.admin_addr).await?;
 
     // Term 1: a standalone process is its own, permanent leader.
@@ -48,6 +61,26 @@ pub async fn run(settings: StandaloneSettings, process: Process, drain: DrainWat
     let xds_metrics = XdsMetrics::register(&process.registry);
     let connections = Arc::new(ConnectionRegistry::new(xds_metrics.clone()));
     let ads = AdsServer::new(reader.clone(), connections.clone(), xds_metrics, drain.clone(), settings.admission);
+    let secure = match secure_listener {
+        Some(listener) => {
+            let kube = match &settings.sources.kubernetes {
+                Some(k) => Some(
+                    crate::source::kubernetes::client::connect(&k.cluster)
+                        .await
+                        .map_err(|e| SecurityError::Kubernetes(e.to_string()))?,
+                ),
+                None => None,
+            };
+            let security = security::start(&settings.security, kube.clone(), reader.clone(), &drain).await?;
+            // A standalone process is its own leader: it keeps the root ConfigMaps.
+            if let Some(client) = kube {
+                let (root, w) = (security.ca.root_pem().to_string(), drain.clone());
+                tokio::spawn(root_publisher::run(client, root, async move { w.draining().await }));
+            }
+            Some((listener, security))
+        }
+        None => None,
+    };
     let admin_state = AdminState {
         snapshots: reader,
         xds: Some(XdsState { connections, cache: ads.cache() }),
@@ -59,10 +92,25 @@ pub async fn run(settings: StandaloneSettings, process: Process, drain: DrainWat
     };
     info!(config_dir = ?settings.sources.config_dir, kubernetes = settings.sources.kubernetes.is_some(), "standalone meshpilot started");
     drop(xds_bound);
-    let served = tokio::try_join!(
-        servers::serve_xds(xds_listener, ads, drain.clone()),
-        servers::serve_admin(admin_listener, admin_state, drain),
-    );
+    let plaintext = {
+        let (ads, drain) = (ads.clone(), drain.clone());
+        async move {
+            match xds_listener {
+                Some(listener) => servers::serve_xds(listener, ads, drain).await,
+                None => Ok(()),
+            }
+        }
+    };
+    let secure_served = {
+        let drain = drain.clone();
+        async move {
+            match secure {
+                Some((listener, security)) => servers::serve_secure_xds(listener, ads, security, drain).await,
+                None => Ok(()),
+            }
+        }
+    };
+    let served = tokio::try_join!(plaintext, secure_served, servers::serve_admin(admin_listener, admin_state, drain),);
     // The servers stop once the drain started, and ingest with them; a failed server stops it here.
     if served.is_err() {
         ingest_task.abort();

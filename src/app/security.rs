@@ -1,0 +1,130 @@
+//! The security parts of a serving role: the CA (from plug-in files, the `istio-ca-secret` or a
+//! directory), the authenticator of the secure port (client certificates; tokens with
+//! Kubernetes), the secure port's serving certificate, and the trust domain followed from the
+//! mesh config.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tracing::{info, warn};
+
+use crate::drain::DrainWatcher;
+use crate::security::ca::{self, CaError, CaSettings, CaSource, CertificateAuthority, RootStore};
+use crate::security::serving::{serving_cert, ServingError, ServingNames};
+use crate::security::tls::{self, ClientAuth, TlsError};
+use crate::security::{Authenticator, SharedTrustDomain, TokenReviewer, TrustDomain};
+use crate::snapshot::SnapshotReader;
+
+/// Default plug-in CA directory (Istio mounts the `cacerts` Secret there).
+pub const DEFAULT_PLUGIN_DIR: &str = "./etc/cacerts";
+/// Default directory of a self-signed root without Kubernetes, under the working directory.
+pub const DEFAULT_ROOT_DIR: &str = "./.meshpilot/ca";
+
+/// Why the security parts could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SecurityError {
+    /// The CA could not load or create its material.
+    #[error(transparent)]
+    Ca(#[from] CaError),
+    /// The serving certificate could not be made.
+    #[error(transparent)]
+    Serving(#[from] ServingError),
+    /// TLS could not be configured.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// The Kubernetes client could not be made.
+    #[error("Kubernetes client for the CA: {0}")]
+    Kubernetes(String),
+}
+
+/// Settings of the CA and the secure xDS port.
+#[derive(Debug, Clone)]
+pub struct SecuritySettings {
+    /// Where the secure port (TLS: ADS and the CA, like istiod's 15012) listens; `None`: off.
+    pub secure_xds_addr: Option<SocketAddr>,
+    /// Names and addresses the serving certificate carries beside istiod's.
+    pub extra_sans: Vec<String>,
+    /// Workload certificate lifetimes.
+    pub ca: CaSettings,
+    /// Istio's plug-in CA directory.
+    pub plugin_dir: PathBuf,
+    /// Where a self-signed root is kept without Kubernetes.
+    pub root_dir: PathBuf,
+    /// The control plane's namespace (istiod's names, the `istio-ca-secret`).
+    pub namespace: String,
+}
+
+impl Default for SecuritySettings {
+    fn default() -> Self {
+        SecuritySettings {
+            secure_xds_addr: None,
+            extra_sans: Vec::new(),
+            ca: CaSettings::default(),
+            plugin_dir: DEFAULT_PLUGIN_DIR.into(),
+            root_dir: DEFAULT_ROOT_DIR.into(),
+            namespace: "istio-system".into(),
+        }
+    }
+}
+
+/// The running CA and the secure port's TLS.
+#[derive(Clone)]
+pub struct Security {
+    /// The CA.
+    pub ca: Arc<CertificateAuthority>,
+    /// The secure port's authenticator.
+    pub authn: Arc<Authenticator>,
+    /// TLS of the secure port.
+    pub tls: Arc<rustls::ServerConfig>,
+}
+
+/// Starts the CA (with `kube`: its root in the `istio-ca-secret`, tokens reviewed there) and the
+/// secure port's serving certificate; the trust domain follows `snapshots`' mesh config.
+pub async fn start(
+    settings: &SecuritySettings,
+    kube: Option<kube::Client>,
+    snapshots: SnapshotReader,
+    drain: &DrainWatcher,
+) -> Result<Security, SecurityError> {
+    let trust_domain = SharedTrustDomain::new(TrustDomain::default());
+    follow_trust_domain(trust_domain.clone(), snapshots, drain.clone());
+    let root_store = match &kube {
+        Some(client) => RootStore::Secret { client: client.clone(), namespace: settings.namespace.clone() },
+        None => RootStore::Directory(settings.root_dir.clone()),
+    };
+    let source = CaSource { plugin_dir: settings.plugin_dir.clone(), root_store, trust_domain: trust_domain.get() };
+    let material = ca::load_or_create(&source).await?;
+    let ca = Arc::new(CertificateAuthority::new(material, settings.ca)?);
+    if kube.is_none() {
+        info!("no Kubernetes: the secure port authenticates client certificates only (no token review)");
+    }
+    let authn = Authenticator::new(kube.map(TokenReviewer::new), trust_domain);
+    let names = ServingNames::istiod(&settings.namespace, &settings.extra_sans);
+    let w = drain.clone();
+    let cert = serving_cert(ca.clone(), names, async move { w.draining().await }).await?;
+    let roots = ca.material().roots()?;
+    let tls = tls::server_config(&roots, cert, ClientAuth::Optional)?;
+    Ok(Security { ca, authn, tls })
+}
+
+/// Keeps `trust_domain` at the mesh config's `trustDomain` of each new snapshot.
+fn follow_trust_domain(trust_domain: SharedTrustDomain, mut snapshots: SnapshotReader, drain: DrainWatcher) {
+    tokio::spawn(async move {
+        let mut next = snapshots.first().await;
+        while let Some(snapshot) = next {
+            match TrustDomain::new(&snapshot.mesh.trust_domain) {
+                Ok(td) if td != trust_domain.get() => {
+                    info!(trust_domain = %td, "identities use the mesh config's trust domain");
+                    trust_domain.set(td);
+                }
+                Ok(_) => {}
+                Err(e) => warn!(error = %e, "mesh config trustDomain ignored"),
+            }
+            next = tokio::select! {
+                s = snapshots.next() => s,
+                _ = drain.draining() => None,
+            };
+        }
+    });
+}
