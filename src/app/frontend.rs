@@ -12,7 +12,6 @@ use tracing::info;
 
 use super::security::{self, SecurityError, SecuritySettings};
 use super::servers;
-use crate::source::kubernetes::ClusterChoice;
 use super::{Process, RoleError};
 use crate::admin::{AdminState, NodeStatus, XdsState};
 use crate::cluster::election::{LeaderWatch, DEFAULT_ELECTION_NAME};
@@ -24,6 +23,7 @@ use crate::readiness::Ready;
 use crate::replication::metrics::ReplicationMetrics;
 use crate::replication::{SnapshotSubscriber, SubscriberSettings, SubscriberStatus};
 use crate::snapshot;
+use crate::source::kubernetes::ClusterChoice;
 use crate::telemetry::metrics::{gauge_value, ProcessMetrics};
 use crate::xds::admission::AdmissionSettings;
 use crate::xds::metrics::XdsMetrics;

@@ -11,10 +11,10 @@ use tracing::info;
 
 use super::security::Security;
 use crate::admin::{self, AdminState};
-use crate::security::ca::service::CaService;
-use crate::security::tls;
 use crate::drain::DrainWatcher;
 use crate::replication::SnapshotServer;
+use crate::security::ca::service::CaService;
+use crate::security::tls;
 use crate::xds::server::AdsServer;
 
 /// Why a listener could not start or stopped with an error.
@@ -93,7 +93,10 @@ pub async fn serve_secure_xds(
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .add_service(ads.authenticated_service(security.authn.clone()))
         .add_service(ca.into_service())
-        .serve_with_incoming_shutdown(tls::accept(listener, security.tls.clone()), async move { drain.draining().await })
+        .serve_with_incoming_shutdown(
+            tls::accept(listener, security.tls.clone()),
+            async move { drain.draining().await },
+        )
         .await
         .map_err(|source| ServeError::Grpc { what: "secure xDS server", addr, source })
 }

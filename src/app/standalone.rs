@@ -8,12 +8,12 @@ use tracing::info;
 
 use super::security::{self, SecurityError, SecuritySettings};
 use super::servers;
-use crate::security::ca::root_publisher;
 use super::{pipeline, Process, RoleError};
 use crate::admin::{AdminState, XdsState};
 use crate::drain::DrainWatcher;
 use crate::ingest::DebounceSettings;
 use crate::readiness::Ready;
+use crate::security::ca::root_publisher;
 use crate::source::SourceSettings;
 use crate::xds::admission::AdmissionSettings;
 use crate::xds::metrics::XdsMetrics;
