@@ -5,23 +5,14 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::files::temp_dir_with;
 use common::meshpilot::Meshpilot;
 use common::poll::STARTUP_TIMEOUT;
 use common::ports::free_addr;
-use common::secure::{ca_from_dir, channel, client_cert, csr};
-use envoy_types::pb::envoy::config::core::v3::Node;
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
-use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
-use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
+use common::secure::{ca_from_dir, channel, client_cert, cluster_names, csr, first_cds, node};
 use meshpilot::security::ca::service::pb::istio_certificate_service_client::IstioCertificateServiceClient;
 use meshpilot::security::ca::service::pb::IstioCertificateRequest;
 use meshpilot::security::tls::certificate_identities;
-use tonic::transport::Channel;
-
-const CDS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 
 /// A ServiceEntry visible only in its own namespace.
 fn service_entry(ns: &str) -> String {
@@ -30,42 +21,6 @@ fn service_entry(ns: &str) -> String {
          hosts: [{ns}.example.com]\n  exportTo: [\".\"]\n  location: MESH_EXTERNAL\n  resolution: DNS\n  ports: \
          [{{number: 80, name: http, protocol: HTTP}}]\n"
     )
-}
-
-/// A sidecar node in `ns` with service account `sa`, as pilot-agent describes it.
-fn node(ns: &str, sa: &str) -> Node {
-    let text = |s: &str| Value { kind: Some(Kind::StringValue(s.to_string())) };
-    let fields =
-        [("NAMESPACE", text(ns)), ("SERVICE_ACCOUNT", text(sa))].into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-    Node {
-        id: format!("sidecar~10.1.0.1~app-1.{ns}~{ns}.svc.cluster.local"),
-        metadata: Some(Struct { fields }),
-        ..Default::default()
-    }
-}
-
-/// Opens a state-of-the-world stream asking for CDS as `node`; the first response, or the
-/// status the stream ended with.
-async fn first_cds(channel: Channel, node: Node) -> Result<DiscoveryResponse, tonic::Status> {
-    let mut client = AggregatedDiscoveryServiceClient::new(channel);
-    let request = DiscoveryRequest { node: Some(node), type_url: CDS.into(), ..Default::default() };
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    tx.send(request).await.expect("queued");
-    let mut responses =
-        client.stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx)).await?.into_inner();
-    let next = tokio::time::timeout(Duration::from_secs(20), responses.message()).await.expect("an answer in time");
-    drop(tx);
-    next?.ok_or_else(|| tonic::Status::unknown("the stream ended without a response"))
-}
-
-fn cluster_names(response: &DiscoveryResponse) -> Vec<String> {
-    use prost::Message;
-    response
-        .resources
-        .iter()
-        .filter_map(|any| envoy_types::pb::envoy::config::cluster::v3::Cluster::decode(any.value.as_slice()).ok())
-        .map(|c| c.name)
-        .collect()
 }
 
 struct Setup {
@@ -90,20 +45,20 @@ async fn only_an_authenticated_proxy_claiming_its_own_node_gets_config() {
 
     // Anonymous: TLS, but neither a client certificate nor a token.
     let anonymous = channel(addr, &s.root, None).await.expect("TLS without a client certificate connects");
-    let refused = first_cds(anonymous, node("ns-a", "sa-a")).await.expect_err("refused");
+    let refused = first_cds(anonymous, None, node("ns-a", "sa-a")).await.expect_err("refused");
     assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
 
     // ns-a's certificate claiming a node of ns-b: the stream ends, nothing is sent.
     let (chain, key) = client_cert(&s.ca, "spiffe://cluster.local/ns/ns-a/sa/sa-a");
     let as_a = channel(addr, &s.root, Some((&chain, &key))).await.expect("mTLS connects");
-    let refused = first_cds(as_a.clone(), node("ns-b", "sa-a")).await.expect_err("refused");
+    let refused = first_cds(as_a.clone(), None, node("ns-b", "sa-a")).await.expect_err("refused");
     assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
     // ... or another service account of its namespace.
-    let refused = first_cds(as_a.clone(), node("ns-a", "sa-other")).await.expect_err("refused");
+    let refused = first_cds(as_a.clone(), None, node("ns-a", "sa-other")).await.expect_err("refused");
     assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
 
     // Its own node: its namespace's config.
-    let cds = first_cds(as_a, node("ns-a", "sa-a")).await.expect("config for its own node");
+    let cds = first_cds(as_a, None, node("ns-a", "sa-a")).await.expect("config for its own node");
     let names = cluster_names(&cds);
     assert!(names.iter().any(|n| n == "outbound|80||ns-a.example.com"), "{names:?}");
     assert!(!names.iter().any(|n| n.contains("ns-b.example.com")), "{names:?}");
@@ -116,7 +71,7 @@ async fn only_an_authenticated_proxy_claiming_its_own_node_gets_config() {
     .expect("CA");
     let (chain, key) = client_cert(&other, "spiffe://cluster.local/ns/ns-b/sa/sa-b");
     let forged = match channel(addr, &s.root, Some((&chain, &key))).await {
-        Ok(ch) => first_cds(ch, node("ns-b", "sa-b")).await.map(|_| ()),
+        Ok(ch) => first_cds(ch, None, node("ns-b", "sa-b")).await.map(|_| ()),
         Err(_) => Err(tonic::Status::unavailable("handshake refused")),
     };
     assert!(forged.is_err(), "a foreign CA's certificate was accepted");

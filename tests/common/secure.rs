@@ -13,8 +13,16 @@ use meshpilot::security::ca::{CaMaterial, CaSettings, CertificateAuthority};
 use meshpilot::security::tls::client_config;
 use meshpilot::security::Identity;
 use rustls::pki_types::ServerName;
+use std::time::Duration;
 use tokio::net::TcpStream;
+
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
 use tonic::transport::{Channel, Endpoint};
+
+const CDS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 
 use super::poll::{poll, STARTUP_TIMEOUT};
 
@@ -88,4 +96,45 @@ pub async fn channel(
         .expect("endpoint")
         .connect_with_connector(connector)
         .await
+}
+
+/// A sidecar node in `ns` with service account `sa`, as pilot-agent describes it.
+pub fn node(ns: &str, sa: &str) -> Node {
+    let text = |s: &str| Value { kind: Some(Kind::StringValue(s.to_string())) };
+    let fields =
+        [("NAMESPACE", text(ns)), ("SERVICE_ACCOUNT", text(sa))].into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    Node {
+        id: format!("sidecar~10.1.0.1~app-1.{ns}~{ns}.svc.cluster.local"),
+        metadata: Some(Struct { fields }),
+        ..Default::default()
+    }
+}
+
+/// Opens a state-of-the-world stream asking for CDS as `node` (with `token` as its bearer
+/// token when given); the first response, or the status the stream ended with.
+pub async fn first_cds(channel: Channel, token: Option<&str>, node: Node) -> Result<DiscoveryResponse, tonic::Status> {
+    let mut client = AggregatedDiscoveryServiceClient::new(channel);
+    let request = DiscoveryRequest { node: Some(node), type_url: CDS.into(), ..Default::default() };
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(request).await.expect("queued");
+    let mut streaming = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    if let Some(token) = token {
+        let value = format!("Bearer {token}").parse().expect("a header value");
+        streaming.metadata_mut().insert("authorization", value);
+    }
+    let mut responses = client.stream_aggregated_resources(streaming).await?.into_inner();
+    let next = tokio::time::timeout(Duration::from_secs(20), responses.message()).await.expect("an answer in time");
+    drop(tx);
+    next?.ok_or_else(|| tonic::Status::unknown("the stream ended without a response"))
+}
+
+/// The names of the clusters of a CDS response.
+pub fn cluster_names(response: &DiscoveryResponse) -> Vec<String> {
+    use prost::Message;
+    response
+        .resources
+        .iter()
+        .filter_map(|any| envoy_types::pb::envoy::config::cluster::v3::Cluster::decode(any.value.as_slice()).ok())
+        .map(|c| c.name)
+        .collect()
 }
