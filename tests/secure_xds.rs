@@ -107,3 +107,25 @@ async fn create_certificate_issues_only_the_callers_own_identity() {
     let ids: Vec<String> = certificate_identities(&leaf[0]).iter().map(ToString::to_string).collect();
     assert_eq!(ids, [own]);
 }
+
+/// The admin server bound on a non-loopback address (the host end of a network namespace's
+/// link): health and metrics answer anyone, the debug endpoints (which reveal every proxy's
+/// config) refuse a caller that is not on loopback.
+#[tokio::test]
+async fn debug_endpoints_refuse_callers_that_are_not_on_loopback() {
+    let Some(netns) = common::netns::NetNs::create(1) else { return };
+    let dir = temp_dir_with(&[("ns-a.yaml", &service_entry("ns-a"))]);
+    let admin = std::net::SocketAddr::from((netns.host_addr(), common::ports::free_port()));
+    let cp = Meshpilot::standalone(dir.path()).admin_addr(admin).start();
+    // The caller's address is the host's non-loopback one it dials from.
+    cp.wait_ready(STARTUP_TIMEOUT).await;
+    for path in ["/metrics", "/healthz", "/ready"] {
+        assert_eq!(cp.admin_get(path).await.0, 200, "{path}");
+    }
+    for path in ["/debug/configz", "/debug/syncz", "/debug/config_dump?proxyID=x", "/debug/node"] {
+        let (status, body) = cp.admin_get(path).await;
+        assert_eq!(status, 403, "{path}: {body}");
+        assert!(body.contains("loopback"), "{path}: {body}");
+    }
+    drop(netns);
+}

@@ -2,9 +2,10 @@
 
 mod debug;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{ConnectInfo, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
@@ -56,18 +57,40 @@ pub struct XdsState {
 /// Produces the role-specific status shown at `/debug/node`.
 pub type NodeStatus = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
 
-/// The admin router.
+/// The admin router. The debug endpoints reveal configuration (and every proxy's): they answer
+/// only loopback peers, as istiod's do; `/ready`, `/healthz` and `/metrics` answer anyone.
 pub fn router(state: AdminState) -> Router {
-    Router::new()
-        .route("/ready", get(ready))
-        .route("/metrics", get(metrics))
+    let debug = Router::new()
         .route("/debug/configz", get(debug::configz))
         .route("/debug/registryz", get(debug::registryz))
         .route("/debug/syncz", get(debug::syncz))
         .route("/debug/push_status", get(debug::push_status))
         .route("/debug/config_dump", get(debug::config_dump))
         .route("/debug/node", get(node))
+        .route_layer(axum::middleware::from_fn(loopback_only));
+    Router::new()
+        .route("/ready", get(ready))
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .merge(debug)
         .with_state(state)
+}
+
+/// Lets only loopback peers through (fails closed: a request without a known peer is refused).
+async fn loopback_only(request: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+    match request.extensions().get::<ConnectInfo<SocketAddr>>() {
+        Some(ConnectInfo(addr)) if addr.ip().to_canonical().is_loopback() => next.run(request).await,
+        _ => (
+            StatusCode::FORBIDDEN,
+            "debug endpoints reveal configuration: they answer loopback (127.0.0.1, ::1) peers only\n",
+        )
+            .into_response(),
+    }
+}
+
+/// 200 while the process runs (liveness; readiness is `/ready`).
+async fn healthz() -> &'static str {
+    "ok\n"
 }
 
 /// Serves the admin router on an already bound `listener` until `shutdown` resolves.
@@ -79,7 +102,9 @@ pub async fn serve(
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "admin server listening");
     }
-    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
+    axum::serve(listener, router(state).into_make_service_with_connect_info::<SocketAddr>())
+        .with_graceful_shutdown(shutdown)
+        .await
 }
 
 /// 200 once every start-up condition is met (the first snapshot is in, listeners are bound), 503 before.
@@ -103,4 +128,55 @@ async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
         [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         crate::telemetry::metrics::render(&state.metrics),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use tower_service::Service;
+
+    use super::*;
+
+    fn state() -> AdminState {
+        let (_writer, snapshots) = crate::snapshot::channel();
+        AdminState {
+            snapshots,
+            xds: None,
+            ready: Ready::new(),
+            metrics: Registry::new(),
+            identity: "test".into(),
+            node_status: None,
+            renders: render_limit(),
+        }
+    }
+
+    async fn status(path: &str, peer: Option<SocketAddr>) -> StatusCode {
+        let mut request = axum::http::Request::get(path).body(axum::body::Body::empty()).expect("request");
+        if let Some(peer) = peer {
+            request.extensions_mut().insert(ConnectInfo(peer));
+        }
+        let mut router = router(state());
+        match router.call(request).await {
+            Ok(response) => response.status(),
+            Err(never) => match never {},
+        }
+    }
+
+    #[tokio::test]
+    async fn debug_endpoints_answer_loopback_peers_only() {
+        let outside = SocketAddr::from(([10, 1, 2, 3], 40000));
+        for (path, peer, want) in [
+            ("/debug/node", Some(SocketAddr::from(([127, 0, 0, 1], 40000))), StatusCode::OK),
+            ("/debug/node", Some("[::1]:40000".parse().expect("addr")), StatusCode::OK),
+            ("/debug/node", Some("[::ffff:127.0.0.1]:40000".parse().expect("addr")), StatusCode::OK),
+            ("/debug/node", Some(outside), StatusCode::FORBIDDEN),
+            ("/debug/configz", Some(outside), StatusCode::FORBIDDEN),
+            ("/debug/config_dump?proxyID=x", Some(outside), StatusCode::FORBIDDEN),
+            ("/debug/node", None, StatusCode::FORBIDDEN),
+            ("/metrics", Some(outside), StatusCode::OK),
+            ("/healthz", Some(outside), StatusCode::OK),
+            ("/ready", Some(outside), StatusCode::SERVICE_UNAVAILABLE),
+        ] {
+            assert_eq!(status(path, peer).await, want, "{path} from {peer:?}");
+        }
+    }
 }

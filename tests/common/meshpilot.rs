@@ -53,6 +53,7 @@ pub struct MeshpilotBuilder {
     proxy_key: Option<String>,
     xds_addr: Option<SocketAddr>,
     secure_xds: Option<SecureXds>,
+    admin_addr: Option<SocketAddr>,
     args: Vec<String>,
     env: Vec<(String, String)>,
 }
@@ -77,6 +78,7 @@ impl MeshpilotBuilder {
             proxy_key: None,
             xds_addr: None,
             secure_xds: None,
+            admin_addr: None,
             args: Vec::new(),
             env: Vec::new(),
         }
@@ -147,6 +149,12 @@ impl MeshpilotBuilder {
         self
     }
 
+    /// The admin server's address (default: a free 127.0.0.1 port).
+    pub fn admin_addr(mut self, addr: SocketAddr) -> Self {
+        self.admin_addr = Some(addr);
+        self
+    }
+
     /// Serves the secure xDS port (TLS, authenticated ADS and the CA) on `addr` with extra
     /// certificate names `sans`; the CA keeps its files in the process's directory (with
     /// Kubernetes: the istio-ca-secret). Without this option the process runs no secure port.
@@ -158,7 +166,7 @@ impl MeshpilotBuilder {
 
     /// Spawns `meshpilot MODE ...` and returns at once; see [`Meshpilot::wait_ready`].
     pub fn start(self) -> Meshpilot {
-        let admin_addr = free_addr();
+        let admin_addr = self.admin_addr.unwrap_or_else(free_addr);
         let (subcommand, xds_addr, snapshot_addr) = match self.mode {
             Mode::Standalone => ("standalone", Some(self.xds_addr.unwrap_or_else(free_addr)), None),
             Mode::Ingest => ("ingest", None, Some(free_addr())),
