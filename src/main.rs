@@ -174,6 +174,7 @@ impl SecurityArgs {
             plugin_dir: self.cacerts_dir.clone(),
             root_dir: self.ca_dir.clone(),
             namespace: namespace.to_string(),
+            create_root: true,
         }
     }
 
@@ -276,6 +277,10 @@ struct IngestArgs {
     /// Leader lease TTL in seconds.
     #[arg(long, default_value_t = 5)]
     lease_ttl: u64,
+    /// Istio's plug-in CA directory: with Kubernetes, the leader publishes its root-cert.pem (else
+    /// the istio-ca-secret's root, created if missing) in every namespace's istio-ca-root-cert.
+    #[arg(long, default_value = meshpilot::app::security::DEFAULT_PLUGIN_DIR)]
+    cacerts_dir: PathBuf,
     /// Quiet period before a push.
     #[arg(long, default_value = "100ms", value_parser = parse_duration)]
     debounce_after: Duration,
@@ -398,6 +403,10 @@ fn run_ingest(args: IngestArgs) -> anyhow::Result<()> {
         id,
         lease_ttl: Duration::from_secs(args.lease_ttl.max(2)),
         debounce: DebounceSettings { after: args.debounce_after, max: args.debounce_max },
+        security: meshpilot::app::security::SecuritySettings {
+            plugin_dir: args.cacerts_dir,
+            ..Default::default()
+        },
     };
     app::run(|drain| app::ingest::run(settings, process, drain)).context("ingest node")
 }
@@ -419,7 +428,11 @@ fn run_frontend(args: FrontendArgs) -> anyhow::Result<()> {
         lease_ttl: Duration::from_secs(args.lease_ttl.max(2)),
         admission: args.admission.settings(),
         plaintext_xds: !args.security.no_plaintext_xds,
-        security: args.security.settings(&args.namespace),
+        // The ingest leader creates the istio-ca-secret; frontends wait for it.
+        security: meshpilot::app::security::SecuritySettings {
+            create_root: false,
+            ..args.security.settings(&args.namespace)
+        },
         kubernetes: match (args.kubeconfig, args.kubernetes) {
             (Some(file), _) => Some(ClusterChoice::Kubeconfig(file)),
             (None, true) => Some(ClusterChoice::Infer),

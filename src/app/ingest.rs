@@ -13,6 +13,7 @@ use serde_json::json;
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
+use super::security::{self, SecuritySettings};
 use super::servers;
 use super::{pipeline, Process, RoleError};
 use crate::admin::{AdminState, NodeStatus};
@@ -46,6 +47,8 @@ pub struct IngestNodeSettings {
     pub lease_ttl: Duration,
     /// Debounce timing.
     pub debounce: DebounceSettings,
+    /// Where the CA's key material comes from (its root is published while leading).
+    pub security: SecuritySettings,
 }
 
 /// Runs until the drain starts; a leader resigns before its task lets the drain complete.
@@ -74,6 +77,16 @@ pub async fn run(settings: IngestNodeSettings, process: Process, drain: DrainWat
     tokio::spawn(follow_leadership(leadership.clone(), events_tx, is_leader_tx, cluster_metrics));
     tokio::spawn(publish_when_leading(local.clone(), leadership.clone(), published_writer));
 
+    if let Some(kube) = &settings.sources.kubernetes {
+        // The leader keeps the CA's root (istio-ca-secret) published in every namespace.
+        match crate::source::kubernetes::client::connect(&kube.cluster).await {
+            Ok(client) => {
+                let security = SecuritySettings { namespace: kube.namespace.clone(), ..settings.security.clone() };
+                security::keep_root_published(client, security, is_leader.clone(), drain.clone());
+            }
+            Err(e) => warn!(error = %e, "no Kubernetes client for the CA's root ConfigMaps"),
+        }
+    }
     let replication_metrics = ReplicationMetrics::register(&process.registry);
     let server = SnapshotServer::with_metrics(published, is_leader, ServerSettings::default(), replication_metrics);
     let status = node_status(&settings, leadership, server.clone(), local.clone());

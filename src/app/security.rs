@@ -6,10 +6,12 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tracing::{info, warn};
 
 use crate::drain::DrainWatcher;
+use crate::security::ca::root_publisher;
 use crate::security::ca::{self, CaError, CaSettings, CaSource, CertificateAuthority, RootStore};
 use crate::security::serving::{serving_cert, ServingError, ServingNames};
 use crate::security::tls::{self, ClientAuth, TlsError};
@@ -20,6 +22,9 @@ use crate::snapshot::SnapshotReader;
 pub const DEFAULT_PLUGIN_DIR: &str = "./etc/cacerts";
 /// Default directory of a self-signed root without Kubernetes, under the working directory.
 pub const DEFAULT_ROOT_DIR: &str = "./.meshpilot/ca";
+
+/// How often a frontend looks for the root the ingest leader has not created yet.
+const ROOT_RETRY: Duration = Duration::from_secs(2);
 
 /// Why the security parts could not start.
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +58,9 @@ pub struct SecuritySettings {
     pub root_dir: PathBuf,
     /// The control plane's namespace (istiod's names, the `istio-ca-secret`).
     pub namespace: String,
+    /// Whether this process creates the `istio-ca-secret` when missing (standalone: yes;
+    /// frontends: no, the ingest leader does).
+    pub create_root: bool,
 }
 
 impl Default for SecuritySettings {
@@ -64,6 +72,7 @@ impl Default for SecuritySettings {
             plugin_dir: DEFAULT_PLUGIN_DIR.into(),
             root_dir: DEFAULT_ROOT_DIR.into(),
             namespace: "istio-system".into(),
+            create_root: true,
         }
     }
 }
@@ -90,11 +99,26 @@ pub async fn start(
     let trust_domain = SharedTrustDomain::new(TrustDomain::default());
     follow_trust_domain(trust_domain.clone(), snapshots, drain.clone());
     let root_store = match &kube {
-        Some(client) => RootStore::Secret { client: client.clone(), namespace: settings.namespace.clone() },
+        Some(client) => RootStore::Secret {
+            client: client.clone(),
+            namespace: settings.namespace.clone(),
+            create: settings.create_root,
+        },
         None => RootStore::Directory(settings.root_dir.clone()),
     };
     let source = CaSource { plugin_dir: settings.plugin_dir.clone(), root_store, trust_domain: trust_domain.get() };
-    let material = ca::load_or_create(&source).await?;
+    let material = loop {
+        match ca::load_or_create(&source).await {
+            Err(e @ CaError::NotCreatedYet(_)) => {
+                info!(reason = %e, "waiting for the CA's root");
+                tokio::select! {
+                    _ = tokio::time::sleep(ROOT_RETRY) => {}
+                    _ = drain.draining() => return Err(e.into()),
+                }
+            }
+            other => break other?,
+        }
+    };
     let ca = Arc::new(CertificateAuthority::new(material, settings.ca)?);
     if kube.is_none() {
         info!("no Kubernetes: the secure port authenticates client certificates only (no token review)");
@@ -125,6 +149,51 @@ fn follow_trust_domain(trust_domain: SharedTrustDomain, mut snapshots: SnapshotR
                 s = snapshots.next() => s,
                 _ = drain.draining() => None,
             };
+        }
+    });
+}
+
+/// On an ingest node with Kubernetes: loads (or creates) the CA's root in the `istio-ca-secret`
+/// and, while `is_leader`, keeps it published in every namespace's `istio-ca-root-cert`.
+/// Failures are retried: the CA's root must not stop snapshots.
+pub fn keep_root_published(
+    client: kube::Client,
+    settings: SecuritySettings,
+    mut is_leader: tokio::sync::watch::Receiver<bool>,
+    drain: DrainWatcher,
+) {
+    tokio::spawn(async move {
+        let source = CaSource {
+            plugin_dir: settings.plugin_dir.clone(),
+            root_store: RootStore::Secret { client: client.clone(), namespace: settings.namespace.clone(), create: true },
+            trust_domain: TrustDomain::default(),
+        };
+        let root = loop {
+            match ca::load_or_create(&source).await {
+                Ok(material) => break material.root_cert,
+                Err(e) => warn!(error = %e, "the CA's root is not available; retrying"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(10)) => {}
+                _ = drain.draining() => return,
+            }
+        };
+        loop {
+            if *is_leader.borrow_and_update() {
+                let mut lost = is_leader.clone();
+                let d = drain.clone();
+                let stop = async move {
+                    tokio::select! {
+                        _ = lost.wait_for(|leading| !leading) => {}
+                        _ = d.draining() => {}
+                    }
+                };
+                root_publisher::run(client.clone(), root.clone(), stop).await;
+            }
+            tokio::select! {
+                changed = is_leader.changed() => if changed.is_err() { return },
+                _ = drain.draining() => return,
+            }
         }
     });
 }

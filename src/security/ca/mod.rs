@@ -37,6 +37,9 @@ pub enum CaError {
         /// The caller's.
         caller: String,
     },
+    /// The stored root does not exist yet and this process does not create it.
+    #[error("{0} does not exist yet (the ingest leader creates it)")]
+    NotCreatedYet(String),
     /// Signing failed.
     #[error("signing: {0}")]
     Sign(String),

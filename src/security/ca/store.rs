@@ -26,10 +26,13 @@ pub enum RootStore {
     Directory(PathBuf),
     /// The `istio-ca-secret` Secret in the control plane's namespace.
     Secret {
-        /// A client allowed to get and create Secrets there.
+        /// A client allowed to get (and, with `create`, create) the Secret there.
         client: kube::Client,
         /// The control plane's namespace.
         namespace: String,
+        /// Whether this process creates the root when the Secret does not exist yet (standalone
+        /// and ingest nodes); frontends only read it ([`CaError::NotCreatedYet`] until then).
+        create: bool,
     },
 }
 
@@ -72,12 +75,15 @@ pub async fn load_or_create(source: &CaSource) -> Result<CaMaterial, CaError> {
             info!(dir = %dir.display(), "CA: created a self-signed root");
             Ok(material)
         }
-        RootStore::Secret { client, namespace } => {
+        RootStore::Secret { client, namespace, create } => {
             let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
             let kube_error = |e: kube::Error| CaError::Kubernetes(format!("Secret {namespace}/{CA_SECRET}: {e}"));
             if let Some(secret) = secrets.get_opt(CA_SECRET).await.map_err(kube_error)? {
                 info!(%namespace, "CA: reusing the self-signed root of {CA_SECRET}");
                 return from_secret(&secret);
+            }
+            if !create {
+                return Err(CaError::NotCreatedYet(format!("Secret {namespace}/{CA_SECRET}")));
             }
             let material = generate(&source.trust_domain).await?;
             match secrets.create(&PostParams::default(), &to_secret(&material, namespace)).await {
