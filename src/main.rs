@@ -403,10 +403,7 @@ fn run_ingest(args: IngestArgs) -> anyhow::Result<()> {
         id,
         lease_ttl: Duration::from_secs(args.lease_ttl.max(2)),
         debounce: DebounceSettings { after: args.debounce_after, max: args.debounce_max },
-        security: meshpilot::app::security::SecuritySettings {
-            plugin_dir: args.cacerts_dir,
-            ..Default::default()
-        },
+        security: meshpilot::app::security::SecuritySettings { plugin_dir: args.cacerts_dir, ..Default::default() },
     };
     app::run(|drain| app::ingest::run(settings, process, drain)).context("ingest node")
 }

@@ -19,7 +19,8 @@ use std::path::Path;
 
 use common::deploy::cli::{is_meshpilot, parse_cli};
 use common::deploy::kube::{
-    expected_frontend_grants, expected_ingest_grants, grants_by_account, show_grant, ISTIO_KINDS, MESH_CONFIG_MAP, MESH_KEY,
+    expected_frontend_grants, expected_ingest_grants, grants_by_account, show_grant, ISTIO_KINDS, MESH_CONFIG_MAP,
+    MESH_KEY,
 };
 use common::deploy::workloads::{config_maps, container_ports, selects, var_refs, workloads, Workload};
 use common::deploy::*;

@@ -165,7 +165,11 @@ pub fn keep_root_published(
     tokio::spawn(async move {
         let source = CaSource {
             plugin_dir: settings.plugin_dir.clone(),
-            root_store: RootStore::Secret { client: client.clone(), namespace: settings.namespace.clone(), create: true },
+            root_store: RootStore::Secret {
+                client: client.clone(),
+                namespace: settings.namespace.clone(),
+                create: true,
+            },
             trust_domain: TrustDomain::default(),
         };
         let root = loop {
