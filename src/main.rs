@@ -254,11 +254,38 @@ impl SourceArgs {
     }
 }
 
+/// TLS towards etcd (https:// endpoints), as etcdctl's --cacert, --cert and --key.
+#[derive(clap::Args)]
+struct EtcdTlsArgs {
+    /// CA bundle (PEM) etcd's serving certificate must chain to.
+    #[arg(long)]
+    etcd_cacert: Option<PathBuf>,
+    /// Client certificate (PEM) for etcd's --client-cert-auth (with --etcd-key).
+    #[arg(long, requires = "etcd_key")]
+    etcd_cert: Option<PathBuf>,
+    /// Client key (PEM) of --etcd-cert.
+    #[arg(long, requires = "etcd_cert")]
+    etcd_key: Option<PathBuf>,
+}
+
+impl EtcdTlsArgs {
+    fn settings(&self) -> meshpilot::cluster::etcd::EtcdTls {
+        meshpilot::cluster::etcd::EtcdTls {
+            ca: self.etcd_cacert.clone(),
+            cert: self.etcd_cert.clone(),
+            key: self.etcd_key.clone(),
+        }
+    }
+}
+
 #[derive(Parser)]
 struct IngestArgs {
     /// etcd endpoints (comma separated URLs).
     #[arg(long, value_delimiter = ',', required = true)]
     etcd_endpoints: Vec<String>,
+    /// TLS towards etcd.
+    #[command(flatten)]
+    etcd_tls: EtcdTlsArgs,
     /// Where the config comes from.
     #[command(flatten)]
     sources: SourceArgs,
@@ -294,6 +321,9 @@ struct FrontendArgs {
     /// etcd endpoints (comma separated URLs).
     #[arg(long, value_delimiter = ',', required = true)]
     etcd_endpoints: Vec<String>,
+    /// TLS towards etcd.
+    #[command(flatten)]
+    etcd_tls: EtcdTlsArgs,
     /// ADS (gRPC) listen address.
     #[arg(long, default_value = "127.0.0.1:15010")]
     xds_addr: SocketAddr,
@@ -396,6 +426,7 @@ fn run_ingest(args: IngestArgs) -> anyhow::Result<()> {
     let (process, _telemetry) = serving_process(Role::Ingest, &id);
     let settings = app::ingest::IngestNodeSettings {
         etcd_endpoints: args.etcd_endpoints,
+        etcd_tls: args.etcd_tls.settings(),
         sources: args.sources.settings(),
         snapshot_addr: args.snapshot_addr,
         advertise_addr: args.advertise_addr.unwrap_or_else(|| args.snapshot_addr.to_string()),
@@ -414,6 +445,7 @@ fn run_frontend(args: FrontendArgs) -> anyhow::Result<()> {
     let (process, _telemetry) = serving_process(Role::Frontend, &id);
     let settings = app::frontend::FrontendNodeSettings {
         etcd_endpoints: args.etcd_endpoints,
+        etcd_tls: args.etcd_tls.settings(),
         xds_addr: args.xds_addr,
         admin_addr: args.admin_addr,
         advertise_addr: args.advertise_addr.unwrap_or_else(|| args.xds_addr.to_string()),

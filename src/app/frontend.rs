@@ -35,6 +35,8 @@ use crate::xds::status::ConnectionRegistry;
 pub struct FrontendNodeSettings {
     /// etcd endpoints.
     pub etcd_endpoints: Vec<String>,
+    /// TLS towards etcd.
+    pub etcd_tls: crate::cluster::etcd::EtcdTls,
     /// ADS (gRPC) address.
     pub xds_addr: SocketAddr,
     /// Admin (HTTP) address.
@@ -83,7 +85,7 @@ pub async fn run(settings: FrontendNodeSettings, process: Process, drain: DrainW
         None => None,
     };
     let admin_listener = servers::bind("admin server", settings.admin_addr).await?;
-    let client = crate::cluster::etcd::connect(&settings.etcd_endpoints).await?;
+    let client = crate::cluster::etcd::connect_with_tls(&settings.etcd_endpoints, &settings.etcd_tls).await?;
 
     let leader_watch = LeaderWatch::new(client.clone(), DEFAULT_ELECTION_NAME);
     let leader = leader_watch.leader();

@@ -33,6 +33,8 @@ use crate::telemetry::metrics::gauge_value;
 pub struct IngestNodeSettings {
     /// etcd endpoints (`http://host:port`).
     pub etcd_endpoints: Vec<String>,
+    /// TLS towards etcd.
+    pub etcd_tls: crate::cluster::etcd::EtcdTls,
     /// Config directory and mesh config.
     pub sources: SourceSettings,
     /// Where the snapshot server listens.
@@ -57,7 +59,7 @@ pub async fn run(settings: IngestNodeSettings, process: Process, drain: DrainWat
     let first_snapshot = ready.register_task("first snapshot");
     let snapshot_listener = servers::bind("snapshot server", settings.snapshot_addr).await?;
     let admin_listener = servers::bind("admin server", settings.admin_addr).await?;
-    let client = crate::cluster::etcd::connect(&settings.etcd_endpoints).await?;
+    let client = crate::cluster::etcd::connect_with_tls(&settings.etcd_endpoints, &settings.etcd_tls).await?;
 
     // Standbys build snapshots too (term 0 until they lead), so a failover starts warm.
     let pipeline = pipeline::start(&settings.sources, settings.debounce, 0, first_snapshot, &process, &drain).await?;
