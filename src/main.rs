@@ -160,6 +160,10 @@ struct SecurityArgs {
     /// istio-ca-secret in --namespace).
     #[arg(long, default_value = meshpilot::app::security::DEFAULT_ROOT_DIR)]
     ca_dir: PathBuf,
+    /// Frontends: subscribe to the ingest leader over mutual TLS from the CA (the leader must
+    /// run with --snapshot-mtls too, and both must share the CA).
+    #[arg(long)]
+    snapshot_mtls: bool,
 }
 
 impl SecurityArgs {
@@ -175,6 +179,7 @@ impl SecurityArgs {
             root_dir: self.ca_dir.clone(),
             namespace: namespace.to_string(),
             create_root: true,
+            snapshot_mtls: self.snapshot_mtls,
         }
     }
 
@@ -308,6 +313,13 @@ struct IngestArgs {
     /// the istio-ca-secret's root, created if missing) in every namespace's istio-ca-root-cert.
     #[arg(long, default_value = meshpilot::app::security::DEFAULT_PLUGIN_DIR)]
     cacerts_dir: PathBuf,
+    /// Where the self-signed root is kept without Kubernetes (for --snapshot-mtls).
+    #[arg(long, default_value = meshpilot::app::security::DEFAULT_ROOT_DIR)]
+    ca_dir: PathBuf,
+    /// Serve snapshots over mutual TLS from the CA: only control-plane identities (this
+    /// namespace) with a certificate from it may subscribe.
+    #[arg(long)]
+    snapshot_mtls: bool,
     /// Quiet period before a push.
     #[arg(long, default_value = "100ms", value_parser = parse_duration)]
     debounce_after: Duration,
@@ -422,6 +434,7 @@ fn serving_process(role: Role, id: &str) -> (Process, meshpilot::telemetry::Tele
 }
 
 fn run_ingest(args: IngestArgs) -> anyhow::Result<()> {
+    let namespace = args.sources.namespace.clone();
     let id = args.id.unwrap_or_else(|| default_id("ingest"));
     let (process, _telemetry) = serving_process(Role::Ingest, &id);
     let settings = app::ingest::IngestNodeSettings {
@@ -434,7 +447,13 @@ fn run_ingest(args: IngestArgs) -> anyhow::Result<()> {
         id,
         lease_ttl: Duration::from_secs(args.lease_ttl.max(2)),
         debounce: DebounceSettings { after: args.debounce_after, max: args.debounce_max },
-        security: meshpilot::app::security::SecuritySettings { plugin_dir: args.cacerts_dir, ..Default::default() },
+        security: meshpilot::app::security::SecuritySettings {
+            plugin_dir: args.cacerts_dir,
+            root_dir: args.ca_dir,
+            snapshot_mtls: args.snapshot_mtls,
+            namespace,
+            ..Default::default()
+        },
     };
     app::run(|drain| app::ingest::run(settings, process, drain)).context("ingest node")
 }

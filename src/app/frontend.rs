@@ -92,8 +92,26 @@ pub async fn run(settings: FrontendNodeSettings, process: Process, drain: DrainW
     let w = drain.clone();
     tokio::spawn(async move { leader_watch.run(w.draining()).await });
 
+    let kube = match &settings.kubernetes {
+        Some(choice) => Some(
+            crate::source::kubernetes::client::connect(choice)
+                .await
+                .map_err(|e| SecurityError::Kubernetes(e.to_string()))?,
+        ),
+        None => None,
+    };
+    // One CA for the secure port and the link to the leader.
+    let ca = match settings.security.secure_xds_addr.is_some() || settings.security.snapshot_mtls {
+        true => Some(security::load_ca(&settings.security, kube.as_ref(), &drain).await?),
+        false => None,
+    };
+    let mut subscriber_settings = SubscriberSettings::new(settings.id.clone());
+    if let (true, Some(ca)) = (settings.security.snapshot_mtls, &ca) {
+        let link = security::link_tls(ca.clone(), &settings.security.namespace, security::FRONTEND_SERVICE_ACCOUNT);
+        subscriber_settings.tls = Some(link.await?);
+    }
     let (writer, reader) = snapshot::channel();
-    let subscriber = SnapshotSubscriber::new(SubscriberSettings::new(settings.id.clone()), leader, writer);
+    let subscriber = SnapshotSubscriber::new(subscriber_settings, leader, writer);
     let sub_status = subscriber.status();
     tokio::spawn(subscriber.run(drain.clone()));
     let replication_metrics = ReplicationMetrics::register(&process.registry);
@@ -131,19 +149,11 @@ pub async fn run(settings: FrontendNodeSettings, process: Process, drain: DrainW
     tokio::spawn(tracking);
 
     let ads = AdsServer::new(reader.clone(), connections.clone(), xds_metrics, drain.clone(), settings.admission);
-    let secure = match secure_listener {
-        Some(listener) => {
-            let kube = match &settings.kubernetes {
-                Some(choice) => Some(
-                    crate::source::kubernetes::client::connect(choice)
-                        .await
-                        .map_err(|e| SecurityError::Kubernetes(e.to_string()))?,
-                ),
-                None => None,
-            };
-            Some((listener, security::start(&settings.security, kube, reader.clone(), &drain).await?))
+    let secure = match (secure_listener, ca) {
+        (Some(listener), Some(ca)) => {
+            Some((listener, security::start_with_ca(&settings.security, ca, kube, reader.clone(), &drain).await?))
         }
-        None => None,
+        _ => None,
     };
     let admin_state = AdminState {
         snapshots: reader,

@@ -84,11 +84,29 @@ pub async fn run(settings: IngestNodeSettings, process: Process, drain: DrainWat
         match crate::source::kubernetes::client::connect(&kube.cluster).await {
             Ok(client) => {
                 let security = SecuritySettings { namespace: kube.namespace.clone(), ..settings.security.clone() };
+                // (The same namespace as `settings.security.namespace`: both are --namespace.)
                 security::keep_root_published(client, security, is_leader.clone(), drain.clone());
             }
             Err(e) => warn!(error = %e, "no Kubernetes client for the CA's root ConfigMaps"),
         }
     }
+    let snapshot_tls = match settings.security.snapshot_mtls {
+        true => {
+            let kube = match &settings.sources.kubernetes {
+                Some(k) => Some(
+                    crate::source::kubernetes::client::connect(&k.cluster)
+                        .await
+                        .map_err(|e| security::SecurityError::Kubernetes(e.to_string()))?,
+                ),
+                None => None,
+            };
+            Some(
+                security::snapshot_server_tls(&settings.security, kube.as_ref(), &settings.advertise_addr, &drain)
+                    .await?,
+            )
+        }
+        false => None,
+    };
     let replication_metrics = ReplicationMetrics::register(&process.registry);
     let server = SnapshotServer::with_metrics(published, is_leader, ServerSettings::default(), replication_metrics);
     let status = node_status(&settings, leadership, server.clone(), local.clone());
@@ -103,7 +121,7 @@ pub async fn run(settings: IngestNodeSettings, process: Process, drain: DrainWat
         renders: crate::admin::render_limit(),
     };
     let served = tokio::try_join!(
-        servers::serve_snapshots(snapshot_listener, server, drain.clone()),
+        servers::serve_snapshots(snapshot_listener, server, snapshot_tls, drain.clone()),
         servers::serve_admin(admin_listener, admin_state, drain),
     );
     if served.is_err() {

@@ -13,9 +13,10 @@ use tracing::{info, warn};
 use crate::drain::DrainWatcher;
 use crate::security::ca::root_publisher;
 use crate::security::ca::{self, CaError, CaSettings, CaSource, CertificateAuthority, RootStore};
+use crate::security::link::LinkTls;
 use crate::security::serving::{serving_cert, ServingError, ServingNames};
 use crate::security::tls::{self, ClientAuth, TlsError};
-use crate::security::{Authenticator, SharedTrustDomain, TokenReviewer, TrustDomain};
+use crate::security::{Authenticator, Identity, SharedTrustDomain, TokenReviewer, TrustDomain};
 use crate::snapshot::SnapshotReader;
 
 /// Default plug-in CA directory (Istio mounts the `cacerts` Secret there).
@@ -38,6 +39,9 @@ pub enum SecurityError {
     /// TLS could not be configured.
     #[error(transparent)]
     Tls(#[from] TlsError),
+    /// The link credentials could not be made.
+    #[error("mutual TLS between meshpilot's processes: {0}")]
+    Link(String),
     /// The Kubernetes client could not be made.
     #[error("Kubernetes client for the CA: {0}")]
     Kubernetes(String),
@@ -61,6 +65,8 @@ pub struct SecuritySettings {
     /// Whether this process creates the `istio-ca-secret` when missing (standalone: yes;
     /// frontends: no, the ingest leader does).
     pub create_root: bool,
+    /// Whether the snapshot stream between ingest and frontends uses mutual TLS from the CA.
+    pub snapshot_mtls: bool,
 }
 
 impl Default for SecuritySettings {
@@ -73,6 +79,7 @@ impl Default for SecuritySettings {
             root_dir: DEFAULT_ROOT_DIR.into(),
             namespace: "istio-system".into(),
             create_root: true,
+            snapshot_mtls: false,
         }
     }
 }
@@ -96,9 +103,40 @@ pub async fn start(
     snapshots: SnapshotReader,
     drain: &DrainWatcher,
 ) -> Result<Security, SecurityError> {
+    let ca = load_ca(settings, kube.as_ref(), drain).await?;
+    start_with_ca(settings, ca, kube, snapshots, drain).await
+}
+
+/// As [`start`], with the CA already loaded.
+pub async fn start_with_ca(
+    settings: &SecuritySettings,
+    ca: Arc<CertificateAuthority>,
+    kube: Option<kube::Client>,
+    snapshots: SnapshotReader,
+    drain: &DrainWatcher,
+) -> Result<Security, SecurityError> {
     let trust_domain = SharedTrustDomain::new(TrustDomain::default());
     follow_trust_domain(trust_domain.clone(), snapshots, drain.clone());
-    let root_store = match &kube {
+    if kube.is_none() {
+        info!("no Kubernetes: the secure port authenticates client certificates only (no token review)");
+    }
+    let authn = Authenticator::new(kube.map(TokenReviewer::new), trust_domain);
+    let names = ServingNames::istiod(&settings.namespace, &settings.extra_sans);
+    let w = drain.clone();
+    let cert = serving_cert(ca.clone(), names, async move { w.draining().await }).await?;
+    let roots = ca.material().roots()?;
+    let tls = tls::server_config(&roots, cert, ClientAuth::Optional)?;
+    Ok(Security { ca, authn, tls })
+}
+
+/// Loads the CA's key material as `settings` say (plug-in files; else the `istio-ca-secret` with
+/// `kube`, created when `settings.create_root`, waited for otherwise; else `settings.root_dir`).
+pub async fn load_ca(
+    settings: &SecuritySettings,
+    kube: Option<&kube::Client>,
+    drain: &DrainWatcher,
+) -> Result<Arc<CertificateAuthority>, SecurityError> {
+    let root_store = match kube {
         Some(client) => RootStore::Secret {
             client: client.clone(),
             namespace: settings.namespace.clone(),
@@ -106,7 +144,7 @@ pub async fn start(
         },
         None => RootStore::Directory(settings.root_dir.clone()),
     };
-    let source = CaSource { plugin_dir: settings.plugin_dir.clone(), root_store, trust_domain: trust_domain.get() };
+    let source = CaSource { plugin_dir: settings.plugin_dir.clone(), root_store, trust_domain: TrustDomain::default() };
     let material = loop {
         match ca::load_or_create(&source).await {
             Err(e @ CaError::NotCreatedYet(_)) => {
@@ -119,17 +157,19 @@ pub async fn start(
             other => break other?,
         }
     };
-    let ca = Arc::new(CertificateAuthority::new(material, settings.ca)?);
-    if kube.is_none() {
-        info!("no Kubernetes: the secure port authenticates client certificates only (no token review)");
-    }
-    let authn = Authenticator::new(kube.map(TokenReviewer::new), trust_domain);
-    let names = ServingNames::istiod(&settings.namespace, &settings.extra_sans);
-    let w = drain.clone();
-    let cert = serving_cert(ca.clone(), names, async move { w.draining().await }).await?;
-    let roots = ca.material().roots()?;
-    let tls = tls::server_config(&roots, cert, ClientAuth::Optional)?;
-    Ok(Security { ca, authn, tls })
+    Ok(Arc::new(CertificateAuthority::new(material, settings.ca)?))
+}
+
+/// The credentials of this process's links (the snapshot stream): a certificate for
+/// `spiffe://<trust domain>/ns/<namespace>/sa/<service_account>` from `ca`.
+pub async fn link_tls(
+    ca: Arc<CertificateAuthority>,
+    namespace: &str,
+    service_account: &str,
+) -> Result<Arc<LinkTls>, SecurityError> {
+    let identity = Identity::new(TrustDomain::default(), namespace, service_account)
+        .map_err(|e| SecurityError::Link(e.to_string()))?;
+    LinkTls::new(ca, identity).await.map_err(|e| SecurityError::Link(e.to_string()))
 }
 
 /// Keeps `trust_domain` at the mesh config's `trustDomain` of each new snapshot.
@@ -200,4 +240,29 @@ pub fn keep_root_published(
             }
         }
     });
+}
+
+/// The service accounts (SPIFFE names) ingest nodes and frontends link as.
+pub const INGEST_SERVICE_ACCOUNT: &str = "meshpilot-ingest";
+/// See [`INGEST_SERVICE_ACCOUNT`].
+pub const FRONTEND_SERVICE_ACCOUNT: &str = "meshpilot-frontend";
+
+/// The snapshot server's mutual TLS on an ingest node advertising `advertise_addr`: a
+/// certificate for its host, and admission of control-plane peers only.
+pub async fn snapshot_server_tls(
+    settings: &SecuritySettings,
+    kube: Option<&kube::Client>,
+    advertise_addr: &str,
+    drain: &DrainWatcher,
+) -> Result<(Arc<rustls::ServerConfig>, tls::PeerFilter), SecurityError> {
+    let ca = load_ca(settings, kube, drain).await?;
+    let link = link_tls(ca, &settings.namespace, INGEST_SERVICE_ACCOUNT).await?;
+    let host = advertise_addr.rsplit_once(':').map_or(advertise_addr, |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+    let w = drain.clone();
+    let config = link
+        .server_config(ServingNames::hosts(&[host]), async move { w.draining().await })
+        .await
+        .map_err(|e| SecurityError::Link(e.to_string()))?;
+    Ok((config, link.same_namespace_only()))
 }

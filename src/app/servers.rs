@@ -3,6 +3,7 @@
 //! the drain starts.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpSocket};
@@ -102,18 +103,28 @@ pub async fn serve_secure_xds(
 }
 
 /// Serves snapshots to frontends on `listener` until the drain starts.
+/// With `tls` (a server configuration and the peers it admits), only control-plane peers with a
+/// certificate from the CA may subscribe.
 pub async fn serve_snapshots(
     listener: TcpListener,
     server: SnapshotServer,
+    tls: Option<(Arc<rustls::ServerConfig>, tls::PeerFilter)>,
     drain: DrainWatcher,
 ) -> Result<(), ServeError> {
     let addr = local_addr(&listener);
-    info!(%addr, "snapshot server listening");
-    tonic::transport::Server::builder()
-        .add_service(server.into_service())
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move { drain.draining().await })
-        .await
-        .map_err(|source| ServeError::Grpc { what: "snapshot server", addr, source })
+    let builder = tonic::transport::Server::builder().add_service(server.into_service());
+    let stop = async move { drain.draining().await };
+    let served = match tls {
+        Some((config, filter)) => {
+            info!(%addr, "snapshot server listening (mutual TLS)");
+            builder.serve_with_incoming_shutdown(tls::accept_filtered(listener, config, Some(filter)), stop).await
+        }
+        None => {
+            info!(%addr, "snapshot server listening");
+            builder.serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop).await
+        }
+    };
+    served.map_err(|source| ServeError::Grpc { what: "snapshot server", addr, source })
 }
 
 /// Serves the admin endpoints on `listener` until the drain starts.

@@ -7,10 +7,12 @@
 //! - [`authn`]: who a caller is.
 //! - [`tls`]: server and client TLS configurations, and peer identities per connection.
 //! - [`serving`]: the secure port's own certificate, renewed from the CA.
+//! - [`link`]: mutual TLS between meshpilot's own processes (the snapshot stream).
 
 pub mod authn;
 pub mod ca;
 pub mod identity;
+pub mod link;
 pub mod serving;
 pub mod tls;
 

@@ -42,6 +42,19 @@ impl ServingNames {
             dns: vec![format!("istiod.{namespace}.svc"), format!("istiod.{namespace}.svc.cluster.local")],
             ips: Vec::new(),
         };
+        names.add(extra);
+        names
+    }
+
+    /// Exactly `hosts` (DNS names or IP addresses).
+    pub fn hosts(hosts: &[String]) -> ServingNames {
+        let mut names = ServingNames::default();
+        names.add(hosts);
+        names
+    }
+
+    fn add(&mut self, extra: &[String]) {
+        let names = self;
         for name in extra {
             match name.parse::<IpAddr>() {
                 Ok(ip) if !names.ips.contains(&ip) => names.ips.push(ip),
@@ -50,7 +63,6 @@ impl ServingNames {
                 Err(_) => {}
             }
         }
-        names
     }
 }
 

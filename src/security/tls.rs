@@ -209,11 +209,23 @@ impl AsyncWrite for SecureConn {
     }
 }
 
+/// Decides, from its verified identities, whether a peer may use a listener at all.
+pub type PeerFilter = Arc<dyn Fn(&[Identity]) -> bool + Send + Sync>;
+
 /// Accepts on `listener` and yields each connection once its handshake succeeded; handshakes
 /// run concurrently (one slow client delays nobody) and failed ones are dropped.
 pub fn accept(
     listener: TcpListener,
     config: Arc<rustls::ServerConfig>,
+) -> tokio_stream::wrappers::ReceiverStream<Result<SecureConn, std::io::Error>> {
+    accept_filtered(listener, config, None)
+}
+
+/// As [`accept`], dropping connections whose peer `filter` refuses.
+pub fn accept_filtered(
+    listener: TcpListener,
+    config: Arc<rustls::ServerConfig>,
+    filter: Option<PeerFilter>,
 ) -> tokio_stream::wrappers::ReceiverStream<Result<SecureConn, std::io::Error>> {
     let (tx, rx) = mpsc::channel(ACCEPTED_QUEUE);
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
@@ -231,7 +243,7 @@ pub fn accept(
                 },
                 _ = tx.closed() => return,
             };
-            let (acceptor, tx) = (acceptor.clone(), tx.clone());
+            let (acceptor, tx, filter) = (acceptor.clone(), tx.clone(), filter.clone());
             tokio::spawn(async move {
                 let _ = tcp.set_nodelay(true);
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
@@ -243,6 +255,10 @@ pub fn accept(
                             .and_then(|chain| chain.first())
                             .map(|leaf| certificate_identities(leaf))
                             .unwrap_or_default();
+                        if filter.is_some_and(|allow| !allow(&identities)) {
+                            warn!(%remote, ?identities, "TLS peer not allowed on this listener");
+                            return;
+                        }
                         let info = PeerInfo { remote: Some(remote), identities: Arc::new(identities) };
                         let _ = tx.send(Ok(SecureConn { inner: stream, info })).await;
                     }
