@@ -98,6 +98,17 @@ async fn pilot_agent_gets_its_workload_certificate_and_config_over_the_secure_po
     assert_eq!(leaf.issuer(), root_cert.subject(), "issued by meshpilot's root");
     leaf.verify_signature(Some(root_cert.public_key())).expect("signed by meshpilot's root");
 
+    // What pilot-agent's SDS serves Envoy (Envoy's /certs once its config references the
+    // `default` secret): the same identity, chained to the same root.
+    let served = common::secure::sds_certificate_chain(&pod.sds_socket())
+        .await
+        .unwrap_or_else(|e| panic!("SDS from pilot-agent: {e}\n{}", pod.logs()));
+    let served = parse_certs(&served, "SDS certificate chain").expect("certificates");
+    let served_ids: Vec<String> = certificate_identities(&served[0]).iter().map(ToString::to_string).collect();
+    assert_eq!(served_ids, ids, "SDS serves another certificate");
+    let (_, served_leaf) = x509_parser::parse_x509_certificate(&served[0]).expect("the served leaf parses");
+    served_leaf.verify_signature(Some(root_cert.public_key())).expect("the served certificate is signed by the root");
+
     // Envoy is ready: its listeners and clusters came over the secure port (the only one).
     assert!(pod.admin_get("/listeners").await.contains("virtualOutbound::0.0.0.0:15001"), "no virtualOutbound");
     let connected = cp.connected_proxies().await;

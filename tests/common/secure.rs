@@ -138,3 +138,85 @@ pub fn cluster_names(response: &DiscoveryResponse) -> Vec<String> {
         .map(|c| c.name)
         .collect()
 }
+
+/// The certificate chain (PEM) of the SDS secret `default` that an SDS server on the Unix socket
+/// `socket` (pilot-agent's, which Envoy asks) serves, as Envoy would get it.
+pub async fn sds_certificate_chain(socket: &Path) -> Result<String, String> {
+    use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{secret, Secret};
+    use envoy_types::pb::envoy::service::secret::v3::secret_discovery_service_client::SecretDiscoveryServiceClient;
+    use prost::Message;
+    let path = socket.to_path_buf();
+    let connector = tower_service_fn(move || {
+        let path = path.clone();
+        async move { tokio::net::UnixStream::connect(path).await.map(TokioIo::new) }
+    });
+    let channel = Endpoint::from_static("http://sds.local")
+        .connect_with_connector(connector)
+        .await
+        .map_err(|e| format!("connecting to {}: {e}", socket.display()))?;
+    let mut client = SecretDiscoveryServiceClient::new(channel);
+    let request = DiscoveryRequest {
+        node: Some(Node { id: "sds-test".into(), ..Default::default() }),
+        type_url: "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret".into(),
+        resource_names: vec!["default".into()],
+        ..Default::default()
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(request).await.map_err(|e| e.to_string())?;
+    let mut responses = client
+        .stream_secrets(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .map_err(|e| e.to_string())?
+        .into_inner();
+    let response = tokio::time::timeout(Duration::from_secs(20), responses.message())
+        .await
+        .map_err(|_| "no SDS response in time".to_string())?
+        .map_err(|e| e.to_string())?
+        .ok_or("the SDS stream ended")?;
+    drop(tx);
+    for any in &response.resources {
+        let secret = Secret::decode(any.value.as_slice()).map_err(|e| e.to_string())?;
+        if let Some(secret::Type::TlsCertificate(cert)) = secret.r#type {
+            let chain = cert.certificate_chain.and_then(|d| d.specifier).ok_or("no certificate chain")?;
+            return match chain {
+                envoy_types::pb::envoy::config::core::v3::data_source::Specifier::InlineBytes(b) => {
+                    String::from_utf8(b).map_err(|e| e.to_string())
+                }
+                envoy_types::pb::envoy::config::core::v3::data_source::Specifier::InlineString(s) => Ok(s),
+                other => Err(format!("certificate chain not inline: {other:?}")),
+            };
+        }
+    }
+    Err(format!("no TLS certificate among {} resources", response.resources.len()))
+}
+
+/// A connector for tonic from a closure making the connection.
+fn tower_service_fn<F, Fut, T>(make: F) -> FnConnector<F>
+where
+    F: Fn() -> Fut + Clone,
+    Fut: Future<Output = std::io::Result<T>>,
+{
+    FnConnector(make)
+}
+
+/// See [`tower_service_fn`].
+#[derive(Clone)]
+struct FnConnector<F>(F);
+
+impl<F, Fut, T> tower_service::Service<http::Uri> for FnConnector<F>
+where
+    F: Fn() -> Fut + Clone,
+    Fut: Future<Output = std::io::Result<T>> + Send + 'static,
+{
+    type Response = T;
+    type Error = std::io::Error;
+    type Future = Pin<Box<dyn Future<Output = std::io::Result<T>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _uri: http::Uri) -> Self::Future {
+        Box::pin((self.0)())
+    }
+}

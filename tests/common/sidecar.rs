@@ -442,6 +442,11 @@ impl SidecarPod {
         &self.netns
     }
 
+    /// pilot-agent's SDS socket (what Envoy asks for its certificates), under its working directory.
+    pub fn sds_socket(&self) -> PathBuf {
+        self.process.dir().join("var/run/secrets/workload-spiffe-uds/socket")
+    }
+
     /// The workload certificate chain pilot-agent got from the CA (secure mode), once written.
     pub fn workload_cert_chain(&self) -> Option<String> {
         std::fs::read_to_string(self.process.dir().join(OUTPUT_CERTS_DIR).join("cert-chain.pem")).ok()
