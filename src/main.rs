@@ -387,6 +387,8 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 
 fn main() -> ExitCode {
     meshpilot::allocator::purge_freed_pages_at_once();
+    // One TLS provider for every rustls user (the CA's ports, kube, etcd): ring, never aws-lc.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
     // The serving commands set up telemetry themselves, once they know their id.
     let serving = matches!(cli.command, Command::Standalone(_) | Command::Ingest(_) | Command::Frontend(_));
