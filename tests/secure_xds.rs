@@ -106,6 +106,12 @@ async fn create_certificate_issues_only_the_callers_own_identity() {
     let leaf = meshpilot::security::ca::material::parse_certs(&issued.cert_chain[0], "leaf").expect("a certificate");
     let ids: Vec<String> = certificate_identities(&leaf[0]).iter().map(ToString::to_string).collect();
     assert_eq!(ids, [own]);
+
+    // istiod's CA metrics count all of it.
+    assert_eq!(s.cp.metric("citadel_server_csr_count").await, Some(4.0));
+    assert_eq!(s.cp.metric("citadel_server_authentication_failure_count").await, Some(3.0));
+    assert_eq!(s.cp.metric("citadel_server_success_cert_issuance_count").await, Some(1.0));
+    assert!(s.cp.metric("citadel_server_root_cert_expiry_timestamp").await.is_some_and(|t| t > 1.0e9));
 }
 
 /// The admin server bound on a non-loopback address (the host end of a network namespace's

@@ -150,9 +150,10 @@ pub async fn run(settings: FrontendNodeSettings, process: Process, drain: DrainW
 
     let ads = AdsServer::new(reader.clone(), connections.clone(), xds_metrics, drain.clone(), settings.admission);
     let secure = match (secure_listener, ca) {
-        (Some(listener), Some(ca)) => {
-            Some((listener, security::start_with_ca(&settings.security, ca, kube, reader.clone(), &drain).await?))
-        }
+        (Some(listener), Some(ca)) => Some((
+            listener,
+            security::start_with_ca(&settings.security, ca, kube, reader.clone(), &process.registry, &drain).await?,
+        )),
         _ => None,
     };
     let admin_state = AdminState {

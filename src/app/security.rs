@@ -11,6 +11,7 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use crate::drain::DrainWatcher;
+use crate::security::ca::metrics::CaMetrics;
 use crate::security::ca::root_publisher;
 use crate::security::ca::{self, CaError, CaSettings, CaSource, CertificateAuthority, RootStore};
 use crate::security::link::LinkTls;
@@ -18,6 +19,7 @@ use crate::security::serving::{serving_cert, ServingError, ServingNames};
 use crate::security::tls::{self, ClientAuth, TlsError};
 use crate::security::{Authenticator, Identity, SharedTrustDomain, TokenReviewer, TrustDomain};
 use crate::snapshot::SnapshotReader;
+use crate::telemetry::metrics::Registry;
 
 /// Default plug-in CA directory (Istio mounts the `cacerts` Secret there).
 pub const DEFAULT_PLUGIN_DIR: &str = "./etc/cacerts";
@@ -93,6 +95,8 @@ pub struct Security {
     pub authn: Arc<Authenticator>,
     /// TLS of the secure port.
     pub tls: Arc<rustls::ServerConfig>,
+    /// The CA's metrics (istiod's `citadel_server_*`).
+    pub metrics: CaMetrics,
 }
 
 /// Starts the CA (with `kube`: its root in the `istio-ca-secret`, tokens reviewed there) and the
@@ -101,10 +105,11 @@ pub async fn start(
     settings: &SecuritySettings,
     kube: Option<kube::Client>,
     snapshots: SnapshotReader,
+    registry: &Registry,
     drain: &DrainWatcher,
 ) -> Result<Security, SecurityError> {
     let ca = load_ca(settings, kube.as_ref(), drain).await?;
-    start_with_ca(settings, ca, kube, snapshots, drain).await
+    start_with_ca(settings, ca, kube, snapshots, registry, drain).await
 }
 
 /// As [`start`], with the CA already loaded.
@@ -113,6 +118,7 @@ pub async fn start_with_ca(
     ca: Arc<CertificateAuthority>,
     kube: Option<kube::Client>,
     snapshots: SnapshotReader,
+    registry: &Registry,
     drain: &DrainWatcher,
 ) -> Result<Security, SecurityError> {
     let trust_domain = SharedTrustDomain::new(TrustDomain::default());
@@ -126,7 +132,7 @@ pub async fn start_with_ca(
     let cert = serving_cert(ca.clone(), names, async move { w.draining().await }).await?;
     let roots = ca.material().roots()?;
     let tls = tls::server_config(&roots, cert, ClientAuth::Optional)?;
-    Ok(Security { ca, authn, tls })
+    Ok(Security { ca, authn, tls, metrics: CaMetrics::register(registry) })
 }
 
 /// Loads the CA's key material as `settings` say (plug-in files; else the `istio-ca-secret` with

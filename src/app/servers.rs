@@ -89,7 +89,7 @@ pub async fn serve_secure_xds(
 ) -> Result<(), ServeError> {
     let addr = local_addr(&listener);
     info!(%addr, "secure xDS server (TLS, ADS and CA) listening");
-    let ca = CaService::new(security.ca.clone(), security.authn.clone());
+    let ca = CaService::new(security.ca.clone(), security.authn.clone(), security.metrics.clone());
     tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .add_service(ads.authenticated_service(security.authn.clone()))

@@ -71,7 +71,8 @@ pub async fn run(settings: StandaloneSettings, process: Process, drain: DrainWat
                 ),
                 None => None,
             };
-            let security = security::start(&settings.security, kube.clone(), reader.clone(), &drain).await?;
+            let security =
+                security::start(&settings.security, kube.clone(), reader.clone(), &process.registry, &drain).await?;
             // A standalone process is its own leader: it keeps the root ConfigMaps.
             if let Some(client) = kube {
                 let (root, w) = (security.ca.root_pem().to_string(), drain.clone());

@@ -3,6 +3,7 @@
 
 pub mod authority;
 pub mod material;
+pub mod metrics;
 pub mod root_publisher;
 pub mod service;
 pub mod store;

@@ -7,6 +7,7 @@ use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
 use super::authority::CertificateAuthority;
+use super::metrics::CaMetrics;
 use super::CaError;
 use crate::security::authn::Authenticator;
 use crate::security::tls::PeerInfo;
@@ -28,12 +29,14 @@ const MAX_CSR_BYTES: usize = 64 * 1024;
 pub struct CaService {
     ca: Arc<CertificateAuthority>,
     authn: Arc<Authenticator>,
+    metrics: CaMetrics,
 }
 
 impl CaService {
-    /// Signs with `ca` for callers `authn` authenticates.
-    pub fn new(ca: Arc<CertificateAuthority>, authn: Arc<Authenticator>) -> CaService {
-        CaService { ca, authn }
+    /// Signs with `ca` for callers `authn` authenticates, counting in `metrics`.
+    pub fn new(ca: Arc<CertificateAuthority>, authn: Arc<Authenticator>, metrics: CaMetrics) -> CaService {
+        metrics.set_root_expiry(&ca);
+        CaService { ca, authn, metrics }
     }
 
     /// The tonic service.
@@ -57,10 +60,12 @@ impl IstioCertificateService for CaService {
         &self,
         request: Request<IstioCertificateRequest>,
     ) -> Result<Response<IstioCertificateResponse>, Status> {
+        self.metrics.csr.inc();
         let peer = request.extensions().get::<PeerInfo>().cloned();
         let headers = request.metadata().clone().into_headers();
         let callers = self.authn.authenticate(peer.as_ref(), &headers).await.map_err(|e| {
             warn!(remote = ?peer.as_ref().and_then(|p| p.remote), error = %e, "CA request not authenticated");
+            self.metrics.authentication_failure.inc();
             e.status()
         })?;
         let req = request.into_inner();
@@ -79,10 +84,16 @@ impl IstioCertificateService for CaService {
             .map_err(|_| Status::internal("the CA could not sign the request"))?;
         match signed {
             Ok(cert_chain) => {
+                self.metrics.success.inc();
                 info!(identity = %for_log, "CA: certificate issued");
                 Ok(Response::new(IstioCertificateResponse { cert_chain }))
             }
             Err(e) => {
+                match &e {
+                    CaError::NotCallersIdentity { .. } => self.metrics.authentication_failure.inc(),
+                    CaError::BadCsr(_) => self.metrics.csr_parsing_error.inc(),
+                    _ => self.metrics.csr_sign_error.inc(),
+                }
                 warn!(caller = %for_log, error = %e, "CA: request refused");
                 Err(status_of(&e))
             }
