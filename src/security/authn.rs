@@ -50,20 +50,37 @@ impl AuthError {
     }
 }
 
+/// TokenReviews in flight at once: a storm of reconnecting proxies (or of bogus tokens) queues
+/// here instead of flooding the API server.
+const MAX_CONCURRENT_REVIEWS: usize = 32;
+/// A review the API server has not answered by then fails (UNAVAILABLE: the proxy retries).
+const REVIEW_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Validates service-account tokens with TokenReviews.
 #[derive(Clone)]
 pub struct TokenReviewer {
     client: kube::Client,
+    in_flight: Arc<tokio::sync::Semaphore>,
 }
 
 impl TokenReviewer {
     /// Reviews with `client` (it needs `create` on `tokenreviews`).
     pub fn new(client: kube::Client) -> TokenReviewer {
-        TokenReviewer { client }
+        TokenReviewer { client, in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_REVIEWS)) }
     }
 
     /// The namespace and service account the API server says `token` belongs to.
     pub async fn review(&self, token: &str) -> Result<(String, String), AuthError> {
+        let reviewed = async {
+            let _slot = self.in_flight.acquire().await.map_err(|_| AuthError::Unavailable("shutting down".into()))?;
+            self.review_now(token).await
+        };
+        tokio::time::timeout(REVIEW_TIMEOUT, reviewed)
+            .await
+            .map_err(|_| AuthError::Unavailable(format!("no TokenReview answer within {REVIEW_TIMEOUT:?}")))?
+    }
+
+    async fn review_now(&self, token: &str) -> Result<(String, String), AuthError> {
         let review = TokenReview {
             spec: TokenReviewSpec { token: Some(token.to_string()), audiences: Some(vec![TOKEN_AUDIENCE.into()]) },
             ..Default::default()
