@@ -50,6 +50,7 @@ async fn pilot_agent_gets_its_workload_certificate_and_config_over_the_secure_po
         format!("apiVersion: v1\nkind: Node\nmetadata: {{name: {NODE_NAME}}}\n"),
         format!("apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: {SA}, namespace: {NS}}}\n"),
         format!("apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: other, namespace: {NS}}}\n"),
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: operator, namespace: istio-system}\n".to_string(),
         builder.pod_yaml(),
     ] {
         apply(&client, &object).await;
@@ -57,7 +58,10 @@ async fn pilot_agent_gets_its_workload_certificate_and_config_over_the_secure_po
     let kubeconfig = api.write_kubeconfig(api.dir(), "meshpilot.kubeconfig", &api.url(), ADMIN_TOKEN);
     // The pod dials the host end of its veth: the certificate must name that address.
     let secure_addr = builder.xds_addr();
+    // The admin port too, so that the test calls it from a non-loopback address.
+    let admin_addr = builder.xds_addr();
     let cp = Meshpilot::standalone_on_kubernetes(kubeconfig)
+        .admin_addr(admin_addr)
         .secure_xds(secure_addr, &[secure_addr.ip().to_string()])
         .arg("--no-plaintext-xds")
         .debounce_after("50ms")
@@ -111,8 +115,6 @@ async fn pilot_agent_gets_its_workload_certificate_and_config_over_the_secure_po
 
     // Envoy is ready: its listeners and clusters came over the secure port (the only one).
     assert!(pod.admin_get("/listeners").await.contains("virtualOutbound::0.0.0.0:15001"), "no virtualOutbound");
-    let connected = cp.connected_proxies().await;
-    assert!(connected.iter().any(|p| p == pod.node_id()), "{connected:?}");
     assert!(cp.logs().contains("CA: certificate issued"), "no issuance logged");
 
     // Token-authenticated xDS decides on the token's service account, not on the node's claim:
@@ -123,6 +125,27 @@ async fn pilot_agent_gets_its_workload_certificate_and_config_over_the_secure_po
     assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
     let own = istio_token(&client, NS, SA).await;
     first_cds(channel().await.expect("TLS"), Some(&own), node(NS, SA)).await.expect("its own node's config");
+    // Debug endpoints from a non-loopback address: only with a token of the control plane's
+    // namespace (istio-system); a workload's token does not open them.
+    let debug = |token: Option<String>| {
+        let url = format!("http://{admin_addr}/debug/syncz");
+        async move {
+            let client = reqwest::Client::builder().no_proxy().build().expect("client");
+            let request = match token {
+                Some(t) => client.get(&url).bearer_auth(t),
+                None => client.get(&url),
+            };
+            let response = request.send().await.expect("admin answers");
+            (response.status().as_u16(), response.text().await.unwrap_or_default())
+        }
+    };
+    assert_eq!(debug(None).await.0, 403);
+    assert_eq!(debug(Some(istio_token(&client, NS, SA).await)).await.0, 403);
+    let (status, syncz) = debug(Some(istio_token(&client, "istio-system", "operator").await)).await;
+    assert_eq!(status, 200, "{syncz}");
+    // The proxy is connected (over the secure port, the only one).
+    assert!(syncz.contains(pod.node_id()), "{syncz}");
+
     // A token the API server did not mint is refused by the TokenReview.
     let refused =
         first_cds(channel().await.expect("TLS"), Some("not-a-token"), node(NS, SA)).await.expect_err("refused");

@@ -13,7 +13,7 @@ use tracing::info;
 use super::security::{self, SecurityError, SecuritySettings};
 use super::servers;
 use super::{Process, RoleError};
-use crate::admin::{AdminState, NodeStatus, XdsState};
+use crate::admin::{AdminState, DebugAccess, NodeStatus, XdsState};
 use crate::cluster::election::{LeaderWatch, DEFAULT_ELECTION_NAME};
 use crate::cluster::membership::{Members, MembersWatch, MembershipSettings, Registration, DEFAULT_PREFIX};
 use crate::cluster::metrics::ClusterMetrics;
@@ -164,6 +164,10 @@ pub async fn run(settings: FrontendNodeSettings, process: Process, drain: DrainW
         identity: format!("frontend/{}", settings.id),
         node_status: Some(node_status(settings.id.clone(), sub_status, registered, summary)),
         renders: crate::admin::render_limit(),
+        debug_access: secure.as_ref().map(|(_, security)| DebugAccess {
+            authn: security.authn.clone(),
+            namespace: settings.security.namespace.clone(),
+        }),
     };
     info!(id = %settings.id, advertise = %settings.advertise_addr, "frontend started");
     let plaintext = {

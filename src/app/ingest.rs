@@ -119,6 +119,7 @@ pub async fn run(settings: IngestNodeSettings, process: Process, drain: DrainWat
         identity: format!("ingest/{}", settings.id),
         node_status: Some(status),
         renders: crate::admin::render_limit(),
+        debug_access: None,
     };
     let served = tokio::try_join!(
         servers::serve_snapshots(snapshot_listener, server, snapshot_tls, drain.clone()),

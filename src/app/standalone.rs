@@ -9,7 +9,7 @@ use tracing::info;
 use super::security::{self, SecurityError, SecuritySettings};
 use super::servers;
 use super::{pipeline, Process, RoleError};
-use crate::admin::{AdminState, XdsState};
+use crate::admin::{AdminState, DebugAccess, XdsState};
 use crate::drain::DrainWatcher;
 use crate::ingest::DebounceSettings;
 use crate::readiness::Ready;
@@ -90,6 +90,10 @@ pub async fn run(settings: StandaloneSettings, process: Process, drain: DrainWat
         identity: "standalone".into(),
         node_status: None,
         renders: crate::admin::render_limit(),
+        debug_access: secure.as_ref().map(|(_, security)| DebugAccess {
+            authn: security.authn.clone(),
+            namespace: settings.security.namespace.clone(),
+        }),
     };
     info!(config_dir = ?settings.sources.config_dir, kubernetes = settings.sources.kubernetes.is_some(), "standalone meshpilot started");
     drop(xds_bound);
