@@ -109,6 +109,26 @@ pub async fn serving_cert(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::security::ca::CaSettings;
+    use crate::security::TrustDomain;
+
+    #[tokio::test]
+    async fn the_serving_certificate_is_renewed_at_half_its_life() {
+        let material = CertificateAuthority::self_signed_material(&TrustDomain::default()).expect("root");
+        let settings = CaSettings { workload_ttl: Duration::from_secs(2), max_workload_ttl: Duration::from_secs(2) };
+        let ca = Arc::new(CertificateAuthority::new(material, settings).expect("CA"));
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let cert = serving_cert(ca, ServingNames::istiod("ns", &[]), async move {
+            let _ = stop_rx.await;
+        })
+        .await
+        .expect("issued");
+        let first = cert.current();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let renewed = cert.current();
+        assert_ne!(first.cert[0], renewed.cert[0], "a new certificate after half its life");
+        drop(stop_tx);
+    }
 
     #[test]
     fn istiod_names_and_extra_sans() {

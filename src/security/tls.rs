@@ -73,6 +73,11 @@ impl ServingCert {
     pub fn replace(&self, key: Arc<CertifiedKey>) {
         self.0.store(key);
     }
+
+    /// The certificate served now.
+    pub fn current(&self) -> Arc<CertifiedKey> {
+        self.0.load_full()
+    }
 }
 
 impl ResolvesServerCert for ServingCert {
