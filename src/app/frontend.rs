@@ -10,7 +10,7 @@ use serde_json::json;
 use tokio::sync::watch;
 use tracing::info;
 
-use super::security::{self, SecurityError, SecuritySettings};
+use super::security::{self, SecuritySettings};
 use super::servers;
 use super::{Process, RoleError};
 use crate::admin::{AdminState, DebugAccess, NodeStatus, XdsState};
@@ -92,13 +92,9 @@ pub async fn run(settings: FrontendNodeSettings, process: Process, drain: DrainW
     let w = drain.clone();
     tokio::spawn(async move { leader_watch.run(w.draining()).await });
 
-    let kube = match &settings.kubernetes {
-        Some(choice) => Some(
-            crate::source::kubernetes::client::connect(choice)
-                .await
-                .map_err(|e| SecurityError::Kubernetes(e.to_string()))?,
-        ),
-        None => None,
+    let kube = match settings.security.secure_xds_addr.is_some() || settings.security.snapshot_mtls {
+        true => security::kube_client(settings.kubernetes.as_ref()).await?,
+        false => None,
     };
     // One CA for the secure port and the link to the leader.
     let ca = match settings.security.secure_xds_addr.is_some() || settings.security.snapshot_mtls {
@@ -170,25 +166,10 @@ pub async fn run(settings: FrontendNodeSettings, process: Process, drain: DrainW
         }),
     };
     info!(id = %settings.id, advertise = %settings.advertise_addr, "frontend started");
-    let plaintext = {
-        let (ads, drain) = (ads.clone(), drain.clone());
-        async move {
-            match xds_listener {
-                Some(listener) => servers::serve_xds(listener, ads, drain).await,
-                None => Ok(()),
-            }
-        }
-    };
-    let secure_served = {
-        let drain = drain.clone();
-        async move {
-            match secure {
-                Some((listener, security)) => servers::serve_secure_xds(listener, ads, security, drain).await,
-                None => Ok(()),
-            }
-        }
-    };
-    tokio::try_join!(plaintext, secure_served, servers::serve_admin(admin_listener, admin_state, drain))?;
+    tokio::try_join!(
+        servers::serve_xds_ports(xds_listener, secure, ads, drain.clone()),
+        servers::serve_admin(admin_listener, admin_state, drain),
+    )?;
     Ok(())
 }
 

@@ -92,14 +92,7 @@ pub async fn run(settings: IngestNodeSettings, process: Process, drain: DrainWat
     }
     let snapshot_tls = match settings.security.snapshot_mtls {
         true => {
-            let kube = match &settings.sources.kubernetes {
-                Some(k) => Some(
-                    crate::source::kubernetes::client::connect(&k.cluster)
-                        .await
-                        .map_err(|e| security::SecurityError::Kubernetes(e.to_string()))?,
-                ),
-                None => None,
-            };
+            let kube = security::kube_client(settings.sources.kubernetes.as_ref().map(|k| &k.cluster)).await?;
             Some(
                 security::snapshot_server_tls(&settings.security, kube.as_ref(), &settings.advertise_addr, &drain)
                     .await?,

@@ -135,6 +135,19 @@ pub async fn start_with_ca(
     Ok(Security { ca, authn, tls, metrics: CaMetrics::register(registry) })
 }
 
+/// A Kubernetes client for the CA and token reviews, when a cluster is configured.
+pub async fn kube_client(
+    cluster: Option<&crate::source::kubernetes::ClusterChoice>,
+) -> Result<Option<kube::Client>, SecurityError> {
+    match cluster {
+        Some(choice) => crate::source::kubernetes::client::connect(choice)
+            .await
+            .map(Some)
+            .map_err(|e| SecurityError::Kubernetes(e.to_string())),
+        None => Ok(None),
+    }
+}
+
 /// Loads the CA's key material as `settings` say (plug-in files; else the `istio-ca-secret` with
 /// `kube`, created when `settings.create_root`, waited for otherwise; else `settings.root_dir`).
 pub async fn load_ca(

@@ -102,6 +102,28 @@ pub async fn serve_secure_xds(
         .map_err(|source| ServeError::Grpc { what: "secure xDS server", addr, source })
 }
 
+/// Serves ADS on the plaintext listener and the secure one, those given, until the drain starts.
+pub async fn serve_xds_ports(
+    plaintext: Option<TcpListener>,
+    secure: Option<(TcpListener, Security)>,
+    ads: AdsServer,
+    drain: DrainWatcher,
+) -> Result<(), ServeError> {
+    let plain = async {
+        match plaintext {
+            Some(listener) => serve_xds(listener, ads.clone(), drain.clone()).await,
+            None => Ok(()),
+        }
+    };
+    let tls = async {
+        match secure {
+            Some((listener, security)) => serve_secure_xds(listener, ads.clone(), security, drain.clone()).await,
+            None => Ok(()),
+        }
+    };
+    tokio::try_join!(plain, tls).map(|_| ())
+}
+
 /// Serves snapshots to frontends on `listener` until the drain starts.
 /// With `tls` (a server configuration and the peers it admits), only control-plane peers with a
 /// certificate from the CA may subscribe.

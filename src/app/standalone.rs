@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tracing::info;
 
-use super::security::{self, SecurityError, SecuritySettings};
+use super::security::{self, SecuritySettings};
 use super::servers;
 use super::{pipeline, Process, RoleError};
 use crate::admin::{AdminState, DebugAccess, XdsState};
@@ -63,14 +63,7 @@ pub async fn run(settings: StandaloneSettings, process: Process, drain: DrainWat
     let ads = AdsServer::new(reader.clone(), connections.clone(), xds_metrics, drain.clone(), settings.admission);
     let secure = match secure_listener {
         Some(listener) => {
-            let kube = match &settings.sources.kubernetes {
-                Some(k) => Some(
-                    crate::source::kubernetes::client::connect(&k.cluster)
-                        .await
-                        .map_err(|e| SecurityError::Kubernetes(e.to_string()))?,
-                ),
-                None => None,
-            };
+            let kube = security::kube_client(settings.sources.kubernetes.as_ref().map(|k| &k.cluster)).await?;
             let security =
                 security::start(&settings.security, kube.clone(), reader.clone(), &process.registry, &drain).await?;
             // A standalone process is its own leader: it keeps the root ConfigMaps.
@@ -97,25 +90,10 @@ pub async fn run(settings: StandaloneSettings, process: Process, drain: DrainWat
     };
     info!(config_dir = ?settings.sources.config_dir, kubernetes = settings.sources.kubernetes.is_some(), "standalone meshpilot started");
     drop(xds_bound);
-    let plaintext = {
-        let (ads, drain) = (ads.clone(), drain.clone());
-        async move {
-            match xds_listener {
-                Some(listener) => servers::serve_xds(listener, ads, drain).await,
-                None => Ok(()),
-            }
-        }
-    };
-    let secure_served = {
-        let drain = drain.clone();
-        async move {
-            match secure {
-                Some((listener, security)) => servers::serve_secure_xds(listener, ads, security, drain).await,
-                None => Ok(()),
-            }
-        }
-    };
-    let served = tokio::try_join!(plaintext, secure_served, servers::serve_admin(admin_listener, admin_state, drain),);
+    let served = tokio::try_join!(
+        servers::serve_xds_ports(xds_listener, secure, ads, drain.clone()),
+        servers::serve_admin(admin_listener, admin_state, drain),
+    );
     // The servers stop once the drain started, and ingest with them; a failed server stops it here.
     if served.is_err() {
         ingest_task.abort();
