@@ -25,6 +25,9 @@ use super::identity::Identity;
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Accepted connections waiting for the server to take them.
 const ACCEPTED_QUEUE: usize = 1024;
+/// Handshakes in progress at once; more connections wait in the kernel's backlog, so a flood of
+/// idle or slow clients cannot hold unbounded tasks and memory.
+const MAX_HANDSHAKES: usize = 1024;
 
 /// Why a TLS configuration could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -234,8 +237,16 @@ pub fn accept_filtered(
 ) -> tokio_stream::wrappers::ReceiverStream<Result<SecureConn, std::io::Error>> {
     let (tx, rx) = mpsc::channel(ACCEPTED_QUEUE);
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
     tokio::spawn(async move {
         loop {
+            let permit = tokio::select! {
+                permit = handshakes.clone().acquire_owned() => match permit {
+                    Ok(p) => p,
+                    Err(_) => return,
+                },
+                _ = tx.closed() => return,
+            };
             let (tcp, remote) = tokio::select! {
                 accepted = listener.accept() => match accepted {
                     Ok(a) => a,
@@ -250,6 +261,7 @@ pub fn accept_filtered(
             };
             let (acceptor, tx, filter) = (acceptor.clone(), tx.clone(), filter.clone());
             tokio::spawn(async move {
+                let _permit = permit;
                 let _ = tcp.set_nodelay(true);
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                     Ok(Ok(stream)) => {
