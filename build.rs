@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-const PROTOS: &[&str] = &["proto/meshpilot/snapshot/v1/snapshot.proto"];
+const PROTOS: &[&str] = &["proto/meshpilot/snapshot/v1/snapshot.proto", "proto/istio/v1/auth/ca.proto"];
 
 /// Where envoy-types keeps the descriptor set of every proto it compiled (not exported by the crate).
 const ENVOY_DESCRIPTORS: &str = "src/generated/types.bin";
@@ -27,6 +27,9 @@ fn main() {
     tonic_prost_build::configure()
         // Payloads are sliced into chunks without copying.
         .bytes(".")
+        // Well-known types (the CA request's metadata Struct) are envoy-types' own.
+        .compile_well_known_types(true)
+        .extern_path(".google.protobuf", "::envoy_types::pb::google::protobuf")
         .compile_protos(PROTOS, &["proto"])
         .unwrap_or_else(|e| panic!("compiling {PROTOS:?} failed: {e} (`bash scripts/setup.sh` installs protoc)"));
     copy_envoy_descriptors();

@@ -75,6 +75,8 @@ fn main() {
             xds_addr: xds,
             admin_addr: admin,
             admission: Default::default(),
+            plaintext_xds: true,
+            security: Default::default(),
         };
         // Dropping the trigger drains the server.
         let (stop, drain) = meshpilot::drain::new();

@@ -2,7 +2,8 @@
 //!
 //! The modules follow the data flow (see `ARCHITECTURE.md`): [`source`] → [`ingest`] →
 //! [`snapshot`] → [`replication`] → [`xds`] → proxies, beside the shared model ([`config`],
-//! [`mesh`], [`registry`]), the [`cluster`] (etcd, election, membership, ownership), [`admin`],
+//! [`mesh`], [`registry`]), the [`cluster`] (etcd, election, membership, ownership), [`security`] (CA, identities,
+//! authentication), [`admin`],
 //! [`telemetry`], and one composition root per role in [`app`].
 
 pub mod admin;
@@ -18,6 +19,7 @@ pub mod mesh;
 pub mod readiness;
 pub mod registry;
 pub mod replication;
+pub mod security;
 pub mod sim;
 pub mod snapshot;
 pub mod source;

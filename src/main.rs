@@ -167,6 +167,72 @@ struct StandaloneArgs {
     /// What the xDS server admits at once.
     #[command(flatten)]
     admission: AdmissionArgs,
+    /// The CA and the secure xDS port.
+    #[command(flatten)]
+    security: SecurityArgs,
+}
+
+/// The CA and the secure xDS port (istiod's 15012: TLS, authenticated ADS and the CA service).
+#[derive(clap::Args)]
+struct SecurityArgs {
+    /// Secure xDS listen address: TLS with a certificate from meshpilot's CA, ADS for
+    /// authenticated proxies (client certificate or service-account token) and Istio's CA service.
+    #[arg(long, default_value = "127.0.0.1:15012")]
+    secure_xds_addr: SocketAddr,
+    /// Serve no secure port (and run no CA).
+    #[arg(long)]
+    no_secure_xds: bool,
+    /// Serve no plaintext xDS port (`--xds-addr`): proxies must use the secure port.
+    #[arg(long)]
+    no_plaintext_xds: bool,
+    /// Extra DNS names or IP addresses of the secure port's certificate (comma separated), beside
+    /// istiod.<namespace>.svc[.cluster.local]: the address proxies dial.
+    #[arg(long, value_delimiter = ',')]
+    xds_tls_san: Vec<String>,
+    /// Lifetime of workload certificates when the request names none.
+    #[arg(long, default_value = "24h", value_parser = parse_duration)]
+    workload_cert_ttl: Duration,
+    /// Longest workload certificate lifetime issued; longer requests are capped to it.
+    #[arg(long, default_value = "2160h", value_parser = parse_duration)]
+    max_workload_cert_ttl: Duration,
+    /// Istio's plug-in CA directory (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem):
+    /// when it holds a CA, meshpilot signs with it (an intermediate of your root).
+    #[arg(long, default_value = meshpilot::app::security::DEFAULT_PLUGIN_DIR)]
+    cacerts_dir: PathBuf,
+    /// Where the self-signed root is kept without Kubernetes (with Kubernetes: the Secret
+    /// istio-ca-secret in --namespace).
+    #[arg(long, default_value = meshpilot::app::security::DEFAULT_ROOT_DIR)]
+    ca_dir: PathBuf,
+    /// Frontends: subscribe to the ingest leader over mutual TLS from the CA (the leader must
+    /// run with --snapshot-mtls too, and both must share the CA).
+    #[arg(long)]
+    snapshot_mtls: bool,
+}
+
+impl SecurityArgs {
+    fn settings(&self, namespace: &str) -> meshpilot::app::security::SecuritySettings {
+        meshpilot::app::security::SecuritySettings {
+            secure_xds_addr: (!self.no_secure_xds).then_some(self.secure_xds_addr),
+            extra_sans: self.xds_tls_san.clone(),
+            ca: meshpilot::security::ca::CaSettings {
+                workload_ttl: self.workload_cert_ttl,
+                max_workload_ttl: self.max_workload_cert_ttl,
+            },
+            plugin_dir: self.cacerts_dir.clone(),
+            root_dir: self.ca_dir.clone(),
+            namespace: namespace.to_string(),
+            create_root: true,
+            snapshot_mtls: self.snapshot_mtls,
+        }
+    }
+
+    /// Refuses a process serving xDS on no port at all.
+    fn check(&self) -> anyhow::Result<()> {
+        if self.no_secure_xds && self.no_plaintext_xds {
+            anyhow::bail!("--no-secure-xds and --no-plaintext-xds together leave no xDS port");
+        }
+        Ok(())
+    }
 }
 
 /// What an xDS server admits at once (Istio's PILOT_MAX_REQUESTS_PER_SECOND, PILOT_PUSH_THROTTLE
@@ -236,11 +302,38 @@ impl SourceArgs {
     }
 }
 
+/// TLS towards etcd (https:// endpoints), as etcdctl's --cacert, --cert and --key.
+#[derive(clap::Args)]
+struct EtcdTlsArgs {
+    /// CA bundle (PEM) etcd's serving certificate must chain to.
+    #[arg(long)]
+    etcd_cacert: Option<PathBuf>,
+    /// Client certificate (PEM) for etcd's --client-cert-auth (with --etcd-key).
+    #[arg(long, requires = "etcd_key")]
+    etcd_cert: Option<PathBuf>,
+    /// Client key (PEM) of --etcd-cert.
+    #[arg(long, requires = "etcd_cert")]
+    etcd_key: Option<PathBuf>,
+}
+
+impl EtcdTlsArgs {
+    fn settings(&self) -> meshpilot::cluster::etcd::EtcdTls {
+        meshpilot::cluster::etcd::EtcdTls {
+            ca: self.etcd_cacert.clone(),
+            cert: self.etcd_cert.clone(),
+            key: self.etcd_key.clone(),
+        }
+    }
+}
+
 #[derive(Parser)]
 struct IngestArgs {
     /// etcd endpoints (comma separated URLs).
     #[arg(long, value_delimiter = ',', required = true)]
     etcd_endpoints: Vec<String>,
+    /// TLS towards etcd.
+    #[command(flatten)]
+    etcd_tls: EtcdTlsArgs,
     /// Where the config comes from.
     #[command(flatten)]
     sources: SourceArgs,
@@ -259,6 +352,17 @@ struct IngestArgs {
     /// Leader lease TTL in seconds.
     #[arg(long, default_value_t = 5)]
     lease_ttl: u64,
+    /// Istio's plug-in CA directory: with Kubernetes, the leader publishes its root-cert.pem (else
+    /// the istio-ca-secret's root, created if missing) in every namespace's istio-ca-root-cert.
+    #[arg(long, default_value = meshpilot::app::security::DEFAULT_PLUGIN_DIR)]
+    cacerts_dir: PathBuf,
+    /// Where the self-signed root is kept without Kubernetes (for --snapshot-mtls).
+    #[arg(long, default_value = meshpilot::app::security::DEFAULT_ROOT_DIR)]
+    ca_dir: PathBuf,
+    /// Serve snapshots over mutual TLS from the CA: only control-plane identities (this
+    /// namespace) with a certificate from it may subscribe.
+    #[arg(long)]
+    snapshot_mtls: bool,
     /// Quiet period before a push.
     #[arg(long, default_value = "100ms", value_parser = parse_duration)]
     debounce_after: Duration,
@@ -272,6 +376,9 @@ struct FrontendArgs {
     /// etcd endpoints (comma separated URLs).
     #[arg(long, value_delimiter = ',', required = true)]
     etcd_endpoints: Vec<String>,
+    /// TLS towards etcd.
+    #[command(flatten)]
+    etcd_tls: EtcdTlsArgs,
     /// ADS (gRPC) listen address.
     #[arg(long, default_value = "127.0.0.1:15010")]
     xds_addr: SocketAddr,
@@ -293,6 +400,20 @@ struct FrontendArgs {
     /// What the xDS server admits at once.
     #[command(flatten)]
     admission: AdmissionArgs,
+    /// The CA and the secure xDS port.
+    #[command(flatten)]
+    security: SecurityArgs,
+    /// Kubernetes API server (its kubeconfig) the secure port reviews service-account tokens
+    /// with and reads the CA's istio-ca-secret from; without it only client certificates
+    /// authenticate.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// As --kubeconfig, found as kubectl finds it (in-cluster service account first).
+    #[arg(long, conflicts_with = "kubeconfig")]
+    kubernetes: bool,
+    /// meshpilot's namespace (istiod's service names, the istio-ca-secret).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "istio-system")]
+    namespace: String,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -309,6 +430,8 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 
 fn main() -> ExitCode {
     meshpilot::allocator::purge_freed_pages_at_once();
+    // One TLS provider for every rustls user (the CA's ports, kube, etcd): ring, never aws-lc.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
     // The serving commands set up telemetry themselves, once they know their id.
     let serving = matches!(cli.command, Command::Standalone(_) | Command::Ingest(_) | Command::Frontend(_));
@@ -358,10 +481,12 @@ fn serving_process(role: Role, id: &str) -> (Process, meshpilot::telemetry::Tele
 }
 
 fn run_ingest(args: IngestArgs) -> anyhow::Result<()> {
+    let namespace = args.sources.namespace.clone();
     let id = args.id.unwrap_or_else(|| default_id("ingest"));
     let (process, _telemetry) = serving_process(Role::Ingest, &id);
     let settings = app::ingest::IngestNodeSettings {
         etcd_endpoints: args.etcd_endpoints,
+        etcd_tls: args.etcd_tls.settings(),
         sources: args.sources.settings(),
         snapshot_addr: args.snapshot_addr,
         advertise_addr: args.advertise_addr.unwrap_or_else(|| args.snapshot_addr.to_string()),
@@ -369,15 +494,24 @@ fn run_ingest(args: IngestArgs) -> anyhow::Result<()> {
         id,
         lease_ttl: Duration::from_secs(args.lease_ttl.max(2)),
         debounce: DebounceSettings { after: args.debounce_after, max: args.debounce_max },
+        security: meshpilot::app::security::SecuritySettings {
+            plugin_dir: args.cacerts_dir,
+            root_dir: args.ca_dir,
+            snapshot_mtls: args.snapshot_mtls,
+            namespace,
+            ..Default::default()
+        },
     };
     app::run(|drain| app::ingest::run(settings, process, drain)).context("ingest node")
 }
 
 fn run_frontend(args: FrontendArgs) -> anyhow::Result<()> {
+    args.security.check()?;
     let id = args.id.unwrap_or_else(|| default_id("frontend"));
     let (process, _telemetry) = serving_process(Role::Frontend, &id);
     let settings = app::frontend::FrontendNodeSettings {
         etcd_endpoints: args.etcd_endpoints,
+        etcd_tls: args.etcd_tls.settings(),
         xds_addr: args.xds_addr,
         admin_addr: args.admin_addr,
         advertise_addr: args.advertise_addr.unwrap_or_else(|| args.xds_addr.to_string()),
@@ -388,13 +522,28 @@ fn run_frontend(args: FrontendArgs) -> anyhow::Result<()> {
         },
         lease_ttl: Duration::from_secs(args.lease_ttl.max(2)),
         admission: args.admission.settings(),
+        plaintext_xds: !args.security.no_plaintext_xds,
+        // The ingest leader creates the istio-ca-secret; frontends wait for it.
+        security: meshpilot::app::security::SecuritySettings {
+            create_root: false,
+            ..args.security.settings(&args.namespace)
+        },
+        kubernetes: match (args.kubeconfig, args.kubernetes) {
+            (Some(file), _) => Some(ClusterChoice::Kubeconfig(file)),
+            (None, true) => Some(ClusterChoice::Infer),
+            (None, false) => None,
+        },
     };
     app::run(|drain| app::frontend::run(settings, process, drain)).context("frontend")
 }
 
 fn run_standalone(args: StandaloneArgs) -> anyhow::Result<()> {
+    args.security.check()?;
     let (process, _telemetry) = serving_process(Role::Standalone, &default_id("standalone"));
+    let security = args.security.settings(&args.sources.namespace);
     let settings = app::standalone::StandaloneSettings {
+        plaintext_xds: !args.security.no_plaintext_xds,
+        security,
         sources: args.sources.settings(),
         debounce: DebounceSettings { after: args.debounce_after, max: args.debounce_max },
         xds_addr: args.xds_addr,

@@ -19,6 +19,8 @@ const LAYERS: &[&[&str]] = &[
     &["source"],
     &["ingest"],
     &["cluster"],
+    // CA, identities and authentication: used by replication, xds and app.
+    &["security"],
     &["replication"],
     &["xds"],
     // Readers of everything below, and the composition roots.

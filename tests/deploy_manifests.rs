@@ -19,7 +19,8 @@ use std::path::Path;
 
 use common::deploy::cli::{is_meshpilot, parse_cli};
 use common::deploy::kube::{
-    expected_ingest_grants, grants_by_account, show_grant, ISTIO_KINDS, MESH_CONFIG_MAP, MESH_KEY,
+    expected_frontend_grants, expected_ingest_grants, grants_by_account, show_grant, ISTIO_KINDS, MESH_CONFIG_MAP,
+    MESH_KEY,
 };
 use common::deploy::workloads::{config_maps, container_ports, selects, var_refs, workloads, Workload};
 use common::deploy::*;
@@ -496,7 +497,7 @@ fn undefined_variables(c: &Container) -> Vec<String> {
 }
 
 #[test]
-fn service_accounts_and_rbac_references_resolve_and_only_read_or_post_events() {
+fn service_accounts_and_rbac_references_resolve_and_only_read_or_write_events_and_ca_objects() {
     for build in builds() {
         let problems = rbac_reference_problems(&build);
         assert_no_problems(&format!("service accounts and RBAC of {}", build.name), &problems);
@@ -557,13 +558,20 @@ fn rbac_reference_problems(base: &Build) -> Vec<String> {
         }
     }
     for (at, rule) in rules {
-        // Reads, and the one write: posting Events about invalid objects.
-        let events_only = rule.resources.iter().flatten().all(|r| r == "events");
+        // Reads, and the writes meshpilot makes: Events about invalid objects, and the CA's (its
+        // Secret, the root ConfigMaps, TokenReviews); which names, the exact-grants test pins.
+        let writable = |allowed: &[&str]| rule.resources.iter().flatten().all(|r| allowed.contains(&r.as_str()));
         for verb in &rule.verbs {
             let read = ["get", "list", "watch"].contains(&verb.as_str());
-            let event_write = events_only && ["create", "patch"].contains(&verb.as_str());
-            if !read && !event_write {
-                problems.push(format!("{at}: verb {verb:?}: meshpilot only reads, and writes only Events"));
+            let write = match verb.as_str() {
+                "create" => writable(&["events", "secrets", "configmaps", "tokenreviews"]),
+                "patch" => writable(&["events", "configmaps"]),
+                _ => false,
+            };
+            if !read && !write {
+                problems.push(format!(
+                    "{at}: verb {verb:?}: meshpilot only reads, and writes only Events and the CA's objects"
+                ));
             }
         }
         let names = [&rule.resources, &rule.api_groups, &rule.resource_names, &rule.non_resource_urls];
@@ -594,12 +602,18 @@ fn rbac_grants_ingest_exactly_what_the_kubernetes_source_uses_and_nobody_else_an
             missing.join("\n    "),
             extra.join("\n    ")
         );
-        assert!(granted.is_empty(), "{}: only meshpilot-ingest may be granted anything: {granted:#?}", build.name);
+        let frontend = granted.remove("meshpilot-frontend").unwrap_or_default();
+        assert_eq!(frontend, expected_frontend_grants(), "{}: meshpilot-frontend's grants", build.name);
+        assert!(
+            granted.is_empty(),
+            "{}: only meshpilot-ingest and meshpilot-frontend may be granted anything: {granted:#?}",
+            build.name
+        );
     }
 }
 
 #[test]
-fn ingest_runs_on_the_kubernetes_source_and_only_ingest_mounts_an_api_token() {
+fn ingest_runs_on_the_kubernetes_source_and_only_ingest_and_frontends_mount_an_api_token() {
     for build in builds() {
         let mut problems = Vec::new();
         let automount: BTreeMap<String, Option<bool>> = build
@@ -620,8 +634,10 @@ fn ingest_runs_on_the_kubernetes_source_and_only_ingest_mounts_an_api_token() {
             let pod = spec.and_then(|s| s.automount_service_account_token);
             let token = pod.or(automount.get(&account).copied().flatten()) != Some(false);
             let is_ingest = w.name == "meshpilot-ingest";
-            if token != is_ingest {
-                let why = if is_ingest { "needs its token for the Kubernetes API" } else { "never calls the API" };
+            // Frontends review proxies' tokens and read the CA's Secret (the secure port).
+            let calls_api = is_ingest || w.name == "meshpilot-frontend";
+            if token != calls_api {
+                let why = if calls_api { "needs its token for the Kubernetes API" } else { "never calls the API" };
                 problems.push(format!("{} {}: token mounted: {token}, but it {why}", w.kind, w.name));
             }
             if !is_ingest {

@@ -31,7 +31,7 @@ impl Meshpilot {
             .arg("standalone")
             .arg("--config-dir")
             .arg(config_dir)
-            .args(["--xds-addr", &xds.to_string(), "--admin-addr", &admin.to_string()])
+            .args(["--xds-addr", &xds.to_string(), "--admin-addr", &admin.to_string(), "--no-secure-xds"])
             .stdout(Stdio::null())
             .stderr(log_file)
             .spawn()

@@ -105,6 +105,8 @@ impl Server {
             xds_addr: xds,
             admin_addr: admin,
             admission: Default::default(),
+            plaintext_xds: true,
+            security: Default::default(),
         };
         // Dropping the trigger drains the server.
         let (stop, drain) = meshpilot::drain::new();

@@ -108,8 +108,10 @@ start ingest-2 "$MESHPILOT" ingest --etcd-endpoints "$ETCD_ENDPOINTS" --config-d
 start ingest-3 "$MESHPILOT" ingest --etcd-endpoints "$ETCD_ENDPOINTS" --config-dir "$CONFIG_DIR" --mesh-config "$MESH_CONFIG" --snapshot-addr 127.0.0.1:15123 --advertise-addr 127.0.0.1:15123 --admin-addr 127.0.0.1:15133 --id ingest-3
 
 # Member ids fe-1/fe-2 are the hash_key of their endpoints in deploy/local/xds-lb.yaml.
-start fe-1 "$MESHPILOT" frontend --etcd-endpoints "$ETCD_ENDPOINTS" --xds-addr 127.0.0.1:15111 --advertise-addr 127.0.0.1:15111 --admin-addr 127.0.0.1:15141 --id fe-1 --proxy-key namespace-service-account
-start fe-2 "$MESHPILOT" frontend --etcd-endpoints "$ETCD_ENDPOINTS" --xds-addr 127.0.0.1:15112 --advertise-addr 127.0.0.1:15112 --admin-addr 127.0.0.1:15142 --id fe-2 --proxy-key namespace-service-account
+# Plaintext xDS only here: two frontends on one machine would each make a CA of their own
+# without Kubernetes (on a cluster they share the istio-ca-secret; or give both --cacerts-dir).
+start fe-1 "$MESHPILOT" frontend --etcd-endpoints "$ETCD_ENDPOINTS" --xds-addr 127.0.0.1:15111 --advertise-addr 127.0.0.1:15111 --admin-addr 127.0.0.1:15141 --id fe-1 --proxy-key namespace-service-account --no-secure-xds
+start fe-2 "$MESHPILOT" frontend --etcd-endpoints "$ETCD_ENDPOINTS" --xds-addr 127.0.0.1:15112 --advertise-addr 127.0.0.1:15112 --admin-addr 127.0.0.1:15142 --id fe-2 --proxy-key namespace-service-account --no-secure-xds
 
 start xds-lb "$ENVOY" -c deploy/local/xds-lb.yaml --disable-hot-restart --log-level warn
 

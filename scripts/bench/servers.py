@@ -53,7 +53,10 @@ def _start_serving(group, name, meshpilot, args):
 
 def start_meshpilot(group, meshpilot, config_dir):
     """`meshpilot standalone --config-dir DIR`; ready when admin /ready is 200."""
-    p, xds, admin = _start_serving(group, "meshpilot", meshpilot, ["standalone", "--config-dir", config_dir])
+    # The benchmark measures plaintext xDS; no secure port (nor CA) beside it.
+    p, xds, admin = _start_serving(
+        group, "meshpilot", meshpilot, ["standalone", "--config-dir", config_dir, "--no-secure-xds"]
+    )
     return Running(
         xds_url=f"http://{xds}",
         servers={"meshpilot": p},
@@ -363,7 +366,7 @@ def start_split(group, meshpilot, workdir, config_dir, frontends):
         fe = group.start(
             member,
             [meshpilot, "frontend", "--etcd-endpoints", etcd_url, "--xds-addr", f"127.0.0.1:{xds_port}",
-             "--admin-addr", admin, "--id", member],
+             "--admin-addr", admin, "--id", member, "--no-secure-xds"],
             env=env,
         )
         servers[member] = fe

@@ -10,9 +10,10 @@ use serde_json::json;
 use tokio::sync::watch;
 use tracing::info;
 
+use super::security::{self, SecuritySettings};
 use super::servers;
 use super::{Process, RoleError};
-use crate::admin::{AdminState, NodeStatus, XdsState};
+use crate::admin::{AdminState, DebugAccess, NodeStatus, XdsState};
 use crate::cluster::election::{LeaderWatch, DEFAULT_ELECTION_NAME};
 use crate::cluster::membership::{Members, MembersWatch, MembershipSettings, Registration, DEFAULT_PREFIX};
 use crate::cluster::metrics::ClusterMetrics;
@@ -22,6 +23,7 @@ use crate::readiness::Ready;
 use crate::replication::metrics::ReplicationMetrics;
 use crate::replication::{SnapshotSubscriber, SubscriberSettings, SubscriberStatus};
 use crate::snapshot;
+use crate::source::kubernetes::ClusterChoice;
 use crate::telemetry::metrics::{gauge_value, ProcessMetrics};
 use crate::xds::admission::AdmissionSettings;
 use crate::xds::metrics::XdsMetrics;
@@ -33,6 +35,8 @@ use crate::xds::status::ConnectionRegistry;
 pub struct FrontendNodeSettings {
     /// etcd endpoints.
     pub etcd_endpoints: Vec<String>,
+    /// TLS towards etcd.
+    pub etcd_tls: crate::cluster::etcd::EtcdTls,
     /// ADS (gRPC) address.
     pub xds_addr: SocketAddr,
     /// Admin (HTTP) address.
@@ -47,6 +51,12 @@ pub struct FrontendNodeSettings {
     pub lease_ttl: Duration,
     /// New-stream rate, push concurrency and stream age of the xDS server.
     pub admission: AdmissionSettings,
+    /// Whether the plaintext xDS port (`xds_addr`) is served.
+    pub plaintext_xds: bool,
+    /// The CA and the secure xDS port.
+    pub security: SecuritySettings,
+    /// The API server tokens are reviewed with (and the CA Secret read from).
+    pub kubernetes: Option<ClusterChoice>,
 }
 
 /// Owned and foreign proxy counts at one moment.
@@ -66,17 +76,38 @@ pub struct OwnershipSummary {
 pub async fn run(settings: FrontendNodeSettings, process: Process, drain: DrainWatcher) -> Result<(), RoleError> {
     let ready = Ready::new();
     let first_snapshot = ready.register_task("first snapshot from the leader");
-    let xds_listener = servers::bind("xDS server", settings.xds_addr).await?;
+    let xds_listener = match settings.plaintext_xds {
+        true => Some(servers::bind("xDS server", settings.xds_addr).await?),
+        false => None,
+    };
+    let secure_listener = match settings.security.secure_xds_addr {
+        Some(addr) => Some(servers::bind("secure xDS server", addr).await?),
+        None => None,
+    };
     let admin_listener = servers::bind("admin server", settings.admin_addr).await?;
-    let client = crate::cluster::etcd::connect(&settings.etcd_endpoints).await?;
+    let client = crate::cluster::etcd::connect_with_tls(&settings.etcd_endpoints, &settings.etcd_tls).await?;
 
     let leader_watch = LeaderWatch::new(client.clone(), DEFAULT_ELECTION_NAME);
     let leader = leader_watch.leader();
     let w = drain.clone();
     tokio::spawn(async move { leader_watch.run(w.draining()).await });
 
+    let kube = match settings.security.secure_xds_addr.is_some() || settings.security.snapshot_mtls {
+        true => security::kube_client(settings.kubernetes.as_ref()).await?,
+        false => None,
+    };
+    // One CA for the secure port and the link to the leader.
+    let ca = match settings.security.secure_xds_addr.is_some() || settings.security.snapshot_mtls {
+        true => Some(security::load_ca(&settings.security, kube.as_ref(), &drain).await?),
+        false => None,
+    };
+    let mut subscriber_settings = SubscriberSettings::new(settings.id.clone());
+    if let (true, Some(ca)) = (settings.security.snapshot_mtls, &ca) {
+        let link = security::link_tls(ca.clone(), &settings.security.namespace, security::FRONTEND_SERVICE_ACCOUNT);
+        subscriber_settings.tls = Some(link.await?);
+    }
     let (writer, reader) = snapshot::channel();
-    let subscriber = SnapshotSubscriber::new(SubscriberSettings::new(settings.id.clone()), leader, writer);
+    let subscriber = SnapshotSubscriber::new(subscriber_settings, leader, writer);
     let sub_status = subscriber.status();
     tokio::spawn(subscriber.run(drain.clone()));
     let replication_metrics = ReplicationMetrics::register(&process.registry);
@@ -115,6 +146,13 @@ pub async fn run(settings: FrontendNodeSettings, process: Process, drain: DrainW
 
     let ads = AdsServer::new(reader.clone(), connections.clone(), xds_metrics, drain.clone(), settings.admission)
         .with_server_id(&format!("frontend/{}", settings.id));
+    let secure = match (secure_listener, ca) {
+        (Some(listener), Some(ca)) => Some((
+            listener,
+            security::start_with_ca(&settings.security, ca, kube, reader.clone(), &process.registry, &drain).await?,
+        )),
+        _ => None,
+    };
     let admin_state = AdminState {
         snapshots: reader,
         xds: Some(XdsState { connections, cache: ads.cache() }),
@@ -123,10 +161,14 @@ pub async fn run(settings: FrontendNodeSettings, process: Process, drain: DrainW
         identity: format!("frontend/{}", settings.id),
         node_status: Some(node_status(settings.id.clone(), sub_status, registered, summary, members)),
         renders: crate::admin::render_limit(),
+        debug_access: secure.as_ref().map(|(_, security)| DebugAccess {
+            authn: security.authn.clone(),
+            namespace: settings.security.namespace.clone(),
+        }),
     };
     info!(id = %settings.id, advertise = %settings.advertise_addr, "frontend started");
     tokio::try_join!(
-        servers::serve_xds(xds_listener, ads, drain.clone()),
+        servers::serve_xds_ports(xds_listener, secure, ads, drain.clone()),
         servers::serve_admin(admin_listener, admin_state, drain),
     )?;
     Ok(())

@@ -13,6 +13,7 @@ use serde_json::json;
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
+use super::security::{self, SecuritySettings};
 use super::servers;
 use super::{pipeline, Process, RoleError};
 use crate::admin::{AdminState, NodeStatus};
@@ -33,6 +34,8 @@ use crate::telemetry::metrics::gauge_value;
 pub struct IngestNodeSettings {
     /// etcd endpoints (`http://host:port`).
     pub etcd_endpoints: Vec<String>,
+    /// TLS towards etcd.
+    pub etcd_tls: crate::cluster::etcd::EtcdTls,
     /// Config directory and mesh config.
     pub sources: SourceSettings,
     /// Where the snapshot server listens.
@@ -47,6 +50,8 @@ pub struct IngestNodeSettings {
     pub lease_ttl: Duration,
     /// Debounce timing.
     pub debounce: DebounceSettings,
+    /// Where the CA's key material comes from (its root is published while leading).
+    pub security: SecuritySettings,
 }
 
 /// Runs until the drain starts; a leader resigns before its task lets the drain complete.
@@ -55,7 +60,7 @@ pub async fn run(settings: IngestNodeSettings, process: Process, drain: DrainWat
     let first_snapshot = ready.register_task("first snapshot");
     let snapshot_listener = servers::bind("snapshot server", settings.snapshot_addr).await?;
     let admin_listener = servers::bind("admin server", settings.admin_addr).await?;
-    let client = crate::cluster::etcd::connect(&settings.etcd_endpoints).await?;
+    let client = crate::cluster::etcd::connect_with_tls(&settings.etcd_endpoints, &settings.etcd_tls).await?;
 
     // Standbys build snapshots too (term 0 until they lead), so a failover starts warm.
     let pipeline = pipeline::start(&settings.sources, settings.debounce, 0, first_snapshot, &process, &drain).await?;
@@ -75,6 +80,27 @@ pub async fn run(settings: IngestNodeSettings, process: Process, drain: DrainWat
     tokio::spawn(follow_leadership(leadership.clone(), events_tx, is_leader_tx, cluster_metrics));
     tokio::spawn(publish_when_leading(local.clone(), leadership.clone(), published_writer));
 
+    if let Some(kube) = &settings.sources.kubernetes {
+        // The leader keeps the CA's root (istio-ca-secret) published in every namespace.
+        match crate::source::kubernetes::client::connect(&kube.cluster).await {
+            Ok(client) => {
+                let security = SecuritySettings { namespace: kube.namespace.clone(), ..settings.security.clone() };
+                // (The same namespace as `settings.security.namespace`: both are --namespace.)
+                security::keep_root_published(client, security, is_leader.clone(), drain.clone());
+            }
+            Err(e) => warn!(error = %e, "no Kubernetes client for the CA's root ConfigMaps"),
+        }
+    }
+    let snapshot_tls = match settings.security.snapshot_mtls {
+        true => {
+            let kube = security::kube_client(settings.sources.kubernetes.as_ref().map(|k| &k.cluster)).await?;
+            Some(
+                security::snapshot_server_tls(&settings.security, kube.as_ref(), &settings.advertise_addr, &drain)
+                    .await?,
+            )
+        }
+        false => None,
+    };
     let replication_metrics = ReplicationMetrics::register(&process.registry);
     let server = SnapshotServer::with_metrics(published, is_leader, ServerSettings::default(), replication_metrics);
     // The frontends, shown at /debug/node: `meshpilot proxy-status` pointed here reaches them all.
@@ -92,9 +118,10 @@ pub async fn run(settings: IngestNodeSettings, process: Process, drain: DrainWat
         identity: format!("ingest/{}", settings.id),
         node_status: Some(status),
         renders: crate::admin::render_limit(),
+        debug_access: None,
     };
     let served = tokio::try_join!(
-        servers::serve_snapshots(snapshot_listener, server, drain.clone()),
+        servers::serve_snapshots(snapshot_listener, server, snapshot_tls, drain.clone()),
         servers::serve_admin(admin_listener, admin_state, drain),
     );
     if served.is_err() {

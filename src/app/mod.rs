@@ -12,6 +12,7 @@
 pub mod frontend;
 pub mod ingest;
 mod pipeline;
+pub mod security;
 mod servers;
 pub mod standalone;
 
@@ -37,6 +38,9 @@ pub enum RoleError {
     /// A listener failed.
     #[error(transparent)]
     Serve(#[from] ServeError),
+    /// The CA or the secure port could not start.
+    #[error(transparent)]
+    Security(#[from] security::SecurityError),
 }
 
 /// How long a terminating process drains before it exits regardless: Kubernetes would SIGKILL it

@@ -3,15 +3,19 @@
 //! the drain starts.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpSocket};
 use tokio_stream::wrappers::TcpListenerStream;
 use tracing::info;
 
+use super::security::Security;
 use crate::admin::{self, AdminState};
 use crate::drain::DrainWatcher;
 use crate::replication::SnapshotServer;
+use crate::security::ca::service::CaService;
+use crate::security::tls;
 use crate::xds::server::AdsServer;
 
 /// Why a listener could not start or stopped with an error.
@@ -75,19 +79,74 @@ pub async fn serve_xds(listener: TcpListener, ads: AdsServer, drain: DrainWatche
         .map_err(|source| ServeError::Grpc { what: "xDS server", addr, source })
 }
 
-/// Serves snapshots to frontends on `listener` until the drain starts.
-pub async fn serve_snapshots(
+/// Serves the secure port on `listener` until the drain starts: TLS (`tls`), ADS for callers
+/// that authenticate and claim their own node, and Istio's CA service, as istiod's 15012 does.
+pub async fn serve_secure_xds(
     listener: TcpListener,
-    server: SnapshotServer,
+    ads: AdsServer,
+    security: Security,
     drain: DrainWatcher,
 ) -> Result<(), ServeError> {
     let addr = local_addr(&listener);
-    info!(%addr, "snapshot server listening");
+    info!(%addr, "secure xDS server (TLS, ADS and CA) listening");
+    let ca = CaService::new(security.ca.clone(), security.authn.clone(), security.metrics.clone());
     tonic::transport::Server::builder()
-        .add_service(server.into_service())
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move { drain.draining().await })
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .add_service(ads.authenticated_service(security.authn.clone()))
+        .add_service(ca.into_service())
+        .serve_with_incoming_shutdown(
+            tls::accept(listener, security.tls.clone()),
+            async move { drain.draining().await },
+        )
         .await
-        .map_err(|source| ServeError::Grpc { what: "snapshot server", addr, source })
+        .map_err(|source| ServeError::Grpc { what: "secure xDS server", addr, source })
+}
+
+/// Serves ADS on the plaintext listener and the secure one, those given, until the drain starts.
+pub async fn serve_xds_ports(
+    plaintext: Option<TcpListener>,
+    secure: Option<(TcpListener, Security)>,
+    ads: AdsServer,
+    drain: DrainWatcher,
+) -> Result<(), ServeError> {
+    let plain = async {
+        match plaintext {
+            Some(listener) => serve_xds(listener, ads.clone(), drain.clone()).await,
+            None => Ok(()),
+        }
+    };
+    let tls = async {
+        match secure {
+            Some((listener, security)) => serve_secure_xds(listener, ads.clone(), security, drain.clone()).await,
+            None => Ok(()),
+        }
+    };
+    tokio::try_join!(plain, tls).map(|_| ())
+}
+
+/// Serves snapshots to frontends on `listener` until the drain starts.
+/// With `tls` (a server configuration and the peers it admits), only control-plane peers with a
+/// certificate from the CA may subscribe.
+pub async fn serve_snapshots(
+    listener: TcpListener,
+    server: SnapshotServer,
+    tls: Option<(Arc<rustls::ServerConfig>, tls::PeerFilter)>,
+    drain: DrainWatcher,
+) -> Result<(), ServeError> {
+    let addr = local_addr(&listener);
+    let builder = tonic::transport::Server::builder().add_service(server.into_service());
+    let stop = async move { drain.draining().await };
+    let served = match tls {
+        Some((config, filter)) => {
+            info!(%addr, "snapshot server listening (mutual TLS)");
+            builder.serve_with_incoming_shutdown(tls::accept_filtered(listener, config, Some(filter)), stop).await
+        }
+        None => {
+            info!(%addr, "snapshot server listening");
+            builder.serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop).await
+        }
+    };
+    served.map_err(|source| ServeError::Grpc { what: "snapshot server", addr, source })
 }
 
 /// Serves the admin endpoints on `listener` until the drain starts.

@@ -6,12 +6,14 @@ use std::sync::Arc;
 
 use tracing::info;
 
+use super::security::{self, SecuritySettings};
 use super::servers;
 use super::{pipeline, Process, RoleError};
-use crate::admin::{AdminState, XdsState};
+use crate::admin::{AdminState, DebugAccess, XdsState};
 use crate::drain::DrainWatcher;
 use crate::ingest::DebounceSettings;
 use crate::readiness::Ready;
+use crate::security::ca::root_publisher;
 use crate::source::SourceSettings;
 use crate::xds::admission::AdmissionSettings;
 use crate::xds::metrics::XdsMetrics;
@@ -31,6 +33,10 @@ pub struct StandaloneSettings {
     pub admin_addr: SocketAddr,
     /// New-stream rate, push concurrency and stream age of the xDS server.
     pub admission: AdmissionSettings,
+    /// Whether the plaintext xDS port (`xds_addr`) is served.
+    pub plaintext_xds: bool,
+    /// The CA and the secure xDS port.
+    pub security: SecuritySettings,
 }
 
 /// Runs until the drain starts.
@@ -38,7 +44,14 @@ pub async fn run(settings: StandaloneSettings, process: Process, drain: DrainWat
     let ready = Ready::new();
     let first_snapshot = ready.register_task("first snapshot");
     let xds_bound = ready.register_task("xDS listener");
-    let xds_listener = servers::bind("xDS server", settings.xds_addr).await?;
+    let xds_listener = match settings.plaintext_xds {
+        true => Some(servers::bind("xDS server", settings.xds_addr).await?),
+        false => None,
+    };
+    let secure_listener = match settings.security.secure_xds_addr {
+        Some(addr) => Some(servers::bind("secure xDS server", addr).await?),
+        None => None,
+    };
     let admin_listener = servers::bind("admin server", settings.admin_addr).await?;
 
     // Term 1: a standalone process is its own, permanent leader.
@@ -49,6 +62,20 @@ pub async fn run(settings: StandaloneSettings, process: Process, drain: DrainWat
     let connections = Arc::new(ConnectionRegistry::new(xds_metrics.clone()));
     let ads = AdsServer::new(reader.clone(), connections.clone(), xds_metrics, drain.clone(), settings.admission)
         .with_server_id("standalone");
+    let secure = match secure_listener {
+        Some(listener) => {
+            let kube = security::kube_client(settings.sources.kubernetes.as_ref().map(|k| &k.cluster)).await?;
+            let security =
+                security::start(&settings.security, kube.clone(), reader.clone(), &process.registry, &drain).await?;
+            // A standalone process is its own leader: it keeps the root ConfigMaps.
+            if let Some(client) = kube {
+                let (root, w) = (security.ca.root_pem().to_string(), drain.clone());
+                tokio::spawn(root_publisher::run(client, root, async move { w.draining().await }));
+            }
+            Some((listener, security))
+        }
+        None => None,
+    };
     let admin_state = AdminState {
         snapshots: reader,
         xds: Some(XdsState { connections, cache: ads.cache() }),
@@ -57,11 +84,15 @@ pub async fn run(settings: StandaloneSettings, process: Process, drain: DrainWat
         identity: "standalone".into(),
         node_status: None,
         renders: crate::admin::render_limit(),
+        debug_access: secure.as_ref().map(|(_, security)| DebugAccess {
+            authn: security.authn.clone(),
+            namespace: settings.security.namespace.clone(),
+        }),
     };
     info!(config_dir = ?settings.sources.config_dir, kubernetes = settings.sources.kubernetes.is_some(), "standalone meshpilot started");
     drop(xds_bound);
     let served = tokio::try_join!(
-        servers::serve_xds(xds_listener, ads, drain.clone()),
+        servers::serve_xds_ports(xds_listener, secure, ads, drain.clone()),
         servers::serve_admin(admin_listener, admin_state, drain),
     );
     // The servers stop once the drain started, and ingest with them; a failed server stops it here.

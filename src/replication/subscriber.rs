@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -16,6 +17,7 @@ use crate::drain::DrainWatcher;
 use crate::replication::wire::proto::snapshot_service_client::SnapshotServiceClient;
 use crate::replication::wire::proto::{SubscribeRequest, UpdateKind};
 use crate::replication::wire::{version_to_wire, Assembler, EncodedUpdate, WireError};
+use crate::security::link::LinkTls;
 use crate::snapshot::{SnapshotWriter, Version};
 use crate::telemetry::trace;
 
@@ -30,6 +32,9 @@ pub struct SubscriberSettings {
     pub backoff_max: Duration,
     /// Connect timeout.
     pub connect_timeout: Duration,
+    /// Mutual TLS to the leader (its certificate checked for the host it advertises); `None`:
+    /// plaintext.
+    pub tls: Option<Arc<LinkTls>>,
 }
 
 impl SubscriberSettings {
@@ -40,6 +45,7 @@ impl SubscriberSettings {
             backoff_min: Duration::from_millis(100),
             backoff_max: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(5),
+            tls: None,
         }
     }
 }
@@ -72,6 +78,9 @@ pub enum SubscribeError {
     /// An update could not be decoded.
     #[error(transparent)]
     Wire(#[from] WireError),
+    /// Mutual TLS to the leader could not be set up.
+    #[error("TLS to the leader: {0}")]
+    Tls(String),
     /// An update from a term below the highest seen: a deposed leader.
     #[error("refusing update {version}: term below the highest seen ({highest})")]
     Fenced {
@@ -190,7 +199,7 @@ struct Session<'a> {
 impl Session<'_> {
     async fn run(&mut self, info: &LeaderInfo, require_full: bool) -> Result<Infallible, SubscribeError> {
         let addr = info.addr.clone();
-        let mut client = connect(&addr, self.sub.settings.connect_timeout).await?;
+        let mut client = connect(&addr, self.sub.settings.connect_timeout, self.sub.settings.tls.as_ref()).await?;
         let request = SubscribeRequest {
             held: self.held.version.map(version_to_wire),
             frontend_id: self.sub.settings.frontend_id.clone(),
@@ -270,7 +279,11 @@ impl Session<'_> {
     }
 }
 
-async fn connect(addr: &str, timeout: Duration) -> Result<SnapshotServiceClient<Channel>, SubscribeError> {
+async fn connect(
+    addr: &str,
+    timeout: Duration,
+    tls: Option<&Arc<LinkTls>>,
+) -> Result<SnapshotServiceClient<Channel>, SubscribeError> {
     let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
     let err = |source| SubscribeError::Connect { addr: addr.to_string(), source };
     let endpoint = Endpoint::from_shared(uri)
@@ -281,7 +294,15 @@ async fn connect(addr: &str, timeout: Duration) -> Result<SnapshotServiceClient<
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(10))
         .keep_alive_while_idle(true);
-    let channel = endpoint.connect().await.map_err(err)?;
+    let channel = match tls {
+        // The connector does the TLS; tonic sees plain HTTP/2.
+        Some(link) => {
+            let target = addr.split_once("://").map_or(addr, |(_, rest)| rest);
+            let connector = link.connector(target).map_err(|e| SubscribeError::Tls(e.to_string()))?;
+            endpoint.connect_with_connector(connector).await.map_err(err)?
+        }
+        None => endpoint.connect().await.map_err(err)?,
+    };
     Ok(SnapshotServiceClient::new(channel))
 }
 

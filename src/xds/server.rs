@@ -39,9 +39,15 @@ impl AdsServer {
         self
     }
 
-    /// The gRPC service (state of the world and delta).
+    /// The gRPC service (state of the world and delta) for anyone (the plaintext port).
     pub fn into_service(self) -> AdsService {
         AdsService::new(self.ctx)
+    }
+
+    /// The gRPC service for callers `authn` authenticates, each limited to its own node (the
+    /// secure port).
+    pub fn authenticated_service(&self, authn: Arc<crate::security::Authenticator>) -> AdsService {
+        AdsService::authenticated(self.ctx.clone(), authn)
     }
 
     /// The generation cache (shared with debug endpoints).

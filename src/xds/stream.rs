@@ -23,7 +23,40 @@ use super::session::Session;
 use super::status::{ConnectionRegistry, Transport};
 use super::TypeUrl;
 use crate::drain::DrainWatcher;
+use crate::security::Identity;
 use crate::snapshot::{Snapshot, SnapshotReader};
+
+/// Who opened a stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    /// The plaintext port, for local use: whoever can reach it may claim any node.
+    Unauthenticated,
+    /// The secure port: the identities the caller proved (client certificate or token). The
+    /// node it claims must be one of them.
+    Authenticated(Vec<Identity>),
+}
+
+impl Caller {
+    /// Checks the claimed node as istiod does: some identity has the proxy's namespace and, when
+    /// the node names one, its service account; else the stream ends with PERMISSION_DENIED.
+    pub fn authorize(&self, proxy: &Proxy) -> Result<(), Status> {
+        let Caller::Authenticated(identities) = self else { return Ok(()) };
+        let allowed = identities.iter().any(|id| {
+            id.namespace() == proxy.namespace
+                && (proxy.service_account.is_empty() || id.service_account() == proxy.service_account)
+        });
+        if allowed {
+            return Ok(());
+        }
+        let ids: Vec<String> = identities.iter().map(ToString::to_string).collect();
+        Err(Status::permission_denied(format!(
+            "authorization failed: no identity of the caller ({}) matches the node's namespace {:?} and service account {:?}",
+            ids.join(", "),
+            proxy.namespace,
+            proxy.service_account
+        )))
+    }
+}
 
 /// What a connection needs from its frontend.
 #[derive(Clone)]
@@ -128,9 +161,25 @@ pub trait Protocol: Send {
     }
 }
 
-/// Serves one ADS stream of protocol `P` until it ends.
+/// Serves one ADS stream of protocol `P` from an unauthenticated caller until it ends.
 pub async fn serve<P, S>(
     ctx: ConnectionContext,
+    protocol: P,
+    requests: S,
+    tx: mpsc::Sender<Result<P::Response, Status>>,
+) -> StreamEnd
+where
+    P: Protocol,
+    S: Stream<Item = Result<P::Request, Status>> + Unpin,
+{
+    serve_as(ctx, Caller::Unauthenticated, protocol, requests, tx).await
+}
+
+/// Serves one ADS stream of protocol `P` from `caller` until it ends; a node the caller may not
+/// claim gets nothing.
+pub async fn serve_as<P, S>(
+    ctx: ConnectionContext,
+    caller: Caller,
     mut protocol: P,
     mut requests: S,
     tx: mpsc::Sender<Result<P::Response, Status>>,
@@ -157,6 +206,9 @@ where
         Ok(p) => p,
         Err(e) => return refuse(&tx, Status::invalid_argument(e.to_string())).await,
     };
+    if let Err(status) = caller.authorize(&proxy) {
+        return refuse(&tx, status).await;
+    }
     // A storm of new streams waits here, before any generation, while pushes go on.
     ctx.admission.admit_stream().await;
     let deadline = ctx.admission.stream_deadline(age_seed(&proxy.id));
@@ -239,4 +291,43 @@ async fn refuse<R>(tx: &mpsc::Sender<Result<R, Status>>, status: Status) -> Stre
     warn!(code = ?status.code(), reason = %limits::loggable(status.message()), "xDS stream refused");
     let _ = tx.send(Err(status.clone())).await;
     StreamEnd::Refused(status)
+}
+
+#[cfg(test)]
+mod tests {
+    use envoy_types::pb::envoy::config::core::v3::Node;
+
+    use super::*;
+
+    fn proxy(id: &str, service_account: Option<&str>) -> Proxy {
+        let metadata = service_account.map(|sa| {
+            let mut fields = std::collections::HashMap::new();
+            fields.insert(
+                "SERVICE_ACCOUNT".to_string(),
+                envoy_types::pb::google::protobuf::Value {
+                    kind: Some(envoy_types::pb::google::protobuf::value::Kind::StringValue(sa.to_string())),
+                },
+            );
+            envoy_types::pb::google::protobuf::Struct { fields }
+        });
+        Proxy::from_node(Some(&Node { id: id.into(), metadata, ..Default::default() })).expect("a proxy")
+    }
+
+    fn caller(uri: &str) -> Caller {
+        Caller::Authenticated(vec![Identity::parse(uri).expect("identity")])
+    }
+
+    #[test]
+    fn a_caller_may_claim_only_its_own_namespace_and_service_account() {
+        let a = caller("spiffe://cluster.local/ns/ns-a/sa/reviews");
+        assert!(a.authorize(&proxy("sidecar~10.0.0.1~r-1.ns-a~ns-a.svc.cluster.local", Some("reviews"))).is_ok());
+        // No service account claimed: the namespace decides, as in istiod.
+        assert!(a.authorize(&proxy("sidecar~10.0.0.1~r-1.ns-a~ns-a.svc.cluster.local", None)).is_ok());
+        let other_ns = a.authorize(&proxy("sidecar~10.0.0.1~r-1.ns-b~ns-b.svc.cluster.local", Some("reviews")));
+        assert_eq!(other_ns.expect_err("refused").code(), tonic::Code::PermissionDenied);
+        let other_sa = a.authorize(&proxy("sidecar~10.0.0.1~r-1.ns-a~ns-a.svc.cluster.local", Some("ratings")));
+        assert_eq!(other_sa.expect_err("refused").code(), tonic::Code::PermissionDenied);
+        assert!(Caller::Authenticated(Vec::new()).authorize(&proxy("sidecar~1.1.1.1~p.ns-a~ns-a.svc", None)).is_err());
+        assert!(Caller::Unauthenticated.authorize(&proxy("sidecar~1.1.1.1~p.ns-b~ns-b.svc", None)).is_ok());
+    }
 }

@@ -10,6 +10,7 @@
 
 use std::convert::Infallible;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -21,12 +22,15 @@ use prost::Message;
 use tokio::sync::mpsc;
 use tonic::server::NamedService;
 use tonic::Status;
+use tracing::warn;
 
 use super::connection::StateOfTheWorld;
 use super::delta::Delta;
 use super::limits::MAX_REQUEST_BYTES;
 use super::response::{Framed, GRPC_PREFIX};
-use super::stream::{serve, ConnectionContext, Protocol};
+use super::stream::{serve_as, Caller, ConnectionContext, Protocol};
+use crate::security::tls::PeerInfo;
+use crate::security::Authenticator;
 
 /// The gRPC service name of ADS.
 const SERVICE: &str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
@@ -44,12 +48,20 @@ const RESPONSE_QUEUE: usize = 8;
 #[derive(Clone)]
 pub struct AdsService {
     ctx: ConnectionContext,
+    /// Set on the secure port: every stream's caller must authenticate, and may claim only its
+    /// own node.
+    authn: Option<Arc<Authenticator>>,
 }
 
 impl AdsService {
-    /// Serves streams with `ctx`.
+    /// Serves streams with `ctx` to anyone (the plaintext port, for local use).
     pub fn new(ctx: ConnectionContext) -> AdsService {
-        AdsService { ctx }
+        AdsService { ctx, authn: None }
+    }
+
+    /// Serves streams with `ctx` to callers `authn` authenticates (the secure port).
+    pub fn authenticated(ctx: ConnectionContext, authn: Arc<Authenticator>) -> AdsService {
+        AdsService { ctx, authn: Some(authn) }
     }
 }
 
@@ -68,17 +80,37 @@ impl tower_service::Service<http::Request<tonic::body::Body>> for AdsService {
 
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
         let ctx = self.ctx.clone();
-        let response = match request.uri().path() {
-            SOTW_PATH => open::<StateOfTheWorld, DiscoveryRequest>(ctx, request),
-            DELTA_PATH => open::<Delta, DeltaDiscoveryRequest>(ctx, request),
-            other => Status::unimplemented(format!("no method {other}")).into_http(),
-        };
-        Box::pin(async move { Ok(response) })
+        let authn = self.authn.clone();
+        Box::pin(async move {
+            let caller = match authn {
+                None => Caller::Unauthenticated,
+                Some(authn) => {
+                    let peer = request.extensions().get::<PeerInfo>().cloned();
+                    let headers = request.headers().clone();
+                    match authn.authenticate(peer.as_ref(), &headers).await {
+                        Ok(identities) => Caller::Authenticated(identities),
+                        Err(e) => {
+                            warn!(remote = ?peer.and_then(|p| p.remote), error = %e, "xDS stream not authenticated");
+                            return Ok(e.status().into_http());
+                        }
+                    }
+                }
+            };
+            Ok(match request.uri().path() {
+                SOTW_PATH => open::<StateOfTheWorld, DiscoveryRequest>(ctx, caller, request),
+                DELTA_PATH => open::<Delta, DeltaDiscoveryRequest>(ctx, caller, request),
+                other => Status::unimplemented(format!("no method {other}")).into_http(),
+            })
+        })
     }
 }
 
 /// Starts serving one stream of protocol `P` and answers with its response body.
-fn open<P, Req>(ctx: ConnectionContext, request: http::Request<tonic::body::Body>) -> http::Response<tonic::body::Body>
+fn open<P, Req>(
+    ctx: ConnectionContext,
+    caller: Caller,
+    request: http::Request<tonic::body::Body>,
+) -> http::Response<tonic::body::Body>
 where
     P: Protocol<Request = Req> + Default + 'static,
     Req: Message + Default + Send + 'static,
@@ -91,7 +123,7 @@ where
     let (tx, rx) = mpsc::channel(RESPONSE_QUEUE);
     // The task ends with the stream; it holds the drain watcher, so shutdown waits for it.
     tokio::spawn(async move {
-        serve(ctx, P::default(), requests, tx).await;
+        serve_as(ctx, caller, P::default(), requests, tx).await;
     });
     let mut response = http::Response::new(tonic::body::Body::new(ResponseBody { rx, done: false }));
     response.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/grpc"));

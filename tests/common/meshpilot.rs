@@ -52,8 +52,17 @@ pub struct MeshpilotBuilder {
     debounce_after: Option<String>,
     proxy_key: Option<String>,
     xds_addr: Option<SocketAddr>,
+    secure_xds: Option<SecureXds>,
+    admin_addr: Option<SocketAddr>,
     args: Vec<String>,
     env: Vec<(String, String)>,
+}
+
+/// The secure xDS port of a process started with [`MeshpilotBuilder::secure_xds`].
+#[derive(Debug, Clone)]
+struct SecureXds {
+    addr: SocketAddr,
+    sans: Vec<String>,
 }
 
 impl MeshpilotBuilder {
@@ -68,6 +77,8 @@ impl MeshpilotBuilder {
             debounce_after: None,
             proxy_key: None,
             xds_addr: None,
+            secure_xds: None,
+            admin_addr: None,
             args: Vec::new(),
             env: Vec::new(),
         }
@@ -138,9 +149,24 @@ impl MeshpilotBuilder {
         self
     }
 
+    /// The admin server's address (default: a free 127.0.0.1 port).
+    pub fn admin_addr(mut self, addr: SocketAddr) -> Self {
+        self.admin_addr = Some(addr);
+        self
+    }
+
+    /// Serves the secure xDS port (TLS, authenticated ADS and the CA) on `addr` with extra
+    /// certificate names `sans`; the CA keeps its files in the process's directory (with
+    /// Kubernetes: the istio-ca-secret). Without this option the process runs no secure port.
+    pub fn secure_xds(mut self, addr: SocketAddr, sans: &[String]) -> Self {
+        self.only("--secure-xds-addr", &[Mode::Standalone, Mode::Frontend]);
+        self.secure_xds = Some(SecureXds { addr, sans: sans.to_vec() });
+        self
+    }
+
     /// Spawns `meshpilot MODE ...` and returns at once; see [`Meshpilot::wait_ready`].
     pub fn start(self) -> Meshpilot {
-        let admin_addr = free_addr();
+        let admin_addr = self.admin_addr.unwrap_or_else(free_addr);
         let (subcommand, xds_addr, snapshot_addr) = match self.mode {
             Mode::Standalone => ("standalone", Some(self.xds_addr.unwrap_or_else(free_addr)), None),
             Mode::Ingest => ("ingest", None, Some(free_addr())),
@@ -169,12 +195,27 @@ impl MeshpilotBuilder {
         flag("--lease-ttl", self.lease_ttl.map(|t| t.to_string()));
         flag("--debounce-after", self.debounce_after);
         flag("--proxy-key", self.proxy_key);
-        args.extend(self.args);
-
         let (label, dir_prefix, request_timeout) = match &id {
             None => ("meshpilot".to_string(), "meshpilot-cp-", REQUEST_TIMEOUT),
             Some(id) => (format!("{subcommand} {id}"), "meshpilot-node-", NODE_REQUEST_TIMEOUT),
         };
+        let dir = temp_dir(dir_prefix);
+        let secure_xds_addr = self.secure_xds.as_ref().map(|s| s.addr);
+        match (&self.secure_xds, self.mode) {
+            (Some(secure), _) => {
+                flag("--secure-xds-addr", Some(secure.addr.to_string()));
+                flag("--ca-dir", Some(dir.path().join("ca").display().to_string()));
+                flag("--cacerts-dir", Some(dir.path().join("cacerts").display().to_string()));
+                if !secure.sans.is_empty() {
+                    flag("--xds-tls-san", Some(secure.sans.join(",")));
+                }
+            }
+            // Parallel tests must not all bind 15012 (nor keep a CA in the working directory).
+            (None, Mode::Standalone | Mode::Frontend) => args.push("--no-secure-xds".into()),
+            (None, Mode::Ingest) => {}
+        }
+        args.extend(self.args);
+
         let mut spec = ProcessSpec::new(label, Meshpilot::binary())
             .args(args)
             .env("RUST_LOG", "info")
@@ -193,11 +234,12 @@ impl MeshpilotBuilder {
             spec = spec.env(k, v);
         }
         Meshpilot {
-            process: Process::start(temp_dir(dir_prefix), spec),
+            process: Process::start(dir, spec),
             mode: self.mode,
             id,
             admin_addr,
             xds_addr,
+            secure_xds_addr,
             snapshot_addr,
             client: http_client_with_timeout(request_timeout),
         }
@@ -213,6 +255,7 @@ pub struct Meshpilot {
     id: Option<String>,
     admin_addr: SocketAddr,
     xds_addr: Option<SocketAddr>,
+    secure_xds_addr: Option<SocketAddr>,
     snapshot_addr: Option<SocketAddr>,
     client: reqwest::Client,
 }
@@ -272,7 +315,17 @@ impl Meshpilot {
     pub fn xds_url(&self) -> String {
         format!("http://{}", self.xds_addr())
     }
-    /// The snapshot server's address (ingest).
+    /// The secure xDS port's address (see [`MeshpilotBuilder::secure_xds`]).
+    pub fn secure_xds_addr(&self) -> SocketAddr {
+        self.secure_xds_addr.expect("started with secure_xds")
+    }
+
+    /// The CA's directory (self-signed root without Kubernetes) of a process with a secure port.
+    pub fn ca_dir(&self) -> PathBuf {
+        self.process.dir().join("ca")
+    }
+
+    /// The snapshot address (ingest).
     pub fn snapshot_addr(&self) -> SocketAddr {
         self.snapshot_addr.unwrap_or_else(|| panic!("{} serves no snapshots", self.label()))
     }

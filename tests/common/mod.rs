@@ -49,6 +49,8 @@ pub mod ports;
 pub mod process;
 /// Prometheus text and a real Prometheus.
 pub mod prometheus;
+/// gRPC channels to meshpilot's secure port, and its CA as a test reads it.
+pub mod secure;
 /// A pod with Istio's real sidecar (pilot-agent + Envoy) behind Istio's iptables rules.
 pub mod sidecar;
 /// In-process meshpilot parts in their own task, stopped gracefully or dropped.

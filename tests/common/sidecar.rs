@@ -5,10 +5,13 @@
 //! (node id, metadata) comes from the environment an injected pod has (POD_NAME, INSTANCE_IP,
 //! ISTIO_META_*, PROXY_CONFIG, ...) and the labels file of the downward API.
 //!
-//! No CA and no mTLS: `controlPlaneAuthPolicy: NONE` makes the xDS connection plaintext, and
+//! By default no CA and no mTLS: `controlPlaneAuthPolicy: NONE` makes the xDS connection plaintext, and
 //! `FILE_MOUNTED_CERTS=true` (Istio's mode for certificates mounted as files) keeps pilot-agent
 //! from creating a CA client, whose certificate warm-up would otherwise dial a CA forever. Envoy
-//! asks for no certificate as long as its config references none.
+//! asks for no certificate as long as its config references none. In secure mode
+//! ([`SidecarPodBuilder::secure_control_plane`]) the pod is as an injected one talking to istiod:
+//! a service-account token and the root certificate mounted where pilot-agent reads them, TLS to
+//! the secure port for xDS and the CA (`CA_ADDR`).
 //!
 //! ```ignore
 //! let Some(builder) = SidecarPod::builder("productpage-1", NS) else { return };
@@ -128,7 +131,23 @@ pub struct SidecarPodBuilder {
     xds_mode: XdsMode,
     proxy_log_level: String,
     env: Vec<(String, String)>,
+    secure: Option<SecureControlPlane>,
 }
+
+/// What a pod needs to reach meshpilot's secure port as a stock injected pod reaches istiod's:
+/// its service-account token (audience `istio-ca`) and the mesh's root certificate.
+#[derive(Debug, Clone)]
+pub struct SecureControlPlane {
+    /// The token pilot-agent presents (third-party JWT, `./var/run/secrets/tokens/istio-token`).
+    pub token: String,
+    /// The root certificate it trusts (`./var/run/secrets/istio/root-cert.pem`, the
+    /// `istio-ca-root-cert` ConfigMap's mount).
+    pub root_pem: String,
+}
+
+/// Where pilot-agent writes the workload certificate it got (`OUTPUT_CERTS`), relative to its
+/// working directory.
+pub const OUTPUT_CERTS_DIR: &str = "etc/istio/workload-certs";
 
 impl SidecarPodBuilder {
     /// The pod's IP.
@@ -168,6 +187,14 @@ impl SidecarPodBuilder {
         self.proxy_log_level = level.to_string();
         self
     }
+    /// Secure mode: pilot-agent dials the address given to [`Self::start`] with TLS
+    /// (`controlPlaneAuthPolicy: MUTUAL_TLS`), gets its workload certificate from the CA there
+    /// (`CA_ADDR`), and authenticates with `secure.token`. Without it (the default) the xDS
+    /// connection is plaintext and pilot-agent runs no CA client.
+    pub fn secure_control_plane(mut self, secure: SecureControlPlane) -> Self {
+        self.secure = Some(secure);
+        self
+    }
     /// An extra environment variable of pilot-agent (e.g. `ISTIO_META_...`).
     pub fn env(mut self, key: &str, value: &str) -> Self {
         self.env.push((key.to_string(), value.to_string()));
@@ -200,7 +227,7 @@ impl SidecarPodBuilder {
     }
 
     /// Starts the app, applies Istio's iptables rules in the pod, starts pilot-agent (and so
-    /// Envoy) with meshpilot at `xds_addr`, and waits until Envoy is ready (has its listeners and
+    /// Envoy) with meshpilot at `xds_addr` (its secure port in [`Self::secure_control_plane`] mode), and waits until Envoy is ready (has its listeners and
     /// clusters). Panics with pilot-agent's log (which holds Envoy's) on failure.
     pub async fn start(self, xds_addr: SocketAddr) -> SidecarPod {
         let app = Backend::builder(&self.name)
@@ -268,15 +295,31 @@ impl SidecarPodBuilder {
         let labels_file = d.join("etc/istio/pod/labels");
         std::fs::write(&labels_file, labels).expect("writing the labels file");
         own(&labels_file);
+        if let Some(secure) = &self.secure {
+            for sub in
+                ["var/run", "var/run/secrets", "var/run/secrets/tokens", "var/run/secrets/istio", OUTPUT_CERTS_DIR]
+            {
+                std::fs::create_dir(d.join(sub)).expect("creating pilot-agent's secret directories");
+                own(&d.join(sub));
+            }
+            for (file, text) in [
+                ("var/run/secrets/tokens/istio-token", &secure.token),
+                ("var/run/secrets/istio/root-cert.pem", &secure.root_pem),
+            ] {
+                std::fs::write(d.join(file), text).expect("writing a mounted secret");
+                own(&d.join(file));
+            }
+        }
         dir
     }
 
     /// `ip netns exec POD setpriv (uid/gid 1337) pilot-agent proxy sidecar` with the environment
     /// Istio's injection gives the istio-proxy container.
     fn agent_spec(&self, dir: &Path, xds_addr: SocketAddr) -> ProcessSpec {
+        let auth_policy = if self.secure.is_some() { "MUTUAL_TLS" } else { "NONE" };
         let proxy_config = json!({
             "discoveryAddress": xds_addr.to_string(),
-            "controlPlaneAuthPolicy": "NONE",
+            "controlPlaneAuthPolicy": auth_policy,
             "binaryPath": dir.join("envoy"),
             "concurrency": 1,
             "drainDuration": "1s",
@@ -311,8 +354,12 @@ impl SidecarPodBuilder {
             )
             .env("ISTIO_META_MESH_ID", "cluster.local")
             .env("TRUST_DOMAIN", "cluster.local")
-            .env("FILE_MOUNTED_CERTS", "true")
             .log_tail(150, 150);
+        spec = match &self.secure {
+            // The CA is the secure xDS address, as with istiod; the certificate is also written out.
+            Some(_) => spec.env("CA_ADDR", xds_addr.to_string()).env("OUTPUT_CERTS", format!("./{OUTPUT_CERTS_DIR}")),
+            None => spec.env("FILE_MOUNTED_CERTS", "true"),
+        };
         if self.xds_mode == XdsMode::Sotw {
             spec = spec.env("ISTIO_DELTA_XDS", "false");
         }
@@ -366,6 +413,7 @@ impl SidecarPod {
             xds_mode: XdsMode::from_env(),
             proxy_log_level: "warning".to_string(),
             env: Vec::new(),
+            secure: None,
         })
     }
 
@@ -392,6 +440,16 @@ impl SidecarPod {
     /// The pod's network namespace.
     pub fn netns(&self) -> &NetNs {
         &self.netns
+    }
+
+    /// pilot-agent's SDS socket (what Envoy asks for its certificates), under its working directory.
+    pub fn sds_socket(&self) -> PathBuf {
+        self.process.dir().join("var/run/secrets/workload-spiffe-uds/socket")
+    }
+
+    /// The workload certificate chain pilot-agent got from the CA (secure mode), once written.
+    pub fn workload_cert_chain(&self) -> Option<String> {
+        std::fs::read_to_string(self.process.dir().join(OUTPUT_CERTS_DIR).join("cert-chain.pem")).ok()
     }
 
     /// A relay from 127.0.0.1 on the host that connects to `target` from inside the pod as the

@@ -22,12 +22,27 @@ pub const INGEST_FLAGS: &[&str] = &[
     "--admin-addr",
     "--id",
     "--lease-ttl",
+    "--cacerts-dir",
 ];
 /// Flags of `meshpilot frontend` the deployment may use.
-pub const FRONTEND_FLAGS: &[&str] =
-    &["--etcd-endpoints", "--xds-addr", "--advertise-addr", "--admin-addr", "--id", "--proxy-key"];
+pub const FRONTEND_FLAGS: &[&str] = &[
+    "--etcd-endpoints",
+    "--xds-addr",
+    "--advertise-addr",
+    "--admin-addr",
+    "--id",
+    "--proxy-key",
+    "--secure-xds-addr",
+    "--no-secure-xds",
+    "--no-plaintext-xds",
+    "--xds-tls-san",
+    "--cacerts-dir",
+    "--kubernetes",
+    "--kubeconfig",
+    "--namespace",
+];
 /// Flags that take no value (clap `SetTrue`: `--flag`, never `--flag=VALUE`).
-pub const SWITCHES: &[&str] = &["--kubernetes"];
+pub const SWITCHES: &[&str] = &["--kubernetes", "--no-secure-xds", "--no-plaintext-xds"];
 /// Where `meshpilot ingest` reads config from: at least one is required.
 pub const INGEST_SOURCES: &[&str] = &["--kubernetes", "--kubeconfig", "--config-dir"];
 /// Two ways to name the cluster: at most one of them.

@@ -89,13 +89,27 @@ fn grant(scope: Scope, group: &str, resource: &str, names: &[&str], verbs: &[&st
 
 /// What ingest's ServiceAccount must be granted, and nothing more: list + watch on what the
 /// source watches, and list/watch on the `istio` ConfigMap alone (the source watches it with a
-/// `metadata.name` field selector; it never gets or writes anything).
+/// `metadata.name` field selector); for the CA, its `istio-ca-secret` (get, create) and the
+/// `istio-ca-root-cert` ConfigMaps the leader keeps in every namespace (get, patch, create).
 pub fn expected_ingest_grants() -> BTreeSet<Grant> {
     let watched = ISTIO_KINDS.iter().map(|k| (k.group, k.plural)).chain(REGISTRY_RESOURCES.iter().copied());
     let mut grants: BTreeSet<Grant> =
         watched.map(|(group, resource)| grant(Scope::Cluster, group, resource, &[], &["list", "watch"])).collect();
     grants.insert(grant(Scope::Namespace, "", "configmaps", &[MESH_CONFIG_MAP], &["list", "watch"]));
+    grants.insert(grant(Scope::Namespace, "", "secrets", &["istio-ca-secret"], &["get"]));
+    grants.insert(grant(Scope::Namespace, "", "secrets", &[], &["create"]));
+    grants.insert(grant(Scope::Cluster, "", "configmaps", &["istio-ca-root-cert"], &["get", "patch"]));
+    grants.insert(grant(Scope::Cluster, "", "configmaps", &[], &["create"]));
     grants
+}
+
+/// What frontends' ServiceAccount must be granted for the secure port, and nothing more:
+/// TokenReviews, and reading the CA's `istio-ca-secret`.
+pub fn expected_frontend_grants() -> BTreeSet<Grant> {
+    BTreeSet::from([
+        grant(Scope::Cluster, "authentication.k8s.io", "tokenreviews", &[], &["create"]),
+        grant(Scope::Namespace, "", "secrets", &["istio-ca-secret"], &["get"]),
+    ])
 }
 
 /// Each rule of `rules` expanded per (group, resource).

@@ -1,0 +1,143 @@
+//! Mutual TLS between meshpilot's own processes (the ingest leader's snapshot stream to
+//! frontends): both ends hold a certificate from the CA for a control-plane identity, renewed
+//! at half its life, and a server admits only control-plane identities.
+
+use std::future::Future;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::net::TcpStream;
+
+use super::ca::{CaError, CertificateAuthority};
+use super::identity::Identity;
+use super::serving::{serving_cert, ServingError, ServingNames};
+use super::tls::{self, ClientAuth, PeerFilter, TlsError};
+
+/// Why a link's TLS could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    /// The CA refused.
+    #[error(transparent)]
+    Ca(#[from] CaError),
+    /// rustls refused.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// The serving certificate could not be made.
+    #[error(transparent)]
+    Serving(#[from] ServingError),
+    /// The signing task failed.
+    #[error("issuing a link certificate: {0}")]
+    Task(String),
+}
+
+/// A control-plane process's credentials for its links.
+pub struct LinkTls {
+    ca: Arc<CertificateAuthority>,
+    identity: Identity,
+    roots: Vec<CertificateDer<'static>>,
+    /// The client configuration and when its certificate was issued.
+    client: ArcSwap<(Instant, Arc<rustls::ClientConfig>)>,
+}
+
+impl std::fmt::Debug for LinkTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LinkTls").field("identity", &self.identity.to_string()).finish_non_exhaustive()
+    }
+}
+
+async fn issue_client(
+    ca: &Arc<CertificateAuthority>,
+    identity: &Identity,
+    roots: &[CertificateDer<'static>],
+) -> Result<Arc<rustls::ClientConfig>, LinkError> {
+    let (ca, id) = (ca.clone(), identity.clone());
+    let ttl = ca.settings().workload_ttl;
+    let issued = tokio::task::spawn_blocking(move || ca.issue_workload(&id, ttl))
+        .await
+        .map_err(|e| LinkError::Task(e.to_string()))??;
+    Ok(tls::client_config(roots, Some((&issued.chain_pem, &issued.key_pem)))?)
+}
+
+impl LinkTls {
+    /// Credentials of `identity` (this process's control-plane identity) from `ca`.
+    pub async fn new(ca: Arc<CertificateAuthority>, identity: Identity) -> Result<Arc<LinkTls>, LinkError> {
+        let roots = ca.material().roots()?;
+        let client = issue_client(&ca, &identity, &roots).await?;
+        Ok(Arc::new(LinkTls { ca, identity, roots, client: ArcSwap::from_pointee((Instant::now(), client)) }))
+    }
+
+    /// The client configuration, with a certificate renewed once half its life has passed.
+    pub async fn client_config(&self) -> Result<Arc<rustls::ClientConfig>, LinkError> {
+        let current = self.client.load_full();
+        if current.0.elapsed() < self.ca.settings().workload_ttl / 2 {
+            return Ok(current.1.clone());
+        }
+        let fresh = issue_client(&self.ca, &self.identity, &self.roots).await?;
+        self.client.store(Arc::new((Instant::now(), fresh.clone())));
+        Ok(fresh)
+    }
+
+    /// A server configuration for `names` that requires a client certificate from the CA.
+    pub async fn server_config(
+        &self,
+        names: ServingNames,
+        stop: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<Arc<rustls::ServerConfig>, LinkError> {
+        let cert = serving_cert(self.ca.clone(), names, stop).await?;
+        Ok(tls::server_config(&self.roots, cert, ClientAuth::Required)?)
+    }
+
+    /// Admits peers of this process's own namespace (the control plane's) only: any workload
+    /// of the mesh holds a certificate from the same CA, and snapshots hold the whole config.
+    pub fn same_namespace_only(&self) -> PeerFilter {
+        let namespace = self.identity.namespace().to_string();
+        Arc::new(move |ids: &[Identity]| ids.iter().any(|id| id.namespace() == namespace))
+    }
+
+    /// A connector for tonic that dials `addr` (`HOST:PORT`) over mutual TLS, checking the
+    /// server's certificate for HOST.
+    pub fn connector(self: &Arc<Self>, addr: &str) -> Result<LinkConnector, LinkError> {
+        let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h).trim_start_matches('[').trim_end_matches(']');
+        let server_name = match host.parse::<IpAddr>() {
+            Ok(ip) => ServerName::IpAddress(ip.into()),
+            Err(_) => ServerName::try_from(host.to_string())
+                .map_err(|e| LinkError::Tls(TlsError::Config(format!("server name {host:?}: {e}"))))?,
+        };
+        Ok(LinkConnector { addr: addr.to_string(), server_name, link: self.clone() })
+    }
+}
+
+/// Dials one address over mutual TLS (see [`LinkTls::connector`]).
+#[derive(Clone)]
+pub struct LinkConnector {
+    addr: String,
+    server_name: ServerName<'static>,
+    link: Arc<LinkTls>,
+}
+
+impl tower_service::Service<http::Uri> for LinkConnector {
+    type Response = TokioIo<tokio_rustls::client::TlsStream<TcpStream>>;
+    type Error = std::io::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _uri: http::Uri) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move {
+            let config = this.link.client_config().await.map_err(std::io::Error::other)?;
+            let tcp = TcpStream::connect(&this.addr).await?;
+            let _ = tcp.set_nodelay(true);
+            let stream = tokio_rustls::TlsConnector::from(config).connect(this.server_name, tcp).await?;
+            Ok(TokioIo::new(stream))
+        })
+    }
+}
