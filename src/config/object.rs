@@ -13,6 +13,12 @@ pub const NETWORKING_GROUP: &str = "networking.istio.io";
 /// API versions of the networking group that share one schema.
 pub const NETWORKING_VERSIONS: [&str; 3] = ["v1", "v1beta1", "v1alpha3"];
 
+/// Istio security API group.
+pub const SECURITY_GROUP: &str = "security.istio.io";
+
+/// API versions of the security group that share one schema.
+pub const SECURITY_VERSIONS: [&str; 2] = ["v1", "v1beta1"];
+
 /// The kinds meshpilot serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Kind {
@@ -28,17 +34,20 @@ pub enum Kind {
     WorkloadEntry,
     /// Sidecar.
     Sidecar,
+    /// PeerAuthentication (security.istio.io).
+    PeerAuthentication,
 }
 
 impl Kind {
     /// All kinds, in a stable order.
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 7] = [
         Kind::VirtualService,
         Kind::DestinationRule,
         Kind::Gateway,
         Kind::ServiceEntry,
         Kind::WorkloadEntry,
         Kind::Sidecar,
+        Kind::PeerAuthentication,
     ];
 
     /// Parses a `kind:` value.
@@ -55,6 +64,15 @@ impl Kind {
             Kind::ServiceEntry => "ServiceEntry",
             Kind::WorkloadEntry => "WorkloadEntry",
             Kind::Sidecar => "Sidecar",
+            Kind::PeerAuthentication => "PeerAuthentication",
+        }
+    }
+
+    /// The API group and the versions of it that share the kind's schema.
+    pub fn group(self) -> (&'static str, &'static [&'static str]) {
+        match self {
+            Kind::PeerAuthentication => (SECURITY_GROUP, &SECURITY_VERSIONS),
+            _ => (NETWORKING_GROUP, &NETWORKING_VERSIONS),
         }
     }
 }
@@ -111,6 +129,8 @@ pub enum Spec {
     WorkloadEntry(api::WorkloadEntry),
     /// Sidecar.
     Sidecar(api::Sidecar),
+    /// PeerAuthentication.
+    PeerAuthentication(api::PeerAuthentication),
 }
 
 impl Spec {
@@ -123,6 +143,7 @@ impl Spec {
             Spec::ServiceEntry(_) => Kind::ServiceEntry,
             Spec::WorkloadEntry(_) => Kind::WorkloadEntry,
             Spec::Sidecar(_) => Kind::Sidecar,
+            Spec::PeerAuthentication(_) => Kind::PeerAuthentication,
         }
     }
 }

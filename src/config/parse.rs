@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use super::api;
 use super::error::{ConfigError, FieldError};
-use super::object::{ConfigKey, ConfigObject, Kind, Meta, Spec, NETWORKING_GROUP, NETWORKING_VERSIONS};
+use super::object::{ConfigKey, ConfigObject, Kind, Meta, Spec};
 use super::validation;
 
 /// Namespace given to objects whose metadata has none.
@@ -152,7 +152,8 @@ pub fn object_from_value(value: Value) -> Result<Option<ConfigObject>, ParseFail
     let Some(kind) = Kind::from_name(&kind_name) else {
         return Ok(None);
     };
-    if group != NETWORKING_GROUP {
+    let (kind_group, versions) = kind.group();
+    if group != kind_group {
         return Ok(None);
     }
     let metadata = map.remove("metadata").unwrap_or(Value::Null);
@@ -165,11 +166,9 @@ pub fn object_from_value(value: Value) -> Result<Option<ConfigObject>, ParseFail
         .to_string();
     let key = ConfigKey { kind, namespace, name };
     let fail = |field: &str, reason: String| Err((Some(key.clone()), FieldError::new(field, reason)));
-    if !NETWORKING_VERSIONS.contains(&version) {
-        return fail(
-            "apiVersion",
-            format!("unsupported version {api_version:?} for {kind_name} (v1, v1beta1 or v1alpha3)"),
-        );
+    if !versions.contains(&version) {
+        let supported = versions.join(", ");
+        return fail("apiVersion", format!("unsupported version {api_version:?} for {kind_name} ({supported})"));
     }
     if key.name.is_empty() {
         return fail("metadata.name", "Required value".into());
@@ -204,6 +203,7 @@ pub fn object_from_value(value: Value) -> Result<Option<ConfigObject>, ParseFail
         Kind::ServiceEntry => typed(spec_value).map(Spec::ServiceEntry),
         Kind::WorkloadEntry => typed(spec_value).map(Spec::WorkloadEntry),
         Kind::Sidecar => typed(spec_value).map(Spec::Sidecar),
+        Kind::PeerAuthentication => typed(spec_value).map(Spec::PeerAuthentication),
     };
     match spec {
         Ok(spec) => Ok(Some(ConfigObject { key, meta: Meta { labels, annotations, api_version }, spec })),

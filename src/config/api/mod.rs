@@ -1,10 +1,12 @@
-//! Istio networking API types (networking.istio.io v1, v1beta1, v1alpha3 share one schema).
+//! Istio API types: networking.istio.io (v1, v1beta1, v1alpha3 share one schema) and the
+//! security.istio.io kinds meshpilot serves (v1, v1beta1).
 //!
 //! Field names follow Istio's JSON form; unknown fields are rejected as Istio's strict decoding does.
 
 pub mod common;
 pub mod destination_rule;
 pub mod gateway;
+pub mod peer_authentication;
 pub mod service_entry;
 pub mod sidecar;
 pub mod virtual_service;
@@ -13,6 +15,7 @@ pub mod workload_entry;
 pub use common::{Duration, Labels, Port, Protocol, StringMatch};
 pub use destination_rule::DestinationRule;
 pub use gateway::Gateway;
+pub use peer_authentication::PeerAuthentication;
 pub use service_entry::ServiceEntry;
 pub use sidecar::Sidecar;
 pub use virtual_service::VirtualService;

@@ -15,6 +15,7 @@ mod headers;
 mod hosts;
 mod http_route;
 mod labels;
+mod peer_authentication;
 mod ports;
 mod re2;
 mod service_entry;
@@ -43,6 +44,7 @@ pub fn validate(obj: &ConfigObject) -> Vec<FieldError> {
         Spec::ServiceEntry(se) => service_entry::validate(se, namespace, &mut errors),
         Spec::WorkloadEntry(we) => workload_entry::validate(we, &mut errors),
         Spec::Sidecar(sc) => sidecar::validate(sc, &mut errors),
+        Spec::PeerAuthentication(pa) => peer_authentication::validate(pa, &mut errors),
     }
     errors.0
 }

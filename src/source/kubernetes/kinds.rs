@@ -155,6 +155,10 @@ mod tests {
         assert!(
             matches!(istio_object(&w, ap), Item::Config(Document::Ignored { kind, .. }) if kind == "AuthorizationPolicy")
         );
+        let pa = dynamic(json!({"apiVersion": "security.istio.io/v1beta1", "kind": "PeerAuthentication",
+            "metadata": {"name": "strict", "namespace": "shop"}, "spec": {"mtls": {"mode": "STRICT"}}}));
+        let w = Watched::Istio(IstioKind { group: SECURITY, kind: "PeerAuthentication" });
+        assert!(matches!(istio_object(&w, pa), Item::Config(Document::Valid(o)) if o.key.name == "strict"));
     }
 
     #[test]
