@@ -9,7 +9,7 @@ mod push_context;
 mod version;
 
 pub use changes::{ChangeSet, ChangedKey};
-pub use peer_authn::PeerMtls;
 pub use channel::{channel, SnapshotReader, SnapshotWriter, StaleSnapshot};
+pub use peer_authn::PeerMtls;
 pub use push_context::{qualify_gateway, vs_applies_to_gateway, Indexed, Snapshot, SourceState};
 pub use version::{ParseVersionError, Version};

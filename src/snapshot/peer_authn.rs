@@ -107,7 +107,10 @@ mod tests {
     #[test]
     fn permissive_without_policy() {
         let s = snapshot("");
-        assert_eq!(s.peer_mtls_for("a", &Labels::new()), PeerMtls { mode: MtlsMode::Permissive, per_port: BTreeMap::new() });
+        assert_eq!(
+            s.peer_mtls_for("a", &Labels::new()),
+            PeerMtls { mode: MtlsMode::Permissive, per_port: BTreeMap::new() }
+        );
     }
 
     #[test]
@@ -136,7 +139,8 @@ mod tests {
 
     #[test]
     fn the_first_policy_of_a_level_wins_and_the_root_namespace_follows_mesh_config() {
-        let yaml = [pa("ns", "a-first", "{mtls: {mode: DISABLE}}"), pa("ns", "b-second", "{mtls: {mode: STRICT}}")].concat();
+        let yaml =
+            [pa("ns", "a-first", "{mtls: {mode: DISABLE}}"), pa("ns", "b-second", "{mtls: {mode: STRICT}}")].concat();
         assert_eq!(snapshot(&yaml).peer_mtls_for("ns", &Labels::new()).mode, MtlsMode::Disable);
         let mut state = SourceState::default();
         for doc in parse_file("t.yaml", &pa("mesh-root", "m", "{mtls: {mode: STRICT}}")) {

@@ -288,7 +288,9 @@ fn selector_keys<'a>(configs: impl Iterator<Item = &'a ValidConfig>) -> BTreeSet
         match &config.spec {
             Spec::Sidecar(s) => keys.extend(s.workload_selector.iter().flat_map(|w| w.match_labels.keys().cloned())),
             Spec::Gateway(g) => keys.extend(g.selector.keys().cloned()),
-            Spec::PeerAuthentication(pa) => keys.extend(pa.selector_labels().into_iter().flat_map(|l| l.keys().cloned())),
+            Spec::PeerAuthentication(pa) => {
+                keys.extend(pa.selector_labels().into_iter().flat_map(|l| l.keys().cloned()))
+            }
             Spec::VirtualService(vs) => {
                 let http = vs.http.iter().flat_map(|r| r.matches.iter().map(|m| &m.source_labels));
                 let tls = vs.tls.iter().flat_map(|r| r.matches.iter().map(|m| &m.source_labels));

@@ -11,7 +11,8 @@ pub(super) fn validate(pa: &PeerAuthentication, errors: &mut Errors) {
     let selector_empty = pa.selector_labels().is_none();
     if let Some(ports) = &pa.port_level_mtls {
         if selector_empty && !ports.is_empty() {
-            errors.add("spec.portLevelMtls", forbidden("mesh/namespace peer authentication cannot have port level mTLS"));
+            errors
+                .add("spec.portLevelMtls", forbidden("mesh/namespace peer authentication cannot have port level mTLS"));
         }
         if ports.is_empty() {
             errors.add("spec.portLevelMtls", required("port level mTLS, if defined, must have at least one element"));

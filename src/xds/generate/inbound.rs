@@ -9,6 +9,7 @@ use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
 use envoy_types::pb::envoy::config::listener::v3::{FilterChain, FilterChainMatch, Listener};
 
 use super::inbound_http::inbound_http_connection_manager;
+use super::inbound_mtls::{inbound_chains, ChainProtocol};
 use super::names::{
     inbound_cluster_name, listener_name, BLACKHOLE_CLUSTER, INBOUND_PASSTHROUGH_CLUSTER, VIRTUAL_INBOUND_BLACKHOLE,
     VIRTUAL_INBOUND_CATCHALL_HTTP, VIRTUAL_INBOUND_LISTENER, VIRTUAL_INBOUND_PORT, WILDCARD_ADDRESS,
@@ -16,11 +17,12 @@ use super::names::{
 use super::network_filter::{chain, tcp_proxy_filter, to_cluster};
 use super::proto::{bool_value, resource, socket_address, u32_value, zero_duration};
 use super::scope::Scope;
-use super::sniffing::{http_match, inspectors, original_dst, original_src, raw_match, Sniffed};
+use super::sniffing::{inspectors, original_dst, original_src, Sniffed};
 use super::Resource;
 use crate::config::api::sidecar::{CaptureMode, IstioIngressListener};
 use crate::config::api::Protocol;
 use crate::registry::ServiceKey;
+use crate::snapshot::PeerMtls;
 use crate::xds::proxy::{Interception, ProxyKind};
 
 /// Where an inbound cluster sends connections.
@@ -147,17 +149,18 @@ pub(super) fn listeners(scope: &Scope<'_>) -> Vec<Resource> {
         return Vec::new();
     }
     let plan = inbound_plan(scope);
+    let peer = scope.snapshot.peer_mtls_for(scope.namespace(), &scope.view.labels);
     let mut out = Vec::new();
     for c in plan.iter().filter(|c| c.bound) {
         let name = listener_name(&c.bind, c.target_port);
-        let l = inbound_listener(scope, name.clone(), &c.bind, c.target_port, true, chains_for(scope, c));
+        let l = inbound_listener(scope, name.clone(), &c.bind, c.target_port, true, chains_for(scope, c, &peer));
         out.push(resource(name, l));
     }
     if scope.view.interception.intercepts() {
         let mut chains = vec![blackhole_chain(scope)];
-        chains.extend(passthrough_chains(scope));
+        chains.extend(passthrough_chains(scope, &peer));
         for c in plan.iter().filter(|c| !c.bound) {
-            chains.extend(chains_for(scope, c));
+            chains.extend(chains_for(scope, c, &peer));
         }
         let l = inbound_listener(
             scope,
@@ -203,35 +206,31 @@ fn inbound_listener(
     }
 }
 
-/// The chains of one inbound port: HTTP, TCP, or both behind the HTTP inspector.
-fn chains_for(scope: &Scope<'_>, c: &InboundChain) -> Vec<FilterChain> {
+/// The chains of one inbound port: HTTP, TCP, or both behind the HTTP inspector, each over mutual
+/// TLS, plaintext or both as the workload's peer authentication for the target port says.
+fn chains_for(scope: &Scope<'_>, c: &InboundChain, peer: &PeerMtls) -> Vec<FilterChain> {
     let mesh = &scope.snapshot.mesh;
     let name = listener_name(&c.bind, c.target_port);
     let cluster = inbound_cluster_name(c.target_port);
     let stat_prefix = format!("inbound_{name}");
     let http = || inbound_http_connection_manager(&stat_prefix, &cluster, &cluster, c.port, c.protocol, mesh);
     let tcp = || tcp_proxy_filter(&cluster, to_cluster(&cluster), mesh);
-    let port = Some(c.target_port);
-    match Sniffed::of(c.protocol) {
-        Sniffed::Http => vec![chain(name.clone(), Some(raw_match(port)), vec![http()], None)],
-        Sniffed::Tcp => vec![chain(name.clone(), Some(raw_match(port)), vec![tcp()], None)],
-        Sniffed::Auto => vec![
-            chain(name.clone(), Some(http_match(port)), vec![http()], None),
-            chain(name.clone(), Some(raw_match(port)), vec![tcp()], None),
-        ],
-    }
+    let mode = peer.mode_for_port(c.target_port);
+    inbound_chains(Some(c.target_port), Sniffed::of(c.protocol), mode, |_| name.clone(), http, tcp)
 }
 
-/// Traffic to ports no service declares goes to its original destination, HTTP sniffed as such.
-fn passthrough_chains(scope: &Scope<'_>) -> Vec<FilterChain> {
+/// Traffic to ports no service declares goes to its original destination, HTTP sniffed as such,
+/// under the workload's own mode (so STRICT leaves no plaintext way in).
+fn passthrough_chains(scope: &Scope<'_>, peer: &PeerMtls) -> Vec<FilterChain> {
     let mesh = &scope.snapshot.mesh;
     let cluster = INBOUND_PASSTHROUGH_CLUSTER;
-    let hcm = inbound_http_connection_manager(cluster, cluster, cluster, 0, Protocol::Unsupported, mesh);
-    let tcp = tcp_proxy_filter(cluster, to_cluster(cluster), mesh);
-    vec![
-        chain(VIRTUAL_INBOUND_CATCHALL_HTTP.into(), Some(http_match(None)), vec![hcm], None),
-        chain(VIRTUAL_INBOUND_LISTENER.into(), Some(raw_match(None)), vec![tcp], None),
-    ]
+    let hcm = || inbound_http_connection_manager(cluster, cluster, cluster, 0, Protocol::Unsupported, mesh);
+    let tcp = || tcp_proxy_filter(cluster, to_cluster(cluster), mesh);
+    let name = |p: ChainProtocol| match p {
+        ChainProtocol::Http => VIRTUAL_INBOUND_CATCHALL_HTTP.to_string(),
+        ChainProtocol::Tcp => VIRTUAL_INBOUND_LISTENER.to_string(),
+    };
+    inbound_chains(None, Sniffed::Auto, peer.mode, name, hcm, tcp)
 }
 
 /// Connections addressed to 15006 itself would loop through the listener forever.
@@ -252,14 +251,32 @@ mod tests {
     use crate::xds::generate::testing::{find, names, sidecar_at, testdata_snapshot};
     use crate::xds::TypeUrl;
 
-    fn chain_names(l: &Listener) -> Vec<(String, Option<u32>, usize)> {
+    /// Each chain: name, destination port, transport protocol, ALPN count, terminates TLS.
+    fn chain_names(l: &Listener) -> Vec<(String, Option<u32>, String, usize, bool)> {
         l.filter_chains
             .iter()
             .map(|c| {
                 let m = c.filter_chain_match.clone().unwrap_or_default();
-                (c.name.clone(), m.destination_port.map(|p| p.value), m.application_protocols.len())
+                let tls = c.transport_socket.is_some();
+                (
+                    c.name.clone(),
+                    m.destination_port.map(|p| p.value),
+                    m.transport_protocol,
+                    m.application_protocols.len(),
+                    tls,
+                )
             })
             .collect()
+    }
+
+    fn c(
+        name: &str,
+        port: Option<u32>,
+        transport: &str,
+        alpns: usize,
+        tls: bool,
+    ) -> (String, Option<u32>, String, usize, bool) {
+        (name.to_string(), port, transport.to_string(), alpns, tls)
     }
 
     #[test]
@@ -269,25 +286,51 @@ mod tests {
         let l: Listener = find(&s, &v, TypeUrl::Listener, VIRTUAL_INBOUND_LISTENER);
         assert_eq!(l.address, Some(socket_address("0.0.0.0", 15006)));
         assert_eq!(l.listener_filters[0].name, ext::ORIGINAL_DST);
-        let s8080 = Some(8080);
+        let (http, tcp) = (VIRTUAL_INBOUND_CATCHALL_HTTP, VIRTUAL_INBOUND_LISTENER);
         assert_eq!(
             chain_names(&l),
             [
-                (VIRTUAL_INBOUND_BLACKHOLE.to_string(), Some(15006), 0),
-                (VIRTUAL_INBOUND_CATCHALL_HTTP.to_string(), None, 2),
-                (VIRTUAL_INBOUND_LISTENER.to_string(), None, 0),
-                ("0.0.0.0_5432".to_string(), Some(5432), 0),
-                ("0.0.0.0_8080".to_string(), s8080, 0),
-                ("0.0.0.0_9000".to_string(), Some(9000), 2),
-                ("0.0.0.0_9000".to_string(), Some(9000), 0),
-                ("0.0.0.0_9090".to_string(), Some(9090), 0),
+                c(VIRTUAL_INBOUND_BLACKHOLE, Some(15006), "", 0, false),
+                // Undeclared ports: the workload's mode (PERMISSIVE), sniffed.
+                c(http, None, "tls", 3, true),
+                c(http, None, "raw_buffer", 2, false),
+                c(tcp, None, "tls", 2, true),
+                c(tcp, None, "raw_buffer", 0, false),
+                c(tcp, None, "tls", 0, false),
+                // Port-level STRICT: mutual TLS only.
+                c("0.0.0.0_5432", Some(5432), "tls", 0, true),
+                // The HTTP port matches its target port 8080: mesh clients over mutual TLS, others plaintext.
+                c("0.0.0.0_8080", Some(8080), "tls", 5, true),
+                c("0.0.0.0_8080", Some(8080), "raw_buffer", 0, false),
+                // Port-level DISABLE on the sniffed port: plaintext HTTP or TCP.
+                c("0.0.0.0_9000", Some(9000), "raw_buffer", 2, false),
+                c("0.0.0.0_9000", Some(9000), "raw_buffer", 0, false),
+                c("0.0.0.0_9090", Some(9090), "tls", 5, true),
+                c("0.0.0.0_9090", Some(9090), "raw_buffer", 0, false),
             ],
-            "the HTTP port matches its target port 8080, the unknown port is sniffed"
         );
-        let tcp = &l.filter_chains[3].filters[0];
-        assert_eq!(tcp.name, ext::TCP_PROXY);
-        let Some(filter::ConfigType::TypedConfig(hcm)) = &l.filter_chains[4].filters[0].config_type else { panic!() };
+        let db = l.filter_chains.iter().find(|c| c.name == "0.0.0.0_5432").expect("db chain");
+        assert_eq!(db.filters[0].name, ext::TCP_PROXY);
+        let tls = format!("{:?}", db.transport_socket.as_ref().expect("mutual TLS"));
+        assert!(tls.contains("DownstreamTlsContext"), "{tls}");
+        let context: envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::DownstreamTlsContext =
+            match &db.transport_socket.as_ref().and_then(|t| t.config_type.clone()) {
+                Some(envoy_types::pb::envoy::config::core::v3::transport_socket::ConfigType::TypedConfig(a)) => {
+                    crate::xds::generate::testing::unpack(a)
+                }
+                other => panic!("{other:?}"),
+            };
+        assert_eq!(context.require_client_certificate.map(|b| b.value), Some(true));
+        let common = context.common_tls_context.expect("common");
+        assert_eq!(common.alpn_protocols, ["istio-peer-exchange", "h2", "http/1.1"], "a TCP chain's ALPN");
+        assert_eq!(common.tls_certificate_sds_secret_configs[0].name, "default");
+        let text = format!("{:?}", common.validation_context_type);
+        assert!(text.contains("ROOTCA") && text.contains("sds-grpc") && !text.contains("filename"), "{text}");
+        let web = l.filter_chains.iter().find(|c| c.name == "0.0.0.0_8080").expect("web chain");
+        let Some(filter::ConfigType::TypedConfig(hcm)) = &web.filters[0].config_type else { panic!() };
         assert!(hcm.type_url.ends_with("HttpConnectionManager"));
+        let inspectors: Vec<&str> = l.listener_filters.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(inspectors, [ext::ORIGINAL_DST, ext::TLS_INSPECTOR, ext::HTTP_INSPECTOR]);
         let c: Cluster = find(&s, &v, TypeUrl::Cluster, "inbound|8080||");
         assert_eq!(
             c.cluster_discovery_type,

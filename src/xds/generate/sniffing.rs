@@ -49,25 +49,6 @@ impl Sniffed {
     }
 }
 
-/// A filter chain match for plaintext HTTP on `port` (any port when `None`).
-pub(super) fn http_match(port: Option<u16>) -> FilterChainMatch {
-    FilterChainMatch {
-        destination_port: port.map(|p| u32_value(u32::from(p))),
-        application_protocols: PLAINTEXT_HTTP_ALPNS.iter().map(|a| a.to_string()).collect(),
-        transport_protocol: RAW_BUFFER.to_string(),
-        ..Default::default()
-    }
-}
-
-/// A filter chain match for any plaintext connection on `port` (any port when `None`).
-pub(super) fn raw_match(port: Option<u16>) -> FilterChainMatch {
-    FilterChainMatch {
-        destination_port: port.map(|p| u32_value(u32::from(p))),
-        transport_protocol: RAW_BUFFER.to_string(),
-        ..Default::default()
-    }
-}
-
 /// Adds the HTTP ALPN match a sniffed port's HTTP chain needs to `m`.
 pub(super) fn require_http(m: Option<FilterChainMatch>) -> FilterChainMatch {
     let mut m = m.unwrap_or_default();
@@ -160,6 +141,25 @@ fn listener_filter<T: Name + Message>(name: &str, config: T) -> ListenerFilter {
 mod tests {
     use super::*;
     use crate::xds::generate::network_filter::chain;
+
+    /// A filter chain match for plaintext HTTP on `port` (any port when `None`).
+    fn http_match(port: Option<u16>) -> FilterChainMatch {
+        FilterChainMatch {
+            destination_port: port.map(|p| u32_value(u32::from(p))),
+            application_protocols: PLAINTEXT_HTTP_ALPNS.iter().map(|a| a.to_string()).collect(),
+            transport_protocol: RAW_BUFFER.to_string(),
+            ..Default::default()
+        }
+    }
+
+    /// A filter chain match for any plaintext connection on `port` (any port when `None`).
+    fn raw_match(port: Option<u16>) -> FilterChainMatch {
+        FilterChainMatch {
+            destination_port: port.map(|p| u32_value(u32::from(p))),
+            transport_protocol: RAW_BUFFER.to_string(),
+            ..Default::default()
+        }
+    }
 
     fn with(m: FilterChainMatch) -> FilterChain {
         chain(String::new(), Some(m), Vec::new(), None)
