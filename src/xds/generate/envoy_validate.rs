@@ -198,3 +198,16 @@ fn envoy_accepts_inbound_and_sniffing_listeners() {
     bound.interception = Interception::None;
     assert_envoy_accepts("inbound-ingress-bound", &s, &bound);
 }
+
+#[test]
+fn envoy_accepts_mutual_tls_shapes() {
+    // ISTIO_MUTUAL, auto mTLS transport socket matches and their EDS metadata.
+    let s = super::testing::snapshot(super::auto_mtls::tests::MESH);
+    assert_envoy_accepts("mutual-tls-client", &s, &sidecar("client", &[]));
+    // A mesh-wide STRICT policy: TLS-only chains on every port, passthrough included.
+    let yaml = std::fs::read_to_string(super::testing::testdata().join("inbound.yaml")).expect("testdata");
+    let strict = "---\napiVersion: security.istio.io/v1\nkind: PeerAuthentication\n\
+                  metadata: {name: default, namespace: istio-system}\nspec: {mtls: {mode: STRICT}}\n";
+    let s = super::testing::snapshot(&format!("{yaml}{strict}"));
+    assert_envoy_accepts("mutual-tls-strict", &s, &sidecar_at("shop", &[("app", "orders")], &["10.2.0.5"]));
+}

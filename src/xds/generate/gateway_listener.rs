@@ -121,7 +121,7 @@ fn server_chains(scope: &Scope<'_>, server: &GatewayServer<'_>, stat_prefix: &st
         ServerKind::Http => {}
         ServerKind::HttpsTerminated { route_name } => {
             chains.add(chain_name, &hosts, || {
-                let socket = downstream_transport_socket(tls?, &HTTPS_ALPN)?;
+                let socket = downstream_transport_socket(tls?, &HTTPS_ALPN).ok()?;
                 let prefix = if server.server.name.is_empty() { stat_prefix } else { &server.server.name };
                 let hcm = http_connection_manager(prefix, route_name, true, mesh);
                 Some(chain(String::new(), None, vec![hcm], Some(socket)))
@@ -129,7 +129,7 @@ fn server_chains(scope: &Scope<'_>, server: &GatewayServer<'_>, stat_prefix: &st
         }
         ServerKind::TlsTerminated => {
             chains.add(chain_name, &hosts, || {
-                let socket = downstream_transport_socket(tls?, &[])?;
+                let socket = downstream_transport_socket(tls?, &[]).ok()?;
                 let target = tcp_target(scope, &vss, None, &ctx)?;
                 let filter = tcp_proxy_filter(stat_prefix_of(&target), target.clone(), mesh);
                 Some(chain(String::new(), None, vec![filter], Some(socket)))
@@ -210,8 +210,8 @@ mod tests {
             panic!("no TLS")
         };
         let tls: DownstreamTlsContext = unpack(&any);
-        let cert = &tls.common_tls_context.expect("common").tls_certificates[0];
-        assert!(format!("{cert:?}").contains("/etc/certs/tls.crt") || format!("{cert:?}").contains("testdata/tls.crt"));
+        let cert = &tls.common_tls_context.expect("common").tls_certificate_sds_secret_configs[0];
+        assert!(cert.name.starts_with("file-cert:") && cert.name.contains("tls.crt~"), "{}", cert.name);
         assert_eq!(l.listener_filters[0].name, crate::xds::generate::names::ext::TLS_INSPECTOR);
     }
 

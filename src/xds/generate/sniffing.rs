@@ -18,7 +18,6 @@ use prost::{Message, Name};
 use super::names::{ext, PLAINTEXT_HTTP_ALPNS, RAW_BUFFER};
 use super::network_filter::tls_inspector;
 use super::proto::any;
-use super::proto::u32_value;
 use crate::config::api::Protocol;
 
 /// Istio's TLS transport protocol value.
@@ -141,6 +140,7 @@ fn listener_filter<T: Name + Message>(name: &str, config: T) -> ListenerFilter {
 mod tests {
     use super::*;
     use crate::xds::generate::network_filter::chain;
+    use crate::xds::generate::proto::u32_value;
 
     /// A filter chain match for plaintext HTTP on `port` (any port when `None`).
     fn http_match(port: Option<u16>) -> FilterChainMatch {
