@@ -212,6 +212,18 @@ fn describe(any: &envoy_types::pb::google::protobuf::Any) -> String {
         Some(TypeUrl::Endpoint) => ClusterLoadAssignment::decode(bytes).map(|m| format!("{m:#?}")),
         Some(TypeUrl::Listener) => Listener::decode(bytes).map(|m| format!("{m:#?}")),
         Some(TypeUrl::Route) => RouteConfiguration::decode(bytes).map(|m| format!("{m:#?}")),
+        // Certificates and keys stay out of debug output: only the secret's name and kind.
+        Some(TypeUrl::Secret) => {
+            use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{secret, Secret};
+            Secret::decode(bytes).map(|s| {
+                let kind = match s.r#type {
+                    Some(secret::Type::TlsCertificate(_)) => "tls_certificate",
+                    Some(secret::Type::ValidationContext(_)) => "validation_context",
+                    _ => "other",
+                };
+                format!("Secret {{ name: {:?}, type: {kind}, <contents redacted> }}", s.name)
+            })
+        }
         None => return format!("<{} bytes of {}>", bytes.len(), any.type_url),
     };
     text.unwrap_or_else(|e| format!("<undecodable: {e}>"))

@@ -120,6 +120,13 @@ impl Snapshot {
             }
         }
         let selector_keys = selector_keys(configs.values());
+        let kube = super::credentials::keep_referenced(&state.kube, configs.values());
+        let credential_errors = super::credentials::credential_errors(&kube, configs.values());
+        let errors = if credential_errors.is_empty() {
+            state.errors.clone()
+        } else {
+            Arc::new(state.errors.iter().cloned().chain(credential_errors).collect())
+        };
         Snapshot {
             version,
             changes,
@@ -127,9 +134,9 @@ impl Snapshot {
             mesh,
             registry,
             configs,
-            errors: state.errors.clone(),
+            errors,
             ignored: state.ignored.clone(),
-            kube: state.kube.clone(),
+            kube,
             virtual_services,
             destination_rules,
             selector_keys,

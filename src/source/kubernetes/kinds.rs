@@ -40,8 +40,8 @@ pub const ISTIO_KINDS: [IstioKind; 10] = [
 ];
 
 /// The registry kinds watched.
-pub const REGISTRY_KINDS: [KubeKind; 5] =
-    [KubeKind::Namespace, KubeKind::Node, KubeKind::Pod, KubeKind::Service, KubeKind::EndpointSlice];
+pub const REGISTRY_KINDS: [KubeKind; 6] =
+    [KubeKind::Namespace, KubeKind::Node, KubeKind::Pod, KubeKind::Service, KubeKind::EndpointSlice, KubeKind::Secret];
 
 /// One watched kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -2,8 +2,9 @@
 //! manager with route configuration `http.PORT`; otherwise each server adds filter chains (TLS
 //! termination per SNI, SNI passthrough per VirtualService TLS rule, or TCP proxying).
 //!
-//! A port with an HTTP server serves only its HTTP servers, as Istio forbids mixing. Servers with
-//! `credentialName` only (SDS) cannot be served and are left out.
+//! A port with an HTTP server serves only its HTTP servers, as Istio forbids mixing. A server
+//! whose `credentialName` Secret is missing or incomplete in the proxy's namespace is left out
+//! (never served in plaintext); the snapshot reports a name no namespace holds.
 
 use std::collections::HashSet;
 
@@ -116,7 +117,12 @@ fn server_chains(scope: &Scope<'_>, server: &GatewayServer<'_>, stat_prefix: &st
     } else {
         server.server.name.clone()
     };
-    let tls = server.server.tls.as_ref();
+    // A credential must be servable where this proxy runs (Istio reads it from there).
+    let tls = server
+        .server
+        .tls
+        .as_ref()
+        .filter(|t| t.credential_name.is_empty() || scope.snapshot.credential_ready(scope.namespace(), t));
     match &server.kind {
         ServerKind::Http => {}
         ServerKind::HttpsTerminated { route_name } => {

@@ -50,9 +50,12 @@ pub(super) fn agent_secret(name: &str) -> SdsSecretConfig {
     }
 }
 
-/// A secret the control plane serves over ADS (a gateway's `credentialName`).
+/// A secret the control plane serves over ADS (a gateway's `credentialName`). Envoy's default
+/// initial fetch timeout applies, as in Istio: a missing secret holds its listener back for a
+/// while, never the whole proxy for good.
 pub(super) fn ads_secret(name: &str) -> SdsSecretConfig {
-    SdsSecretConfig { name: name.to_string(), sds_config: Some(ads_config_source()) }
+    let source = ConfigSource { initial_fetch_timeout: None, ..ads_config_source() };
+    SdsSecretConfig { name: name.to_string(), sds_config: Some(source) }
 }
 
 /// Istio's resource name of a certificate and key at paths on the proxy.
