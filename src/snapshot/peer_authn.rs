@@ -20,6 +20,17 @@ pub struct PeerMtls {
 }
 
 impl PeerMtls {
+    /// PERMISSIVE modes become DISABLE (for a proxy that cannot terminate mutual TLS).
+    pub fn downgrade_permissive(&mut self) {
+        let down = |m: &mut MtlsMode| {
+            if *m == MtlsMode::Permissive {
+                *m = MtlsMode::Disable;
+            }
+        };
+        down(&mut self.mode);
+        self.per_port.values_mut().for_each(down);
+    }
+
     /// The mode a workload applies on target port `port`.
     pub fn mode_for_port(&self, port: u16) -> MtlsMode {
         self.per_port.get(&u32::from(port)).copied().unwrap_or(self.mode)

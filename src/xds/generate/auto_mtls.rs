@@ -2,7 +2,8 @@
 //! no TLS gets Istio's transport socket matches, ISTIO_MUTUAL for endpoints labelled
 //! `security.istio.io/tlsMode: istio` (workloads with a sidecar) and plaintext for the rest.
 //! Skipped, as in Istio, for services outside the mesh, original-destination clusters, and
-//! services whose namespace (or the mesh) disables mutual TLS.
+//! services whose namespace (or the mesh) disables mutual TLS; and for proxies without
+//! pilot-agent, which have no workload certificate (plaintext, as to a workload without sidecar).
 
 use envoy_types::pb::envoy::config::cluster::v3::cluster::TransportSocketMatch;
 use envoy_types::pb::envoy::config::core::v3::{transport_socket, Metadata, TransportSocket};
@@ -31,6 +32,7 @@ pub(super) fn auto_mtls_matches(
 ) -> Vec<TransportSocketMatch> {
     let mesh = &scope.snapshot.mesh;
     let applies = mesh.enable_auto_mtls
+        && scope.view.agent_sds
         && !service.mesh_external
         && service.resolution != Resolution::Passthrough
         && scope.snapshot.namespace_mtls_mode(&service.namespace) != MtlsMode::Disable;
@@ -203,6 +205,16 @@ spec: {mtls: {mode: DISABLE}}
         let tls = upstream_tls(v1.transport_socket.as_ref().expect("ISTIO_MUTUAL"));
         assert_eq!(tls.sni, "outbound_.9090_.v1_.b.ns.svc.cluster.local");
         assert_eq!(tls.common_tls_context.expect("common").alpn_protocols, ["istio-peer-exchange", "istio", "h2"]);
+    }
+
+    #[test]
+    fn proxies_without_pilot_agent_get_no_optional_mutual_tls() {
+        let s = snapshot(MESH);
+        let plain = crate::xds::proxy::ProxyView { agent_sds: false, ..sidecar("client", &[]) };
+        let a: Cluster = find(&s, &plain, TypeUrl::Cluster, "outbound|80||a.ns.svc.cluster.local");
+        assert!(a.transport_socket_matches.is_empty(), "no certificate to present: plaintext");
+        let b: Cluster = find(&s, &plain, TypeUrl::Cluster, "outbound|9090|v1|b.ns.svc.cluster.local");
+        assert!(b.transport_socket.is_some(), "a rule's ISTIO_MUTUAL stays: closed, never plaintext");
     }
 
     #[test]

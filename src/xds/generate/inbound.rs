@@ -149,7 +149,12 @@ pub(super) fn listeners(scope: &Scope<'_>) -> Vec<Resource> {
         return Vec::new();
     }
     let plan = inbound_plan(scope);
-    let peer = scope.snapshot.peer_mtls_for(scope.namespace(), &scope.view.labels);
+    let mut peer = scope.snapshot.peer_mtls_for(scope.namespace(), &scope.view.labels);
+    if !scope.view.agent_sds {
+        // No workload certificate to terminate with: PERMISSIVE serves its plaintext half. STRICT
+        // stays TLS-only (its listener waits for a certificate: closed, never plaintext).
+        peer.downgrade_permissive();
+    }
     let mut out = Vec::new();
     for c in plan.iter().filter(|c| c.bound) {
         let name = listener_name(&c.bind, c.target_port);
@@ -346,6 +351,20 @@ mod tests {
         assert_eq!(c.outlier_detection, None);
         let db: Cluster = find(&s, &v, TypeUrl::Cluster, "inbound|5432||");
         assert_eq!(max_connections(&db).map(|v| v.value), Some(22), "the port's own settings");
+    }
+
+    #[test]
+    fn without_pilot_agent_permissive_serves_plaintext_and_strict_stays_tls() {
+        let s = testdata_snapshot("inbound.yaml");
+        let v = without_agent(sidecar_at("shop", &[("app", "orders")], &["10.2.0.5"]));
+        let l: Listener = find(&s, &v, TypeUrl::Listener, VIRTUAL_INBOUND_LISTENER);
+        let tls: Vec<String> =
+            l.filter_chains.iter().filter(|c| c.transport_socket.is_some()).map(|c| c.name.clone()).collect();
+        assert_eq!(tls, ["0.0.0.0_5432"], "only the port-level STRICT port terminates TLS");
+    }
+
+    fn without_agent(v: crate::xds::proxy::ProxyView) -> crate::xds::proxy::ProxyView {
+        crate::xds::proxy::ProxyView { agent_sds: false, ..v }
     }
 
     #[test]
