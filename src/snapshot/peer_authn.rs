@@ -62,10 +62,10 @@ impl Snapshot {
                 None if ns == namespace => {
                     ns_level.get_or_insert(pa);
                 }
-                Some(selector) if ns == namespace && ns != root => {
-                    if selector.iter().all(|(k, v)| labels.get(k) == Some(v)) {
-                        workload.get_or_insert(pa);
-                    }
+                Some(selector)
+                    if ns == namespace && ns != root && selector.iter().all(|(k, v)| labels.get(k) == Some(v)) =>
+                {
+                    workload.get_or_insert(pa);
                 }
                 _ => {}
             }
