@@ -94,26 +94,29 @@ fn credential_problem(snapshot_kube: &KubeObjects, namespace: &str, tls: &Server
     None
 }
 
-/// Errors for Gateway servers whose credential no namespace can serve.
+/// Errors for Gateway servers whose credential no namespace can serve: the problem with the
+/// first Secret of that name, or that none exists.
 pub(super) fn credential_errors<'a>(
     kube: &KubeObjects,
     configs: impl Iterator<Item = &'a ValidConfig>,
 ) -> Vec<ConfigError> {
-    let namespaces: BTreeSet<&str> = kube
-        .range(secret_key("", "")..)
-        .take_while(|(k, _)| k.kind == KubeKind::Secret)
-        .map(|(k, _)| k.namespace.as_str())
-        .collect();
     let mut out = Vec::new();
     for config in configs {
         for (i, tls) in servers(config).filter(|(_, t)| !t.credential_name.is_empty()) {
-            let problems: Vec<String> = namespaces.iter().map_while(|ns| credential_problem(kube, ns, tls)).collect();
-            let servable = problems.len() < namespaces.len();
-            let reason = match problems.into_iter().next() {
-                _ if servable => None,
-                Some(p) => Some(p),
-                None => credential_problem(kube, &config.key.namespace, tls),
+            let holders: Vec<&str> = match secret_name(&tls.credential_name) {
+                Some(name) => kube
+                    .range(secret_key("", "")..)
+                    .take_while(|(k, _)| k.kind == KubeKind::Secret)
+                    .filter(|(k, _)| k.name == name)
+                    .map(|(k, _)| k.namespace.as_str())
+                    .collect(),
+                None => Vec::new(),
             };
+            let problems: Vec<String> = holders.iter().filter_map(|ns| credential_problem(kube, ns, tls)).collect();
+            if !holders.is_empty() && problems.len() < holders.len() {
+                continue;
+            }
+            let reason = problems.into_iter().next().or_else(|| credential_problem(kube, &config.key.namespace, tls));
             if let Some(reason) = reason {
                 out.push(ConfigError {
                     file: SOURCE.to_string(),
