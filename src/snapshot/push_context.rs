@@ -121,7 +121,9 @@ impl Snapshot {
         }
         let selector_keys = selector_keys(configs.values());
         let kube = super::credentials::keep_referenced(&state.kube, configs.values());
-        let credential_errors = super::credentials::credential_errors(&kube, configs.values());
+        // A frontend's state carries the leader's errors, these included: never twice.
+        let mut credential_errors = super::credentials::credential_errors(&kube, configs.values());
+        credential_errors.retain(|e| !state.errors.contains(e));
         let errors = if credential_errors.is_empty() {
             state.errors.clone()
         } else {
