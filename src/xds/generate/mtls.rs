@@ -79,6 +79,19 @@ pub(super) fn istio_mutual_transport_socket(sni: &str, sans: &[String], http2: b
     tls_socket(any(context))
 }
 
+/// A gateway server's ISTIO_MUTUAL: the gateway's workload certificate, a client certificate
+/// required and verified against the mesh root (and `sans`, when given).
+pub(super) fn istio_mutual_server_socket(alpn: &[&str], sans: &[String]) -> TransportSocket {
+    let mut common = mesh_common_context(sans);
+    common.alpn_protocols = strings(alpn);
+    let context = DownstreamTlsContext {
+        common_tls_context: Some(common),
+        require_client_certificate: Some(bool_value(true)),
+        ..Default::default()
+    };
+    tls_socket(any(context))
+}
+
 /// Certificate `default`, validation against `ROOTCA` with exact SAN matches.
 fn mesh_common_context(sans: &[String]) -> CommonTlsContext {
     CommonTlsContext {

@@ -142,6 +142,22 @@ spec:
     }
 
     #[test]
+    fn an_istio_mutual_server_terminates_with_the_gateways_workload_certificate() {
+        let yaml = "apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata: {name: east, namespace: gateways}\n\
+                    spec:\n  selector: {istio: ingress}\n  servers:\n  - port: {number: 15443, name: https, protocol: HTTPS}\n    \
+                    hosts: [\"*.example.com\"]\n    tls: {mode: ISTIO_MUTUAL}\n";
+        let s = crate::xds::generate::testing::snapshot(yaml);
+        let gw = router("gateways", &[("istio", "ingress")]);
+        let l: Listener = find(&s, &gw, TypeUrl::Listener, "0.0.0.0_15443");
+        let socket = l.filter_chains[0].transport_socket.clone().and_then(|t| t.config_type);
+        let Some(transport_socket::ConfigType::TypedConfig(any)) = socket else { panic!("no TLS") };
+        let tls: DownstreamTlsContext = unpack(&any);
+        assert_eq!(tls.require_client_certificate.map(|b| b.value), Some(true));
+        let text = format!("{tls:?}");
+        assert!(text.contains("\"default\"") && text.contains("\"ROOTCA\"") && text.contains("sds-grpc"), "{text}");
+    }
+
+    #[test]
     fn a_server_without_its_secret_is_reported_and_not_served() {
         // The file source has no Secrets.
         let s = snapshot_with(Vec::new());

@@ -12,7 +12,7 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     UpstreamTlsContext,
 };
 
-use super::mtls::{istio_mutual_transport_socket, san_matcher, tls_socket};
+use super::mtls::{istio_mutual_server_socket, istio_mutual_transport_socket, san_matcher, tls_socket};
 use super::proto::{any, bool_value};
 use super::sds::{ads_secret, agent_secret, credential_resource_name, file_cert_name, file_root_name, CA_SUFFIX};
 use crate::config::api::destination_rule::{ClientTlsMode, ClientTlsSettings};
@@ -80,13 +80,17 @@ pub(super) enum ServerTlsError {
 }
 
 /// The downstream TLS socket of a gateway server terminating TLS (SIMPLE, MUTUAL,
-/// OPTIONAL_MUTUAL). `credentialName` is referenced as `kubernetes://NAME` over ADS; whether
+/// OPTIONAL_MUTUAL, ISTIO_MUTUAL). `credentialName` is referenced as `kubernetes://NAME` over ADS; whether
 /// the secret exists is the caller's concern.
 pub(super) fn downstream_transport_socket(
     tls: &ServerTlsSettings,
     alpn: &[&str],
 ) -> Result<TransportSocket, ServerTlsError> {
     let mode = tls.mode.as_deref().unwrap_or("PASSTHROUGH");
+    if mode == "ISTIO_MUTUAL" {
+        // The gateway's own workload certificate, clients verified against the mesh root.
+        return Ok(istio_mutual_server_socket(alpn, &tls.subject_alt_names));
+    }
     if !matches!(mode, "SIMPLE" | "MUTUAL" | "OPTIONAL_MUTUAL") {
         return Err(ServerTlsError::NotTerminated(mode.to_string()));
     }
