@@ -59,7 +59,7 @@ impl TypeUrl {
         Self::PUSH_ORDER.into_iter().find(|t| t.as_str() == url)
     }
 
-    /// Istio's short name, used as the `type` metric label (cds, eds, lds, rds).
+    /// Istio's short name, used as the `type` metric label (cds, eds, lds, rds, sds).
     pub fn short(self) -> &'static str {
         match self {
             TypeUrl::Cluster => "cds",
