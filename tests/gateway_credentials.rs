@@ -108,6 +108,16 @@ fn warming_listener_names(dump: &Value) -> Vec<String> {
 
 #[tokio::test]
 async fn credential_name_is_served_over_sds_and_a_missing_file_holds_back_only_its_listener() {
+    credentials_and_missing_files(false).await;
+}
+
+#[tokio::test]
+async fn the_same_over_delta_xds() {
+    credentials_and_missing_files(true).await;
+}
+
+/// The scenario, over state-of-the-world or delta ADS.
+async fn credentials_and_missing_files(delta: bool) {
     let Some(api) = KubeApi::start().await else { return };
     let kube = api.admin().await;
     let backend = Backend::builder("web-v1").start();
