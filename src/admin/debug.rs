@@ -253,4 +253,25 @@ mod tests {
         let snap = Snapshot::build(Version::new(1, 1), ChangeSet::full(), &state);
         assert_eq!(configz_json(&snap, Vec::new())["kubernetes"], json!({"Namespace": 2, "Node": 1}));
     }
+
+    #[test]
+    fn config_dump_names_secrets_but_never_shows_their_contents() {
+        use envoy_types::pb::envoy::config::core::v3::{data_source, DataSource};
+        use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{secret, Secret, TlsCertificate};
+        let inline = |s: &str| DataSource {
+            specifier: Some(data_source::Specifier::InlineBytes(s.as_bytes().to_vec())),
+            ..Default::default()
+        };
+        let secret = Secret {
+            name: "kubernetes://web".into(),
+            r#type: Some(secret::Type::TlsCertificate(TlsCertificate {
+                certificate_chain: Some(inline("CERT-PEM")),
+                private_key: Some(inline("PRIVATE-KEY-PEM")),
+                ..Default::default()
+            })),
+        };
+        let text = describe(&envoy_types::util::pack_any(secret));
+        assert!(text.contains("kubernetes://web") && text.contains("tls_certificate"), "{text}");
+        assert!(!text.contains("PRIVATE-KEY-PEM") && !text.contains("CERT-PEM"), "{text}");
+    }
 }
