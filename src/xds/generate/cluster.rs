@@ -1,7 +1,7 @@
 //! CDS: one cluster per visible service port (and DestinationRule subset), plus Istio's
 //! `BlackHoleCluster` and `PassthroughCluster`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::cluster::v3::{cluster, Cluster};
@@ -61,15 +61,22 @@ pub(super) fn outbound_clusters<'a>(scope: &Scope<'a>) -> Vec<OutboundCluster<'a
 
 /// All clusters of the view.
 pub(super) fn clusters(scope: &Scope<'_>) -> Vec<Resource> {
-    let mut out: Vec<Resource> =
-        outbound_clusters(scope).iter().map(|c| resource(c.name.clone(), outbound_cluster(scope, c))).collect();
+    // A service's identities are the same for all its ports and subsets: read its endpoints once.
+    let mut sans: HashMap<*const Service, Vec<String>> = HashMap::new();
+    let mut out: Vec<Resource> = outbound_clusters(scope)
+        .iter()
+        .map(|c| {
+            let sans = sans.entry(Arc::as_ptr(c.service)).or_insert_with(|| service_sans(scope, c.service));
+            resource(c.name.clone(), outbound_cluster(scope, c, sans))
+        })
+        .collect();
     out.push(resource(BLACKHOLE_CLUSTER, blackhole_cluster(scope)));
     out.push(resource(PASSTHROUGH_CLUSTER, passthrough_cluster(scope)));
     out.extend(super::inbound_cluster::clusters(scope));
     out
 }
 
-fn outbound_cluster(scope: &Scope<'_>, oc: &OutboundCluster<'_>) -> Cluster {
+fn outbound_cluster(scope: &Scope<'_>, oc: &OutboundCluster<'_>, sans: &[String]) -> Cluster {
     let mesh = &scope.snapshot.mesh;
     let mut c = Cluster { name: oc.name.clone(), ..Default::default() };
     match oc.service.resolution {
@@ -98,7 +105,7 @@ fn outbound_cluster(scope: &Scope<'_>, oc: &OutboundCluster<'_>) -> Cluster {
     let upstream = Upstream {
         default_sni: dns.then_some(oc.service.hostname.as_str()),
         istio_sni: istio_sni(oc),
-        service_sans: service_sans(scope, oc.service),
+        service_sans: sans.to_vec(),
         http2: oc.port.protocol.is_http2() || h2_upgrade(&policy),
     };
     match policy.tls {
