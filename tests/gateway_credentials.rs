@@ -144,8 +144,11 @@ async fn credentials_and_missing_files(delta: bool) {
             "explicit_http_config": {"http2_protocol_options": {}}}},
         "load_assignment": {"cluster_name": "sds-grpc", "endpoints": [{"lb_endpoints": [{"endpoint": {"address":
             {"socket_address": {"address": "127.0.0.1", "port_value": free_port()}}}}]}]}});
-    let envoy = Envoy::builder(GATEWAY_NODE_ID, cp.xds_addr()).metadata(gateway_metadata()).static_cluster(sds).start();
+    let builder = Envoy::builder(GATEWAY_NODE_ID, cp.xds_addr()).metadata(gateway_metadata()).static_cluster(sds);
+    let envoy = if delta { builder.delta() } else { builder }.start();
     envoy.wait_ready(STARTUP_TIMEOUT).await;
+    let api_type = &envoy.bootstrap()["dynamic_resources"]["ads_config"]["api_type"];
+    assert_eq!(api_type, if delta { "DELTA_GRPC" } else { "GRPC" });
 
     // The Secret's certificate, by SNI, verified against the root that signed it.
     let mut last = Err(String::new());
