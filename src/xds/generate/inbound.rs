@@ -6,7 +6,7 @@
 use std::net::IpAddr;
 
 use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
-use envoy_types::pb::envoy::config::listener::v3::{FilterChain, FilterChainMatch, Listener};
+use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, FilterChainMatch, Listener};
 
 use super::inbound_http::inbound_http_connection_manager;
 use super::inbound_mtls::{inbound_chains, ChainProtocol};
@@ -18,7 +18,9 @@ use super::network_filter::{chain, tcp_proxy_filter, to_cluster};
 use super::proto::{bool_value, resource, socket_address, u32_value, zero_duration};
 use super::scope::Scope;
 use super::sniffing::{inspectors, original_dst, original_src, Sniffed};
+use super::tls::downstream_transport_socket;
 use super::Resource;
+use crate::config::api::gateway::ServerTlsSettings;
 use crate::config::api::sidecar::{CaptureMode, IstioIngressListener};
 use crate::config::api::Protocol;
 use crate::registry::ServiceKey;
@@ -37,7 +39,7 @@ pub(super) enum InboundEndpoint {
 }
 
 /// One inbound port: filter chains of `virtualInbound`, or a listener of its own when `bound`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(super) struct InboundChain {
     /// The port connections arrive on (chains match it; the cluster is named after it).
     pub target_port: u16,
@@ -53,6 +55,8 @@ pub(super) struct InboundChain {
     pub endpoint: InboundEndpoint,
     /// The service the port belongs to (none for Sidecar ingress listeners).
     pub service: Option<ServiceKey>,
+    /// A Sidecar ingress listener's own TLS, replacing mesh mutual TLS on the port.
+    pub tls: Option<ServerTlsSettings>,
 }
 
 /// The inbound ports of a sidecar: its Sidecar's ingress listeners if it declares any, else its
@@ -79,6 +83,7 @@ pub(super) fn inbound_plan(scope: &Scope<'_>) -> Vec<InboundChain> {
                     bound: false,
                     endpoint: InboundEndpoint::OriginalDst,
                     service: Some(p.service.clone()),
+                    tls: None,
                 })
                 .collect();
         }
@@ -114,6 +119,7 @@ fn ingress_chain(l: &IstioIngressListener, intercepted: bool, ips: &[String]) ->
         bound,
         endpoint: default_endpoint(&l.default_endpoint, ips)?,
         service: None,
+        tls: l.tls.clone(),
     })
 }
 
@@ -220,8 +226,44 @@ fn chains_for(scope: &Scope<'_>, c: &InboundChain, peer: &PeerMtls) -> Vec<Filte
     let stat_prefix = format!("inbound_{name}");
     let http = || inbound_http_connection_manager(&stat_prefix, &cluster, &cluster, c.port, c.protocol, mesh);
     let tcp = || tcp_proxy_filter(&cluster, to_cluster(&cluster), mesh);
+    let sniffed = Sniffed::of(c.protocol);
+    let terminated =
+        c.tls.as_ref().filter(|t| matches!(t.mode.as_deref(), Some("SIMPLE" | "MUTUAL" | "OPTIONAL_MUTUAL")));
+    if let Some(tls) = terminated {
+        // HTTPS terminated here is HTTP to the workload, as in Istio.
+        let as_http = sniffed == Sniffed::Http || c.protocol == Protocol::Https;
+        return vec![ingress_tls_chain(scope, c, tls, name, as_http, http, tcp)];
+    }
     let mode = peer.mode_for_port(c.target_port);
-    inbound_chains(Some(c.target_port), Sniffed::of(c.protocol), mode, |_| name.clone(), http, tcp)
+    inbound_chains(Some(c.target_port), sniffed, mode, |_| name.clone(), http, tcp)
+}
+
+/// A Sidecar ingress listener terminating its own TLS (certificate files as SDS names): one TLS
+/// chain for the port. Settings that cannot be served leave the port refusing connections,
+/// never in plaintext.
+fn ingress_tls_chain(
+    scope: &Scope<'_>,
+    c: &InboundChain,
+    tls: &ServerTlsSettings,
+    name: String,
+    http: bool,
+    hcm: impl Fn() -> Filter,
+    tcp: impl Fn() -> Filter,
+) -> FilterChain {
+    let alpn: &[&str] = if http { &["h2", "http/1.1"] } else { &[] };
+    let port = Some(u32_value(u32::from(c.target_port)));
+    match downstream_transport_socket(tls, alpn) {
+        Ok(socket) => {
+            let m = FilterChainMatch { destination_port: port, transport_protocol: "tls".into(), ..Default::default() };
+            chain(name, Some(m), vec![if http { hcm() } else { tcp() }], Some(socket))
+        }
+        Err(e) => {
+            tracing::debug!(port = c.target_port, error = %e, "sidecar ingress TLS cannot be served: port refused");
+            let m = FilterChainMatch { destination_port: port, ..Default::default() };
+            let refuse = tcp_proxy_filter(BLACKHOLE_CLUSTER, to_cluster(BLACKHOLE_CLUSTER), &scope.snapshot.mesh);
+            chain(name, Some(m), vec![refuse], None)
+        }
+    }
 }
 
 /// Traffic to ports no service declares goes to its original destination, HTTP sniffed as such,
@@ -383,6 +425,20 @@ mod tests {
         }
         let l: Listener = find(&s, &legacy, TypeUrl::Listener, "0.0.0.0_5000");
         assert!(l.listener_filters.is_empty(), "a bound HTTP port needs no inspection");
+    }
+
+    #[test]
+    fn an_ingress_listener_with_tls_terminates_it_with_its_files_as_sds_secrets() {
+        let s = testdata_snapshot("inbound.yaml");
+        let v = sidecar_at("shop", &[("app", "legacy")], &["10.2.0.7"]);
+        let l: Listener = find(&s, &v, TypeUrl::Listener, VIRTUAL_INBOUND_LISTENER);
+        let chains: Vec<&FilterChain> = l.filter_chains.iter().filter(|c| c.name == "0.0.0.0_8443").collect();
+        assert_eq!(chains.len(), 1, "TLS only: no plaintext way in");
+        let m = chains[0].filter_chain_match.clone().unwrap_or_default();
+        assert_eq!(m.transport_protocol, "tls");
+        assert_eq!(chains[0].filters[0].name, ext::HTTP_CONNECTION_MANAGER, "HTTPS terminated here is HTTP");
+        let text = format!("{:?}", chains[0].transport_socket);
+        assert!(text.contains("DownstreamTlsContext"), "{text}");
     }
 
     #[test]
