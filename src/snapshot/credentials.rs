@@ -1,4 +1,5 @@
-//! Gateway credentials: the Kubernetes Secrets Gateway servers name in `credentialName`. As in
+//! Gateway credentials: the Kubernetes Secrets Gateway servers (and DestinationRules, for egress
+//! gateways) name in `credentialName`. As in
 //! Istio, a gateway proxy reads the Secret from its own namespace (the gateway deployment's, not
 //! necessarily the Gateway resource's). Only Secrets some Gateway names enter a snapshot (and so
 //! travel to frontends); a server whose Secret is missing or incomplete where the proxy runs is
@@ -39,12 +40,25 @@ fn secret_key(namespace: &str, name: &str) -> KubeKey {
     KubeKey { kind: KubeKind::Secret, namespace: namespace.to_string(), name: name.to_string() }
 }
 
-/// `kube` without the Secrets no Gateway names (nor their `-cacert` companions).
+/// The `credentialName`s of a DestinationRule's client TLS (egress gateways originate TLS with
+/// them): the rule's, its ports' and its subsets'.
+fn client_credentials(config: &ValidConfig) -> Vec<&str> {
+    let Spec::DestinationRule(dr) = &config.spec else { return Vec::new() };
+    let policies = dr.traffic_policy.iter().chain(dr.subsets.iter().filter_map(|s| s.traffic_policy.as_ref()));
+    policies
+        .flat_map(|p| p.tls.iter().chain(p.port_level_settings.iter().filter_map(|pl| pl.tls.as_ref())))
+        .map(|t| t.credential_name.as_str())
+        .collect()
+}
+
+/// `kube` without the Secrets no Gateway or DestinationRule names (nor their `-cacert`
+/// companions).
 pub(super) fn keep_referenced<'a>(kube: &KubeObjects, configs: impl Iterator<Item = &'a ValidConfig>) -> KubeObjects {
     let mut wanted = BTreeSet::new();
     for config in configs {
-        for (_, tls) in servers(config) {
-            if let Some(name) = secret_name(&tls.credential_name).filter(|n| !n.is_empty()) {
+        let servers = servers(config).map(|(_, tls)| tls.credential_name.as_str());
+        for credential in servers.chain(client_credentials(config)) {
+            if let Some(name) = secret_name(credential).filter(|n| !n.is_empty()) {
                 wanted.insert(name.to_string());
                 wanted.insert(format!("{name}{CA_SECRET_SUFFIX}"));
             }

@@ -1,4 +1,5 @@
-//! SDS over ADS: the Kubernetes Secrets Gateway servers name in `credentialName`, as Envoy
+//! SDS over ADS: the Kubernetes Secrets Gateway servers (and DestinationRules, for the TLS egress
+//! gateways originate) name in `credentialName`, as Envoy
 //! `Secret`s named `kubernetes://NAME` (certificate and key) and `kubernetes://NAME-cacert` (the
 //! CA, from the Secret's own `ca.crt` or a `NAME-cacert` Secret). Istio's rule: only a gateway
 //! proxy in the Secret's namespace is sent it; sidecars and other namespaces get nothing.
@@ -126,7 +127,7 @@ spec:
         assert!(names(&s, &sidecar("gateways", &[]), TypeUrl::Secret).is_empty());
         let other: Vec<Secret> = generate(TypeUrl::Secret, &s, &router("elsewhere", &[])).iter().map(decode).collect();
         assert_eq!(other.len(), 1, "its own web-cert only");
-        // Secrets no Gateway names never enter the snapshot.
+        // Secrets no Gateway or DestinationRule names never enter the snapshot.
         assert!(!s.kube.keys().any(|k| k.name == "unrelated"));
         // The listeners name them over ADS.
         let tls = |port: &str| {
@@ -139,6 +140,38 @@ spec:
         assert!(web.contains("\"kubernetes://web-cert\"") && web.contains("Ads"), "{web}");
         assert!(tls("0.0.0.0_8443").contains("\"kubernetes://mtls-cert-cacert\""));
         assert!(s.errors.is_empty(), "{:?}", s.errors);
+    }
+
+    #[test]
+    fn an_egress_gateway_gets_the_credential_its_destination_rule_names() {
+        let yaml = "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: api, namespace: gateways}\n\
+                    spec: {hosts: [api.example.com], location: MESH_EXTERNAL, resolution: DNS, ports: [{number: 443, name: tls, protocol: TLS}]}\n\
+                    ---\napiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: api, namespace: gateways}\n\
+                    spec: {host: api.example.com, trafficPolicy: {tls: {mode: MUTUAL, credentialName: egress-cert}}}\n";
+        let mut state = SourceState {
+            kube: [secret("gateways", "egress-cert", "C", "K", "CA"), secret("gateways", "other", "C", "K", "")]
+                .into_iter()
+                .map(|o| (o.key(), Arc::new(o)))
+                .collect(),
+            ..Default::default()
+        };
+        for doc in parse_file("dr.yaml", yaml) {
+            let Document::Valid(o) = doc else { panic!("{doc:?}") };
+            state.configs.insert(o.key.clone(), Arc::new(o));
+        }
+        let s = Snapshot::build(Version::new(1, 1), ChangeSet::full(), &state);
+        let gw = router("gateways", &[]);
+        assert_eq!(names(&s, &gw, TypeUrl::Secret), ["kubernetes://egress-cert", "kubernetes://egress-cert-cacert"]);
+        let c: envoy_types::pb::envoy::config::cluster::v3::Cluster =
+            find(&s, &gw, TypeUrl::Cluster, "outbound|443||api.example.com");
+        let socket = c.transport_socket.and_then(|t| t.config_type);
+        let Some(transport_socket::ConfigType::TypedConfig(any)) = socket else { panic!("no TLS") };
+        let tls: envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::UpstreamTlsContext = unpack(&any);
+        let text = format!("{tls:?}");
+        assert!(
+            text.contains("\"kubernetes://egress-cert\"") && text.contains("\"kubernetes://egress-cert-cacert\""),
+            "{text}"
+        );
     }
 
     #[test]
