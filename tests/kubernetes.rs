@@ -310,7 +310,7 @@ kind: ClusterRole
 metadata: {name: meshpilot-partial}
 rules:
 - apiGroups: [""]
-  resources: [services, pods, nodes, namespaces, configmaps]
+  resources: [services, pods, nodes, namespaces, configmaps, secrets]
   verbs: [get, list, watch]
 - apiGroups: [discovery.k8s.io]
   resources: [endpointslices]

@@ -38,11 +38,13 @@ pub enum Kind {
     AuthorizationPolicy,
     /// RequestAuthentication (security.istio.io).
     RequestAuthentication,
+    /// PeerAuthentication (security.istio.io).
+    PeerAuthentication,
 }
 
 impl Kind {
     /// All kinds, in a stable order.
-    pub const ALL: [Kind; 8] = [
+    pub const ALL: [Kind; 9] = [
         Kind::VirtualService,
         Kind::DestinationRule,
         Kind::Gateway,
@@ -51,6 +53,7 @@ impl Kind {
         Kind::Sidecar,
         Kind::AuthorizationPolicy,
         Kind::RequestAuthentication,
+        Kind::PeerAuthentication,
     ];
 
     /// Parses a `kind:` value.
@@ -69,13 +72,16 @@ impl Kind {
             Kind::Sidecar => "Sidecar",
             Kind::AuthorizationPolicy => "AuthorizationPolicy",
             Kind::RequestAuthentication => "RequestAuthentication",
+            Kind::PeerAuthentication => "PeerAuthentication",
         }
     }
 
     /// The API group and the versions of it that share this kind's schema.
     pub fn group(self) -> (&'static str, &'static [&'static str]) {
         match self {
-            Kind::AuthorizationPolicy | Kind::RequestAuthentication => (SECURITY_GROUP, &SECURITY_VERSIONS),
+            Kind::AuthorizationPolicy | Kind::RequestAuthentication | Kind::PeerAuthentication => {
+                (SECURITY_GROUP, &SECURITY_VERSIONS)
+            }
             _ => (NETWORKING_GROUP, &NETWORKING_VERSIONS),
         }
     }
@@ -137,6 +143,8 @@ pub enum Spec {
     AuthorizationPolicy(api::AuthorizationPolicy),
     /// RequestAuthentication.
     RequestAuthentication(api::RequestAuthentication),
+    /// PeerAuthentication.
+    PeerAuthentication(api::PeerAuthentication),
 }
 
 impl Spec {
@@ -151,6 +159,7 @@ impl Spec {
             Spec::Sidecar(_) => Kind::Sidecar,
             Spec::AuthorizationPolicy(_) => Kind::AuthorizationPolicy,
             Spec::RequestAuthentication(_) => Kind::RequestAuthentication,
+            Spec::PeerAuthentication(_) => Kind::PeerAuthentication,
         }
     }
 }

@@ -224,6 +224,7 @@ pub fn object_from_value(value: Value) -> Result<Option<ConfigObject>, ParseFail
         Kind::Sidecar => typed(spec_value).map(Spec::Sidecar),
         Kind::AuthorizationPolicy => typed(spec_value).map(Spec::AuthorizationPolicy),
         Kind::RequestAuthentication => typed(spec_value).map(Spec::RequestAuthentication),
+        Kind::PeerAuthentication => typed(spec_value).map(Spec::PeerAuthentication),
     };
     match spec {
         Ok(spec) => Ok(Some(ConfigObject { key, meta: Meta { labels, annotations, api_version }, spec })),

@@ -130,7 +130,8 @@ fn classify(last: &Snapshot, mut changes: ChangeSet, new_registry: &Registry) ->
         .iter()
         .filter(|k| match k {
             ChangedKey::Config(c) => matches!(c.kind, Kind::ServiceEntry | Kind::WorkloadEntry),
-            ChangedKey::Kube(_) => true,
+            // A Secret (gateway credential) is no registry object: its change must reach SDS.
+            ChangedKey::Kube(k) => k.kind != KubeKind::Secret,
             ChangedKey::Endpoints(_) | ChangedKey::Mesh => false,
         })
         .cloned()

@@ -40,6 +40,8 @@ pub struct MeshConfig {
     pub access_log_file: String,
     /// Namespaces in scope: those whose labels match any selector (empty: every namespace).
     pub discovery_selectors: Vec<LabelSelector>,
+    /// Auto mTLS: clusters without DestinationRule TLS use ISTIO_MUTUAL to workloads with a sidecar.
+    pub enable_auto_mtls: bool,
     /// DNS suffix of Kubernetes service names (`name.namespace.svc.<domain>`): pilot's `--domain`
     /// flag, not a MeshConfig field, set by the sources.
     #[serde(skip)]
@@ -71,6 +73,7 @@ impl Default for MeshConfig {
             dns_refresh_rate: Duration(std::time::Duration::from_secs(60)),
             access_log_file: String::new(),
             discovery_selectors: Vec::new(),
+            enable_auto_mtls: true,
             domain: DEFAULT_DOMAIN.into(),
             source_hash: 0,
         }

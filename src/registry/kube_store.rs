@@ -88,6 +88,8 @@ impl KubeStore {
             }
             KubeObject::Node(n) => self.topology.set_node(n),
             KubeObject::Namespace(n) => self.topology.set_namespace(n),
+            // Certificates shape no service or endpoint.
+            KubeObject::Secret(_) => {}
         }
     }
 
@@ -135,6 +137,7 @@ impl KubeStore {
             }
             KubeObject::Node(n) => self.topology.remove_node(&n.name),
             KubeObject::Namespace(n) => self.topology.remove_namespace(&n.name),
+            KubeObject::Secret(_) => {}
         }
     }
 }

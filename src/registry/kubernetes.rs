@@ -25,6 +25,8 @@ pub enum KubeKind {
     Node,
     /// `v1` Namespace (cluster-scoped: its key has an empty namespace).
     Namespace,
+    /// `v1` Secret holding a certificate (a gateway's `credentialName`).
+    Secret,
 }
 
 impl KubeKind {
@@ -36,6 +38,7 @@ impl KubeKind {
             KubeKind::Pod => "Pod",
             KubeKind::Node => "Node",
             KubeKind::Namespace => "Namespace",
+            KubeKind::Secret => "Secret",
         }
     }
 }
@@ -232,6 +235,41 @@ pub struct KubeNamespace {
     pub labels: Labels,
 }
 
+/// A Secret's certificate material, as Istio reads a `credentialName`: `tls.crt`/`tls.key`
+/// (kubernetes.io/tls) or `cert`/`key` (generic), and a CA from `ca.crt` or `cacert`. Other keys
+/// are not kept.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct KubeSecret {
+    /// Name.
+    pub name: String,
+    /// Namespace.
+    pub namespace: String,
+    /// PEM certificate chain (empty when the Secret has none).
+    pub cert_chain: String,
+    /// PEM private key (empty when the Secret has none).
+    pub private_key: PrivateKey,
+    /// PEM CA bundle for client validation (empty when the Secret has none).
+    pub ca: String,
+}
+
+/// Private key bytes: serialised for replication, never shown by `Debug`.
+#[derive(Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct PrivateKey(pub String);
+
+impl fmt::Debug for PrivateKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PrivateKey(<{} bytes redacted>)", self.0.len())
+    }
+}
+
+impl PrivateKey {
+    /// Whether there is no key.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 /// One Kubernetes registry object.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum KubeObject {
@@ -245,6 +283,8 @@ pub enum KubeObject {
     Node(KubeNode),
     /// Namespace.
     Namespace(KubeNamespace),
+    /// Secret (certificate material only).
+    Secret(KubeSecret),
 }
 
 impl KubeObject {
@@ -256,6 +296,7 @@ impl KubeObject {
             KubeObject::Pod(p) => (KubeKind::Pod, &*p.namespace, p.name.as_str()),
             KubeObject::Node(n) => (KubeKind::Node, "", n.name.as_str()),
             KubeObject::Namespace(n) => (KubeKind::Namespace, "", n.name.as_str()),
+            KubeObject::Secret(s) => (KubeKind::Secret, s.namespace.as_str(), s.name.as_str()),
         };
         KubeKey { kind, namespace: namespace.to_string(), name: name.to_string() }
     }

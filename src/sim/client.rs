@@ -285,6 +285,9 @@ fn resource_name(type_url: TypeUrl, bytes: &[u8]) -> Option<String> {
         TypeUrl::Endpoint => ClusterLoadAssignment::decode(bytes).ok().map(|c| c.cluster_name),
         TypeUrl::Listener => Listener::decode(bytes).ok().map(|l| l.name),
         TypeUrl::Route => RouteConfiguration::decode(bytes).ok().map(|r| r.name),
+        TypeUrl::Secret => {
+            envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::Secret::decode(bytes).ok().map(|s| s.name)
+        }
     }
 }
 

@@ -4,12 +4,16 @@
 
 mod changes;
 mod channel;
+mod credentials;
+mod peer_authn;
 mod push_context;
 mod security;
 mod version;
 
 pub use changes::{ChangeSet, ChangedKey};
 pub use channel::{channel, SnapshotReader, SnapshotWriter, StaleSnapshot};
+pub use credentials::{secret_name, CA_SECRET_SUFFIX};
+pub use peer_authn::PeerMtls;
 pub use push_context::{qualify_gateway, vs_applies_to_gateway, Indexed, Snapshot, SourceState};
 pub use security::{RejectedPolicy, SecurityIndex};
 pub use version::{ParseVersionError, Version};

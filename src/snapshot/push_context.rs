@@ -126,6 +126,15 @@ impl Snapshot {
             SecurityIndex::build(&mesh.root_namespace, configs.values(), &state.errors, |k| configs.contains_key(k));
         let mut selector_keys = selector_keys(configs.values());
         selector_keys.extend(security.selector_keys().cloned());
+        let kube = super::credentials::keep_referenced(&state.kube, configs.values());
+        // A frontend's state carries the leader's errors, these included: never twice.
+        let mut credential_errors = super::credentials::credential_errors(&kube, configs.values());
+        credential_errors.retain(|e| !state.errors.contains(e));
+        let errors = if credential_errors.is_empty() {
+            state.errors.clone()
+        } else {
+            Arc::new(state.errors.iter().cloned().chain(credential_errors).collect())
+        };
         Snapshot {
             version,
             changes,
@@ -133,9 +142,9 @@ impl Snapshot {
             mesh,
             registry,
             configs,
-            errors: state.errors.clone(),
+            errors,
             ignored: state.ignored.clone(),
-            kube: state.kube.clone(),
+            kube,
             virtual_services,
             destination_rules,
             selector_keys,
@@ -296,6 +305,9 @@ fn selector_keys<'a>(configs: impl Iterator<Item = &'a ValidConfig>) -> BTreeSet
         match &config.spec {
             Spec::Sidecar(s) => keys.extend(s.workload_selector.iter().flat_map(|w| w.match_labels.keys().cloned())),
             Spec::Gateway(g) => keys.extend(g.selector.keys().cloned()),
+            Spec::PeerAuthentication(pa) => {
+                keys.extend(pa.selector_labels().into_iter().flat_map(|l| l.keys().cloned()))
+            }
             Spec::VirtualService(vs) => {
                 let http = vs.http.iter().flat_map(|r| r.matches.iter().map(|m| &m.source_labels));
                 let tls = vs.tls.iter().flat_map(|r| r.matches.iter().map(|m| &m.source_labels));

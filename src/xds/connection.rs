@@ -197,6 +197,12 @@ impl StateOfTheWorld {
             }
             _ => holding.encoded(),
         };
+        if type_url == TypeUrl::Secret && resources.is_empty() {
+            // Envoy refuses an SDS response without the secret it asked for; a secret this proxy
+            // may not have (another namespace's, or a sidecar's) is better left unanswered: the
+            // listener or cluster naming it stays closed.
+            return Ok(false);
+        }
         let nonce = session.next_nonce(&snapshot);
         let version = snapshot.version.to_string();
         let response = Encoded::sotw(&version, type_url.as_str(), &nonce, &resources);
@@ -236,6 +242,17 @@ mod tests {
     fn cluster_names(r: &DiscoveryResponse) -> Vec<String> {
         use envoy_types::pb::envoy::config::cluster::v3::Cluster;
         r.resources.iter().map(|a| Cluster::decode(a.value.as_slice()).unwrap().name).collect()
+    }
+
+    #[tokio::test]
+    async fn a_secret_the_proxy_may_not_have_is_left_unanswered() {
+        // The node is a sidecar: no secret is ever its to have.
+        let mut h = Harness::start(StateOfTheWorld::default(), &service("a", "10.0.0.1"));
+        h.send(request(TypeUrl::Secret, &["kubernetes://web".to_string()], None)).await;
+        assert!(h.next().await.is_none(), "an empty SDS response would be refused by Envoy");
+        // The stream still serves the other types.
+        h.send(request(TypeUrl::Cluster, &[], None)).await;
+        assert!(!cluster_names(&h.next().await.expect("CDS")).is_empty());
     }
 
     #[tokio::test]

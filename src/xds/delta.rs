@@ -248,12 +248,15 @@ impl Delta {
         if reason == Reason::Push && matches!(type_url, TypeUrl::Cluster | TypeUrl::Endpoint) && !removed.is_empty() {
             watch.deferred = Some((holding.clone(), std::mem::take(&mut removed)));
         }
+        // Envoy refuses an SDS response that lacks the secret it asked for: a secret this proxy
+        // may not have is left unanswered (its listener or cluster stays closed).
+        let secret = type_url == TypeUrl::Secret;
         if let Reason::Request { absent } = &reason {
-            let unknown: Vec<String> =
-                absent.iter().filter(|n| holding.get(n).is_none() && !removed.contains(n)).cloned().collect();
+            let unknown = absent.iter().filter(|n| !secret && holding.get(n).is_none() && !removed.contains(n));
+            let unknown: Vec<String> = unknown.cloned().collect();
             removed.extend(unknown);
         }
-        if updated.is_empty() && removed.is_empty() && !matches!(reason, Reason::Request { .. }) {
+        if updated.is_empty() && removed.is_empty() && (secret || !matches!(reason, Reason::Request { .. })) {
             return Ok(false);
         }
         let change = Change { updated, removed, holding };
@@ -328,6 +331,16 @@ mod tests {
 
     fn names(r: &DeltaDiscoveryResponse) -> Vec<String> {
         r.resources.iter().map(|r| r.name.clone()).collect()
+    }
+
+    #[tokio::test]
+    async fn a_secret_the_proxy_may_not_have_is_left_unanswered() {
+        // The node is a sidecar: no secret is ever its to have.
+        let mut h = Harness::start(Delta::default(), &service("a", "10.0.0.1"));
+        h.send(request(TypeUrl::Secret, &["kubernetes://web".to_string()], "", None)).await;
+        assert!(h.next().await.is_none(), "a removal of what Envoy asked for would be refused");
+        let cds = subscribe(&mut h, TypeUrl::Cluster, &[]).await;
+        assert!(names(&cds).contains(&cluster("a")), "the stream still serves: {:?}", names(&cds));
     }
 
     #[tokio::test]

@@ -8,8 +8,11 @@ use envoy_types::pb::envoy::admin::v3::{
     endpoints_config_dump::DynamicEndpointConfig,
     listeners_config_dump::{DynamicListener, DynamicListenerState},
     routes_config_dump::DynamicRouteConfig,
-    ClustersConfigDump, ConfigDump, EndpointsConfigDump, ListenersConfigDump, RoutesConfigDump,
+    secrets_config_dump::DynamicSecret,
+    ClustersConfigDump, ConfigDump, EndpointsConfigDump, ListenersConfigDump, RoutesConfigDump, SecretsConfigDump,
 };
+use envoy_types::pb::envoy::config::core::v3::{data_source, DataSource};
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{secret, Secret};
 use envoy_types::pb::google::protobuf::{Any, Timestamp};
 use prost::{Message, Name};
 
@@ -28,12 +31,12 @@ pub struct DumpedType<'a> {
 }
 
 /// The `ConfigDump` of one proxy, its sections in Envoy's order (clusters, listeners, routes,
-/// endpoints). Each section's `version_info` is the version the proxy last acknowledged, as in
+/// secrets, endpoints); private keys are redacted as Envoy's own dump redacts them. Each section's `version_info` is the version the proxy last acknowledged, as in
 /// Envoy's dump; resources carry it too, with the time of that acknowledgement.
 pub fn config_dump(types: &[DumpedType<'_>]) -> ConfigDump {
     let section = |t: TypeUrl| types.iter().find(|d| d.type_url == t);
     let mut configs = Vec::new();
-    for type_url in [TypeUrl::Cluster, TypeUrl::Listener, TypeUrl::Route, TypeUrl::Endpoint] {
+    for type_url in [TypeUrl::Cluster, TypeUrl::Listener, TypeUrl::Route, TypeUrl::Secret, TypeUrl::Endpoint] {
         let Some(dumped) = section(type_url) else { continue };
         let version = dumped.status.map(|s| s.acked_version.clone()).unwrap_or_default();
         let updated = dumped.status.and_then(|s| s.acked_at.or(s.sent_at)).map(timestamp);
@@ -80,6 +83,21 @@ pub fn config_dump(types: &[DumpedType<'_>]) -> ConfigDump {
                     .collect(),
                 ..Default::default()
             }),
+            TypeUrl::Secret => pack(&SecretsConfigDump {
+                dynamic_active_secrets: dumped
+                    .generated
+                    .resources
+                    .iter()
+                    .map(|r| DynamicSecret {
+                        name: r.name.clone(),
+                        version_info: version.clone(),
+                        last_updated: updated,
+                        secret: Some(redacted(&r.body)),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            }),
             TypeUrl::Endpoint => pack(&EndpointsConfigDump {
                 dynamic_endpoint_configs: resources
                     .map(|endpoint_config| DynamicEndpointConfig {
@@ -94,6 +112,33 @@ pub fn config_dump(types: &[DumpedType<'_>]) -> ConfigDump {
         });
     }
     ConfigDump { configs }
+}
+
+/// A secret with its private material replaced by `[redacted]`, as Envoy dumps secrets;
+/// certificates (public) stay. Anything that does not decode as a secret shows nothing.
+fn redacted(any: &Any) -> Any {
+    let hidden = || {
+        Some(DataSource {
+            specifier: Some(data_source::Specifier::InlineString("[redacted]".into())),
+            ..Default::default()
+        })
+    };
+    let Ok(mut s) = Secret::decode(any.value.as_slice()) else {
+        return Any { type_url: any.type_url.clone(), value: Vec::new() };
+    };
+    match &mut s.r#type {
+        Some(secret::Type::TlsCertificate(c)) => {
+            if c.private_key.is_some() {
+                c.private_key = hidden();
+            }
+            if c.password.is_some() {
+                c.password = hidden();
+            }
+        }
+        Some(secret::Type::GenericSecret(g)) => g.secret = hidden(),
+        _ => {}
+    }
+    pack(&s)
 }
 
 fn pack<M: Message + Name>(message: &M) -> Any {
@@ -142,6 +187,34 @@ mod tests {
     }
 
     #[test]
+    fn secrets_are_named_and_their_keys_never_shown() {
+        let inline = |s: &str| DataSource {
+            specifier: Some(data_source::Specifier::InlineBytes(s.as_bytes().to_vec())),
+            ..Default::default()
+        };
+        let secret = Secret {
+            name: "kubernetes://web".into(),
+            r#type: Some(secret::Type::TlsCertificate(
+                envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::TlsCertificate {
+                    certificate_chain: Some(inline("CERT-PEM")),
+                    private_key: Some(inline("PRIVATE-KEY-PEM")),
+                    ..Default::default()
+                },
+            )),
+        };
+        let body = Any { type_url: Secret::type_url(), value: secret.encode_to_vec() };
+        let generated = Generated::from_resources(vec![Resource { name: "kubernetes://web".into(), body }]);
+        let dump = config_dump(&[DumpedType { type_url: TypeUrl::Secret, generated: &generated, status: None }]);
+        let bytes = dump.encode_to_vec();
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(
+            text.contains("kubernetes://web") && text.contains("CERT-PEM") && text.contains("[redacted]"),
+            "{text}"
+        );
+        assert!(!text.contains("PRIVATE-KEY-PEM"), "the private key leaked: {text}");
+    }
+
+    #[test]
     fn sections_follow_envoys_order() {
         let empty = Generated::from_resources(Vec::new());
         let types: Vec<DumpedType<'_>> = TypeUrl::PUSH_ORDER
@@ -155,6 +228,7 @@ mod tests {
                 "type.googleapis.com/envoy.admin.v3.ClustersConfigDump",
                 "type.googleapis.com/envoy.admin.v3.ListenersConfigDump",
                 "type.googleapis.com/envoy.admin.v3.RoutesConfigDump",
+                "type.googleapis.com/envoy.admin.v3.SecretsConfigDump",
                 "type.googleapis.com/envoy.admin.v3.EndpointsConfigDump",
             ]
         );

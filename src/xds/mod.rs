@@ -35,11 +35,15 @@ pub enum TypeUrl {
     Listener,
     /// RDS.
     Route,
+    /// SDS (gateway credentials the control plane serves itself).
+    Secret,
 }
 
 impl TypeUrl {
     /// Push order: clusters before endpoints, listeners before routes (Envoy's warming order).
-    pub const PUSH_ORDER: [TypeUrl; 4] = [TypeUrl::Cluster, TypeUrl::Endpoint, TypeUrl::Listener, TypeUrl::Route];
+    /// Secrets last, as Istio: Envoy asks for them while warming the listeners that name them.
+    pub const PUSH_ORDER: [TypeUrl; 5] =
+        [TypeUrl::Cluster, TypeUrl::Endpoint, TypeUrl::Listener, TypeUrl::Route, TypeUrl::Secret];
 
     /// The full type URL.
     pub fn as_str(self) -> &'static str {
@@ -48,6 +52,7 @@ impl TypeUrl {
             TypeUrl::Endpoint => "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
             TypeUrl::Listener => "type.googleapis.com/envoy.config.listener.v3.Listener",
             TypeUrl::Route => "type.googleapis.com/envoy.config.route.v3.RouteConfiguration",
+            TypeUrl::Secret => "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret",
         }
     }
 
@@ -56,19 +61,20 @@ impl TypeUrl {
         Self::PUSH_ORDER.into_iter().find(|t| t.as_str() == url)
     }
 
-    /// Istio's short name, used as the `type` metric label (cds, eds, lds, rds).
+    /// Istio's short name, used as the `type` metric label (cds, eds, lds, rds, sds).
     pub fn short(self) -> &'static str {
         match self {
             TypeUrl::Cluster => "cds",
             TypeUrl::Endpoint => "eds",
             TypeUrl::Listener => "lds",
             TypeUrl::Route => "rds",
+            TypeUrl::Secret => "sds",
         }
     }
 
-    /// Whether the proxy names the resources it wants (EDS, RDS) rather than getting all (CDS, LDS).
+    /// Whether the proxy names the resources it wants (EDS, RDS, SDS) rather than getting all (CDS, LDS).
     pub fn is_named(self) -> bool {
-        matches!(self, TypeUrl::Endpoint | TypeUrl::Route)
+        matches!(self, TypeUrl::Endpoint | TypeUrl::Route | TypeUrl::Secret)
     }
 }
 

@@ -160,6 +160,7 @@ impl Proxy {
             // Gateways have no inbound side: their views stay shared whatever their addresses.
             ips: if self.kind == ProxyKind::Sidecar { self.ips.clone() } else { Vec::new() },
             inbound: Vec::new(),
+            agent_sds: !self.istio_version.is_empty(),
         }
     }
 }

@@ -9,6 +9,8 @@
 
 /// HTTP backends (axum) that tell which backend answered and echo the request.
 pub mod backend;
+/// Test certificates: a mesh root and SPIFFE workload leaves (rcgen).
+pub mod certs;
 /// The scale-out system: etcd, ingest nodes, frontends, load balancer, Envoys, simulated proxies.
 pub mod cluster;
 /// Readers of Envoy's `/config_dump`.

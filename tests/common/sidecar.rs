@@ -5,13 +5,15 @@
 //! (node id, metadata) comes from the environment an injected pod has (POD_NAME, INSTANCE_IP,
 //! ISTIO_META_*, PROXY_CONFIG, ...) and the labels file of the downward API.
 //!
-//! By default no CA and no mTLS: `controlPlaneAuthPolicy: NONE` makes the xDS connection plaintext, and
-//! `FILE_MOUNTED_CERTS=true` (Istio's mode for certificates mounted as files) keeps pilot-agent
-//! from creating a CA client, whose certificate warm-up would otherwise dial a CA forever. Envoy
-//! asks for no certificate as long as its config references none. In secure mode
-//! ([`SidecarPodBuilder::secure_control_plane`]) the pod is as an injected one talking to istiod:
-//! a service-account token and the root certificate mounted where pilot-agent reads them, TLS to
-//! the secure port for xDS and the CA (`CA_ADDR`).
+//! By default no CA: `controlPlaneAuthPolicy: NONE` makes the xDS connection plaintext, and the
+//! workload's certificate comes from files, as Istio's mounted-certificate mode reads them: a SPIFFE
+//! leaf for the pod's service account and the test's mesh root ([`MeshRoot`]) in
+//! `./var/run/secrets/workload-spiffe-credentials/` under pilot-agent's working directory make
+//! it serve SDS `default` and `ROOTCA` without a CA client (`FILE_MOUNTED_CERTS=true` too, so
+//! nothing ever dials a CA). Mesh mutual TLS between pods then works as with istiod's CA. In secure
+//! mode ([`SidecarPodBuilder::secure_control_plane`]) the pod is as an injected one talking to
+//! istiod: a service-account token and the root certificate mounted where pilot-agent reads them,
+//! TLS to the secure port for xDS and the CA (`CA_ADDR`).
 //!
 //! ```ignore
 //! let Some(builder) = SidecarPod::builder("productpage-1", NS) else { return };
@@ -30,6 +32,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::backend::Backend;
+use super::certs::MeshRoot;
 use super::envoy::{envoy_path, parse_stats};
 use super::http::{http_client, http_request};
 use super::mesh::rejection_problem;
@@ -291,6 +294,19 @@ impl SidecarPodBuilder {
         let template = d.join("var/lib/istio/envoy/envoy_bootstrap_tmpl.json");
         std::fs::copy(&self.agent.template, &template).expect("copying the bootstrap template");
         own(&template);
+        // Istio's mounted workload certificate: pilot-agent serves it as `default`/`ROOTCA`.
+        let creds = ["var/run", "var/run/secrets", "var/run/secrets/workload-spiffe-credentials"];
+        for sub in creds {
+            std::fs::create_dir(d.join(sub)).expect("creating the credentials directory");
+            own(&d.join(sub));
+        }
+        let root = MeshRoot::get();
+        let leaf = root.workload(&self.namespace, &self.service_account);
+        let creds = d.join(creds[2]);
+        for (file, pem) in [("cert-chain.pem", &leaf.cert), ("key.pem", &leaf.key), ("root-cert.pem", &root.pem())] {
+            std::fs::write(creds.join(file), pem).expect("writing the workload certificate");
+            own(&creds.join(file));
+        }
         let labels: String = self.labels.iter().map(|(k, v)| format!("{k}=\"{v}\"\n")).collect();
         let labels_file = d.join("etc/istio/pod/labels");
         std::fs::write(&labels_file, labels).expect("writing the labels file");
@@ -408,7 +424,8 @@ impl SidecarPod {
             name: name.to_string(),
             namespace: namespace.to_string(),
             service_account: "default".to_string(),
-            labels: BTreeMap::new(),
+            // Injection labels every pod with a sidecar so: auto mTLS reads it from endpoints.
+            labels: BTreeMap::from([("security.istio.io/tlsMode".to_string(), "istio".to_string())]),
             app_port: free_port(),
             xds_mode: XdsMode::from_env(),
             proxy_log_level: "warning".to_string(),

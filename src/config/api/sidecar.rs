@@ -85,6 +85,8 @@ pub struct IstioIngressListener {
     pub default_endpoint: String,
     /// Connection pool of this port's inbound cluster.
     pub connection_pool: Option<ConnectionPoolSettings>,
+    /// TLS the port terminates instead of mesh mutual TLS.
+    pub tls: Option<super::gateway::ServerTlsSettings>,
 }
 
 impl Sidecar {

@@ -16,6 +16,7 @@ mod headers;
 mod hosts;
 mod http_route;
 mod labels;
+mod peer_authentication;
 mod policy_target;
 mod ports;
 mod re2;
@@ -49,6 +50,7 @@ pub fn validate(obj: &ConfigObject) -> Vec<FieldError> {
         Spec::Sidecar(sc) => sidecar::validate(sc, &mut errors),
         Spec::AuthorizationPolicy(ap) => authorization_policy::validate(ap, &mut errors),
         Spec::RequestAuthentication(ra) => request_authentication::validate(ra, &mut errors),
+        Spec::PeerAuthentication(pa) => peer_authentication::validate(pa, &mut errors),
     }
     errors.0
 }

@@ -378,6 +378,36 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn gateway_credentials_reach_frontends_and_their_errors_are_not_doubled() {
+        use crate::registry::kubernetes::{KubeSecret, PrivateKey};
+        let mut state = bookinfo();
+        let yaml = "apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata: {name: gw, namespace: ns}\nspec:\n  \
+                    selector: {istio: ingress}\n  servers:\n  - port: {number: 443, name: https, protocol: HTTPS}\n    \
+                    hosts: [a.example.com]\n    tls: {mode: SIMPLE, credentialName: cert}\n  \
+                    - port: {number: 8443, name: https-2, protocol: HTTPS}\n    hosts: [b.example.com]\n    \
+                    tls: {mode: SIMPLE, credentialName: missing}\n";
+        let Document::Valid(gw) = parse_file("gw.yaml", yaml).remove(0) else { panic!() };
+        state.configs.insert(gw.key.clone(), Arc::new(gw));
+        let secret = KubeObject::Secret(KubeSecret {
+            name: "cert".into(),
+            namespace: "istio-system".into(),
+            cert_chain: "CERT".into(),
+            private_key: PrivateKey("KEY".into()),
+            ca: String::new(),
+        });
+        state.kube.insert(secret.key(), Arc::new(secret));
+        let leader = Snapshot::build(Version::new(3, 8), ChangeSet::full(), &state);
+        assert_eq!(leader.errors.len(), state.errors.len() + 1, "the missing credential: {:?}", leader.errors);
+        let full = decode_full(&encode_full(&leader).unwrap()).unwrap();
+        let frontend = Snapshot::build(leader.version, full.changes, &full.state);
+        assert_same(&leader, &frontend);
+        assert_eq!(
+            frontend.credentials_in("istio-system").map(|s| s.private_key.0.as_str()).collect::<Vec<_>>(),
+            ["KEY"]
+        );
+    }
+
+    #[test]
     fn delta_round_trip_rebuilds_the_same_snapshot() {
         let mut s = bookinfo();
         let s1 = Snapshot::build(Version::new(1, 1), ChangeSet::full(), &s);

@@ -117,7 +117,7 @@ impl NameCache {
         let raw = match type_url {
             TypeUrl::Cluster => eds_name(bytes).into_iter().collect(),
             TypeUrl::Listener => route_names(bytes),
-            TypeUrl::Endpoint | TypeUrl::Route => Vec::new(),
+            TypeUrl::Endpoint | TypeUrl::Route | TypeUrl::Secret => Vec::new(),
         };
         let names = sorted(raw.into_iter().map(|n| self.intern(&n)).collect());
         self.resources.insert(key, names.clone());

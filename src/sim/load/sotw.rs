@@ -89,6 +89,8 @@ impl Flavour for State {
                 }
                 *acked = (resp.version_info.to_string(), resp.nonce.to_string());
             }
+            // Simulated sidecars never ask for gateway credentials.
+            TypeUrl::Secret => {}
         }
         let subscribed = match type_url {
             TypeUrl::Endpoint => names_of(&self.eds),

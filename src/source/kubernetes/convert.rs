@@ -4,15 +4,15 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::slim::SlimPod;
 use crate::config::api::Labels;
 use crate::registry::kubernetes::{
-    KubeEndpointSlice, KubeNamespace, KubeNode, KubeObject, KubePod, KubeService, KubeServicePort, ServiceType,
-    SliceEndpoint, SlicePort, TargetPort,
+    KubeEndpointSlice, KubeNamespace, KubeNode, KubeObject, KubePod, KubeSecret, KubeService, KubeServicePort,
+    PrivateKey, ServiceType, SliceEndpoint, SlicePort, TargetPort,
 };
 
 /// The Service annotation that limits where Istio exports it.
@@ -183,6 +183,26 @@ pub fn namespace(n: Namespace) -> KubeObject {
     })
 }
 
+/// A Secret, reduced to the certificate material a gateway `credentialName` reads (Istio's key
+/// names); a Secret without any keeps only its name. The data is never logged.
+pub fn secret(s: Secret) -> KubeObject {
+    let meta = s.metadata;
+    let mut data = s.data.unwrap_or_default();
+    let mut text = |keys: &[&str]| {
+        keys.iter().find_map(|k| data.remove(*k)).and_then(|v| String::from_utf8(v.0).ok()).unwrap_or_default()
+    };
+    let cert_chain = text(&["tls.crt", "cert"]);
+    let private_key = PrivateKey(text(&["tls.key", "key"]));
+    let ca = text(&["ca.crt", "cacert"]);
+    KubeObject::Secret(KubeSecret {
+        name: meta.name.unwrap_or_default(),
+        namespace: meta.namespace.unwrap_or_default(),
+        cert_chain,
+        private_key,
+        ca,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,5 +276,18 @@ mod tests {
             "topology.kubernetes.io/region": "eu", "topology.kubernetes.io/zone": "eu-1a", "topology.istio.io/subzone": "rack7"}}}));
         let KubeObject::Node(n) = node(n) else { panic!() };
         assert_eq!((n.region.as_str(), n.zone.as_str(), n.subzone.as_str()), ("eu", "eu-1a", "rack7"));
+    }
+
+    #[test]
+    fn secrets_keep_certificate_keys_only_and_never_show_the_key() {
+        let tls: Secret = from(json!({"metadata": {"name": "web", "namespace": "gw"}, "type": "kubernetes.io/tls",
+            "data": {"tls.crt": "Q0VSVA==", "tls.key": "S0VZLVNFQ1JFVA==", "other": "eA=="}}));
+        let KubeObject::Secret(s) = secret(tls) else { panic!() };
+        assert_eq!((s.cert_chain.as_str(), s.private_key.0.as_str(), s.ca.as_str()), ("CERT", "KEY-SECRET", ""));
+        assert!(!format!("{s:?}").contains("KEY-SECRET"), "Debug redacts the key");
+        let generic: Secret = from(json!({"metadata": {"name": "web-cacert", "namespace": "gw"},
+            "data": {"cacert": "Q0E="}}));
+        let KubeObject::Secret(s) = secret(generic) else { panic!() };
+        assert_eq!((s.cert_chain.as_str(), s.ca.as_str()), ("", "CA"));
     }
 }

@@ -40,8 +40,8 @@ pub const ISTIO_KINDS: [IstioKind; 10] = [
 ];
 
 /// The registry kinds watched.
-pub const REGISTRY_KINDS: [KubeKind; 5] =
-    [KubeKind::Namespace, KubeKind::Node, KubeKind::Pod, KubeKind::Service, KubeKind::EndpointSlice];
+pub const REGISTRY_KINDS: [KubeKind; 6] =
+    [KubeKind::Namespace, KubeKind::Node, KubeKind::Pod, KubeKind::Service, KubeKind::EndpointSlice, KubeKind::Secret];
 
 /// One watched kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -170,6 +170,10 @@ mod tests {
             "metadata": {"name": "jwt", "namespace": "shop"}, "spec": {"jwtRules": [{"issuer": "https://i.example", "jwksUri": "https://i.example/keys"}]}}));
         let w = Watched::Istio(IstioKind { group: SECURITY, kind: "RequestAuthentication" });
         assert!(matches!(istio_object(&w, ra), Item::Config(Document::Valid(o)) if o.key.name == "jwt"));
+        let pa = dynamic(json!({"apiVersion": "security.istio.io/v1beta1", "kind": "PeerAuthentication",
+            "metadata": {"name": "strict", "namespace": "shop"}, "spec": {"mtls": {"mode": "STRICT"}}}));
+        let w = Watched::Istio(IstioKind { group: SECURITY, kind: "PeerAuthentication" });
+        assert!(matches!(istio_object(&w, pa), Item::Config(Document::Valid(o)) if o.key.name == "strict"));
     }
 
     #[test]

@@ -17,7 +17,7 @@ pub mod watch;
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::DynamicObject;
 use kube::runtime::watcher;
@@ -152,6 +152,16 @@ fn spawn_registry_watch(kind: KubeKind, client: Client, tx: mpsc::Sender<Update>
             Api::<Namespace>::all(client),
             config,
             |_, o| Item::Kube(convert::namespace(o)),
+            tx,
+            drain,
+        )),
+        // As istiod: every Secret but service account tokens and Helm releases; only those
+        // gateways name reach a snapshot.
+        KubeKind::Secret => tokio::spawn(pump(
+            w,
+            Api::<Secret>::all(client),
+            config.fields("type!=kubernetes.io/service-account-token,type!=helm.sh/release.v1"),
+            |_, o| Item::Kube(convert::secret(o)),
             tx,
             drain,
         )),

@@ -1,7 +1,7 @@
 //! CDS: one cluster per visible service port (and DestinationRule subset), plus Istio's
 //! `BlackHoleCluster` and `PassthroughCluster`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::cluster::v3::{cluster, Cluster};
@@ -9,12 +9,13 @@ use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use envoy_types::pb::envoy::extensions::clusters::common::dns::v3::DnsLookupFamily;
 use envoy_types::pb::envoy::extensions::clusters::dns::v3::DnsCluster;
 
+use super::auto_mtls::{auto_mtls_matches, service_sans};
 use super::endpoint::{assignment, locality_endpoints};
 use super::names::ext::DNS_CLUSTER;
 use super::names::{cluster_name, BLACKHOLE_CLUSTER, PASSTHROUGH_CLUSTER};
 use super::proto::{ads_config_source, any, duration, resource};
 use super::scope::Scope;
-use super::tls::upstream_transport_socket;
+use super::tls::{upstream_transport_socket, Upstream};
 use super::traffic_policy::{self, Policy};
 use super::Resource;
 use crate::config::api::destination_rule::Subset;
@@ -60,15 +61,22 @@ pub(super) fn outbound_clusters<'a>(scope: &Scope<'a>) -> Vec<OutboundCluster<'a
 
 /// All clusters of the view.
 pub(super) fn clusters(scope: &Scope<'_>) -> Vec<Resource> {
-    let mut out: Vec<Resource> =
-        outbound_clusters(scope).iter().map(|c| resource(c.name.clone(), outbound_cluster(scope, c))).collect();
+    // A service's identities are the same for all its ports and subsets: read its endpoints once.
+    let mut sans: HashMap<*const Service, Vec<String>> = HashMap::new();
+    let mut out: Vec<Resource> = outbound_clusters(scope)
+        .iter()
+        .map(|c| {
+            let sans = sans.entry(Arc::as_ptr(c.service)).or_insert_with(|| service_sans(scope, c.service));
+            resource(c.name.clone(), outbound_cluster(scope, c, sans))
+        })
+        .collect();
     out.push(resource(BLACKHOLE_CLUSTER, blackhole_cluster(scope)));
     out.push(resource(PASSTHROUGH_CLUSTER, passthrough_cluster(scope)));
     out.extend(super::inbound_cluster::clusters(scope));
     out
 }
 
-fn outbound_cluster(scope: &Scope<'_>, oc: &OutboundCluster<'_>) -> Cluster {
+fn outbound_cluster(scope: &Scope<'_>, oc: &OutboundCluster<'_>, sans: &[String]) -> Cluster {
     let mesh = &scope.snapshot.mesh;
     let mut c = Cluster { name: oc.name.clone(), ..Default::default() };
     match oc.service.resolution {
@@ -93,12 +101,30 @@ fn outbound_cluster(scope: &Scope<'_>, oc: &OutboundCluster<'_>) -> Cluster {
         // Istio; gateways do not sniff.
         traffic_policy::use_downstream_protocol(&mut c);
     }
-    if let Some(tls) = policy.tls {
-        let dns = matches!(oc.service.resolution, Resolution::Dns | Resolution::DnsRoundRobin);
-        let default_sni = dns.then_some(oc.service.hostname.as_str());
-        c.transport_socket = upstream_transport_socket(tls, default_sni);
+    let dns = matches!(oc.service.resolution, Resolution::Dns | Resolution::DnsRoundRobin);
+    let upstream = Upstream {
+        default_sni: dns.then_some(oc.service.hostname.as_str()),
+        istio_sni: istio_sni(oc),
+        service_sans: sans.to_vec(),
+        http2: oc.port.protocol.is_http2() || h2_upgrade(&policy),
+    };
+    match policy.tls {
+        Some(tls) => c.transport_socket = upstream_transport_socket(tls, &upstream),
+        None => c.transport_socket_matches = auto_mtls_matches(scope, oc.service, &upstream),
     }
     c
+}
+
+/// Istio's ISTIO_MUTUAL SNI, `outbound_.PORT_.SUBSET_.HOST`, which the server side's
+/// (gateway AUTO_PASSTHROUGH) routing reads.
+fn istio_sni(oc: &OutboundCluster<'_>) -> String {
+    let subset = oc.subset.map(|s| s.name.as_str()).unwrap_or_default();
+    format!("outbound_.{}_.{subset}_.{}", oc.port.number, oc.service.hostname)
+}
+
+fn h2_upgrade(policy: &Policy<'_>) -> bool {
+    let http = policy.connection_pool.and_then(|p| p.http.as_ref());
+    http.and_then(|h| h.h2_upgrade_policy.as_deref()) == Some("UPGRADE")
 }
 
 /// Endpoints Envoy resolves itself: the registry's endpoint addresses, or the service host when
@@ -258,7 +284,7 @@ mod tests {
     }
 
     #[test]
-    fn mutual_tls_uses_files_and_dns_host_as_sni() {
+    fn mutual_tls_names_its_files_as_sds_secrets_and_uses_the_dns_host_as_sni() {
         let c = features("outbound|443||api.partner.example");
         let socket = c.transport_socket.expect("tls");
         assert_eq!(socket.name, ext::TLS_TRANSPORT_SOCKET);
@@ -266,8 +292,14 @@ mod tests {
         let tls: UpstreamTlsContext = unpack(any);
         assert_eq!(tls.sni, "api.partner.example");
         let common = tls.common_tls_context.expect("common");
-        assert_eq!(common.tls_certificates.len(), 1);
-        assert!(common.validation_context_type.is_some());
+        assert!(common.tls_certificates.is_empty(), "no file paths in the resource");
+        let cert = &common.tls_certificate_sds_secret_configs[0];
+        assert!(
+            cert.name.starts_with("file-cert:") && cert.name.contains("tls.crt~") && cert.name.ends_with("tls.key")
+        );
+        let validation = format!("{:?}", common.validation_context_type);
+        assert!(validation.contains("file-root:") && validation.contains("sds-grpc"), "{validation}");
+        assert!(validation.contains("spiffe://partner/api"), "SANs kept: {validation}");
     }
 
     #[test]

@@ -8,6 +8,7 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
     lb_endpoint::HostIdentifier, ClusterLoadAssignment, Endpoint as EnvoyEndpoint, LbEndpoint, LocalityLbEndpoints,
 };
 
+use super::auto_mtls::endpoint_metadata;
 use super::cluster::{outbound_clusters, OutboundCluster};
 use super::proto::{resource, socket_address, u32_value};
 use super::scope::Scope;
@@ -65,6 +66,7 @@ pub(super) fn locality_endpoints(locality: &str, endpoints: &[(&Endpoint, u16)])
         .map(|(e, port)| {
             let mut lb = lb_endpoint(&e.address, *port, e.weight.max(1));
             lb.health_status = health_status(e.health) as i32;
+            lb.metadata = endpoint_metadata(e);
             lb
         })
         .collect();

@@ -76,7 +76,9 @@ fn bootstrap_for(s: &Snapshot, v: &ProxyView) -> Bootstrap {
             ..Default::default()
         });
     }
-    clusters.push(xds_cluster());
+    clusters.push(xds_cluster("xds", 15010));
+    // Istio's bootstrap defines pilot-agent's SDS cluster, which TLS contexts name.
+    clusters.push(xds_cluster(super::sds::SDS_CLUSTER, 15012));
     Bootstrap {
         node: Some(Node {
             id: "sidecar~10.0.0.1~test.ns~ns.svc.cluster.local".into(),
@@ -111,7 +113,7 @@ fn hcm_of(l: &Listener) -> Option<HttpConnectionManager> {
     }
 }
 
-fn xds_cluster() -> Cluster {
+fn xds_cluster(name: &str, port: u16) -> Cluster {
     let h2 = HttpProtocolOptions {
         upstream_protocol_options: Some(UpstreamProtocolOptions::ExplicitHttpConfig(ExplicitHttpConfig {
             protocol_config: Some(ProtocolConfig::Http2ProtocolOptions(Http2ProtocolOptions::default())),
@@ -119,12 +121,12 @@ fn xds_cluster() -> Cluster {
         ..Default::default()
     };
     Cluster {
-        name: "xds".into(),
+        name: name.into(),
         cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(cluster::DiscoveryType::Static as i32)),
         load_assignment: Some(ClusterLoadAssignment {
-            cluster_name: "xds".into(),
+            cluster_name: name.into(),
             endpoints: vec![envoy_types::pb::envoy::config::endpoint::v3::LocalityLbEndpoints {
-                lb_endpoints: vec![lb_endpoint("127.0.0.1", 15010, 1)],
+                lb_endpoints: vec![lb_endpoint("127.0.0.1", port, 1)],
                 ..Default::default()
             }],
             ..Default::default()
@@ -220,4 +222,17 @@ fn envoy_accepts_security_policies() {
     let s = Snapshot::build(crate::snapshot::Version::new(1, 1), crate::snapshot::ChangeSet::full(), &state);
     assert_envoy_accepts("security-inbound", &s, &sidecar_at("shop", &[("app", "orders")], &["10.2.0.5"]));
     assert_envoy_accepts("security-gateway", &s, &router("shop", &[("istio", "ingressgateway")]));
+}
+
+#[test]
+fn envoy_accepts_mutual_tls_shapes() {
+    // ISTIO_MUTUAL, auto mTLS transport socket matches and their EDS metadata.
+    let s = super::testing::snapshot(super::auto_mtls::tests::MESH);
+    assert_envoy_accepts("mutual-tls-client", &s, &sidecar("client", &[]));
+    // A mesh-wide STRICT policy: TLS-only chains on every port, passthrough included.
+    let yaml = std::fs::read_to_string(super::testing::testdata().join("inbound.yaml")).expect("testdata");
+    let strict = "---\napiVersion: security.istio.io/v1\nkind: PeerAuthentication\n\
+                  metadata: {name: default, namespace: istio-system}\nspec: {mtls: {mode: STRICT}}\n";
+    let s = super::testing::snapshot(&format!("{yaml}{strict}"));
+    assert_envoy_accepts("mutual-tls-strict", &s, &sidecar_at("shop", &[("app", "orders")], &["10.2.0.5"]));
 }

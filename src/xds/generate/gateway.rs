@@ -124,8 +124,8 @@ pub(super) fn gateway_ports<'a>(scope: &Scope<'a>) -> Vec<GatewayPort<'a>> {
     by_listener.into_iter().map(|((address, port), servers)| GatewayPort { address, port, servers }).collect()
 }
 
-/// Istio's server protocol handling; `None` for servers meshpilot cannot serve (ISTIO_MUTUAL,
-/// HTTPS without TLS settings).
+/// Istio's server protocol handling; `None` for servers meshpilot cannot serve (HTTPS without
+/// TLS settings).
 fn server_kind(server: &Server, port: u16, gateway: &str, namespace: &str) -> Option<ServerKind> {
     let port_spec = server.port.as_ref()?;
     let protocol = Protocol::parse(&port_spec.protocol);
@@ -135,7 +135,7 @@ fn server_kind(server: &Server, port: u16, gateway: &str, namespace: &str) -> Op
         return Some(ServerKind::Http);
     }
     let passthrough = matches!(mode, Some("PASSTHROUGH" | "AUTO_PASSTHROUGH"));
-    let terminated = matches!(mode, Some("SIMPLE" | "MUTUAL" | "OPTIONAL_MUTUAL"));
+    let terminated = matches!(mode, Some("SIMPLE" | "MUTUAL" | "OPTIONAL_MUTUAL" | "ISTIO_MUTUAL"));
     match protocol {
         Protocol::Https if terminated => Some(ServerKind::HttpsTerminated {
             route_name: gateway_https_route_name(port, &port_spec.name, gateway, namespace),

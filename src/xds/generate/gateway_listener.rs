@@ -2,8 +2,9 @@
 //! manager with route configuration `http.PORT`; otherwise each server adds filter chains (TLS
 //! termination per SNI, SNI passthrough per VirtualService TLS rule, or TCP proxying).
 //!
-//! A port with an HTTP server serves only its HTTP servers, as Istio forbids mixing. Servers with
-//! `credentialName` only (SDS) cannot be served and are left out.
+//! A port with an HTTP server serves only its HTTP servers, as Istio forbids mixing. A server
+//! whose `credentialName` Secret is missing or incomplete in the proxy's namespace is left out
+//! (never served in plaintext); the snapshot reports a name no namespace holds.
 
 use std::collections::HashSet;
 
@@ -120,12 +121,17 @@ fn server_chains(scope: &Scope<'_>, server: &GatewayServer<'_>, stat_prefix: &st
     } else {
         server.server.name.clone()
     };
-    let tls = server.server.tls.as_ref();
+    // A credential must be servable where this proxy runs (Istio reads it from there).
+    let tls = server
+        .server
+        .tls
+        .as_ref()
+        .filter(|t| t.credential_name.is_empty() || scope.snapshot.credential_ready(scope.namespace(), t));
     match &server.kind {
         ServerKind::Http => {}
         ServerKind::HttpsTerminated { route_name } => {
             chains.add(chain_name, &hosts, || {
-                let socket = downstream_transport_socket(tls?, &HTTPS_ALPN)?;
+                let socket = downstream_transport_socket(tls?, &HTTPS_ALPN).ok()?;
                 let prefix = if server.server.name.is_empty() { stat_prefix } else { &server.server.name };
                 let hcm = secured_http_connection_manager(prefix, route_name, true, mesh, authz::http_filters(scope));
                 Some(chain(String::new(), None, vec![hcm], Some(socket)))
@@ -133,7 +139,7 @@ fn server_chains(scope: &Scope<'_>, server: &GatewayServer<'_>, stat_prefix: &st
         }
         ServerKind::TlsTerminated => {
             chains.add(chain_name, &hosts, || {
-                let socket = downstream_transport_socket(tls?, &[])?;
+                let socket = downstream_transport_socket(tls?, &[]).ok()?;
                 let target = tcp_target(scope, &vss, None, &ctx)?;
                 let filter = tcp_proxy_filter(stat_prefix_of(&target), target.clone(), mesh);
                 Some(chain(String::new(), None, authz::secured_tcp(scope, filter), Some(socket)))
@@ -216,8 +222,8 @@ mod tests {
             panic!("no TLS")
         };
         let tls: DownstreamTlsContext = unpack(&any);
-        let cert = &tls.common_tls_context.expect("common").tls_certificates[0];
-        assert!(format!("{cert:?}").contains("/etc/certs/tls.crt") || format!("{cert:?}").contains("testdata/tls.crt"));
+        let cert = &tls.common_tls_context.expect("common").tls_certificate_sds_secret_configs[0];
+        assert!(cert.name.starts_with("file-cert:") && cert.name.contains("tls.crt~"), "{}", cert.name);
         assert_eq!(l.listener_filters[0].name, crate::xds::generate::names::ext::TLS_INSPECTOR);
     }
 

@@ -6,10 +6,11 @@
 use std::net::IpAddr;
 
 use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
-use envoy_types::pb::envoy::config::listener::v3::{FilterChain, FilterChainMatch, Listener};
+use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, FilterChainMatch, Listener};
 
 use super::authz;
 use super::inbound_http::inbound_http_connection_manager;
+use super::inbound_mtls::{inbound_chains, ChainProtocol};
 use super::names::{
     inbound_cluster_name, listener_name, BLACKHOLE_CLUSTER, INBOUND_PASSTHROUGH_CLUSTER, VIRTUAL_INBOUND_BLACKHOLE,
     VIRTUAL_INBOUND_CATCHALL_HTTP, VIRTUAL_INBOUND_LISTENER, VIRTUAL_INBOUND_PORT, WILDCARD_ADDRESS,
@@ -17,11 +18,14 @@ use super::names::{
 use super::network_filter::{chain, tcp_proxy_filter, to_cluster};
 use super::proto::{bool_value, resource, socket_address, u32_value, zero_duration};
 use super::scope::Scope;
-use super::sniffing::{http_match, inspectors, original_dst, original_src, raw_match, Sniffed};
+use super::sniffing::{inspectors, original_dst, original_src, Sniffed};
+use super::tls::downstream_transport_socket;
 use super::Resource;
+use crate::config::api::gateway::ServerTlsSettings;
 use crate::config::api::sidecar::{CaptureMode, IstioIngressListener};
 use crate::config::api::Protocol;
 use crate::registry::ServiceKey;
+use crate::snapshot::PeerMtls;
 use crate::xds::proxy::{Interception, ProxyKind};
 
 /// Where an inbound cluster sends connections.
@@ -36,7 +40,7 @@ pub(super) enum InboundEndpoint {
 }
 
 /// One inbound port: filter chains of `virtualInbound`, or a listener of its own when `bound`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(super) struct InboundChain {
     /// The port connections arrive on (chains match it; the cluster is named after it).
     pub target_port: u16,
@@ -52,6 +56,8 @@ pub(super) struct InboundChain {
     pub endpoint: InboundEndpoint,
     /// The service the port belongs to (none for Sidecar ingress listeners).
     pub service: Option<ServiceKey>,
+    /// A Sidecar ingress listener's own TLS, replacing mesh mutual TLS on the port.
+    pub tls: Option<ServerTlsSettings>,
 }
 
 /// The inbound ports of a sidecar: its Sidecar's ingress listeners if it declares any, else its
@@ -78,6 +84,7 @@ pub(super) fn inbound_plan(scope: &Scope<'_>) -> Vec<InboundChain> {
                     bound: false,
                     endpoint: InboundEndpoint::OriginalDst,
                     service: Some(p.service.clone()),
+                    tls: None,
                 })
                 .collect();
         }
@@ -113,6 +120,7 @@ fn ingress_chain(l: &IstioIngressListener, intercepted: bool, ips: &[String]) ->
         bound,
         endpoint: default_endpoint(&l.default_endpoint, ips)?,
         service: None,
+        tls: l.tls.clone(),
     })
 }
 
@@ -148,17 +156,23 @@ pub(super) fn listeners(scope: &Scope<'_>) -> Vec<Resource> {
         return Vec::new();
     }
     let plan = inbound_plan(scope);
+    let mut peer = scope.snapshot.peer_mtls_for(scope.namespace(), &scope.view.labels);
+    if !scope.view.agent_sds {
+        // No workload certificate to terminate with: PERMISSIVE serves its plaintext half. STRICT
+        // stays TLS-only (its listener waits for a certificate: closed, never plaintext).
+        peer.downgrade_permissive();
+    }
     let mut out = Vec::new();
     for c in plan.iter().filter(|c| c.bound) {
         let name = listener_name(&c.bind, c.target_port);
-        let l = inbound_listener(scope, name.clone(), &c.bind, c.target_port, true, chains_for(scope, c));
+        let l = inbound_listener(scope, name.clone(), &c.bind, c.target_port, true, chains_for(scope, c, &peer));
         out.push(resource(name, l));
     }
     if scope.view.interception.intercepts() {
         let mut chains = vec![blackhole_chain(scope)];
-        chains.extend(passthrough_chains(scope));
+        chains.extend(passthrough_chains(scope, &peer));
         for c in plan.iter().filter(|c| !c.bound) {
-            chains.extend(chains_for(scope, c));
+            chains.extend(chains_for(scope, c, &peer));
         }
         let l = inbound_listener(
             scope,
@@ -204,8 +218,9 @@ fn inbound_listener(
     }
 }
 
-/// The chains of one inbound port: HTTP, TCP, or both behind the HTTP inspector.
-fn chains_for(scope: &Scope<'_>, c: &InboundChain) -> Vec<FilterChain> {
+/// The chains of one inbound port: HTTP, TCP, or both behind the HTTP inspector, each over mutual
+/// TLS, plaintext or both as the workload's peer authentication for the target port says.
+fn chains_for(scope: &Scope<'_>, c: &InboundChain, peer: &PeerMtls) -> Vec<FilterChain> {
     let mesh = &scope.snapshot.mesh;
     let name = listener_name(&c.bind, c.target_port);
     let cluster = inbound_cluster_name(c.target_port);
@@ -216,28 +231,62 @@ fn chains_for(scope: &Scope<'_>, c: &InboundChain) -> Vec<FilterChain> {
         inbound_http_connection_manager(&stat_prefix, &cluster, &cluster, c.port, c.protocol, mesh, security)
     };
     let tcp = || authz::secured_tcp(scope, tcp_proxy_filter(&cluster, to_cluster(&cluster), mesh));
-    let port = Some(c.target_port);
-    match Sniffed::of(c.protocol) {
-        Sniffed::Http => vec![chain(name.clone(), Some(raw_match(port)), vec![http()], None)],
-        Sniffed::Tcp => vec![chain(name.clone(), Some(raw_match(port)), tcp(), None)],
-        Sniffed::Auto => vec![
-            chain(name.clone(), Some(http_match(port)), vec![http()], None),
-            chain(name.clone(), Some(raw_match(port)), tcp(), None),
-        ],
+    let sniffed = Sniffed::of(c.protocol);
+    let terminated =
+        c.tls.as_ref().filter(|t| matches!(t.mode.as_deref(), Some("SIMPLE" | "MUTUAL" | "OPTIONAL_MUTUAL")));
+    if let Some(tls) = terminated {
+        // HTTPS terminated here is HTTP to the workload, as in Istio.
+        let as_http = sniffed == Sniffed::Http || c.protocol == Protocol::Https;
+        return vec![ingress_tls_chain(scope, c, tls, name, as_http, http, tcp)];
+    }
+    let mode = peer.mode_for_port(c.target_port);
+    inbound_chains(Some(c.target_port), sniffed, mode, |_| name.clone(), http, tcp)
+}
+
+/// A Sidecar ingress listener terminating its own TLS (certificate files as SDS names): one TLS
+/// chain for the port. Settings that cannot be served leave the port refusing connections,
+/// never in plaintext.
+fn ingress_tls_chain(
+    scope: &Scope<'_>,
+    c: &InboundChain,
+    tls: &ServerTlsSettings,
+    name: String,
+    http: bool,
+    hcm: impl Fn() -> Filter,
+    tcp: impl Fn() -> Vec<Filter>,
+) -> FilterChain {
+    let alpn: &[&str] = if http { &["h2", "http/1.1"] } else { &[] };
+    let port = Some(u32_value(u32::from(c.target_port)));
+    match downstream_transport_socket(tls, alpn) {
+        Ok(socket) => {
+            let m = FilterChainMatch { destination_port: port, transport_protocol: "tls".into(), ..Default::default() };
+            chain(name, Some(m), if http { vec![hcm()] } else { tcp() }, Some(socket))
+        }
+        Err(e) => {
+            tracing::debug!(port = c.target_port, error = %e, "sidecar ingress TLS cannot be served: port refused");
+            let m = FilterChainMatch { destination_port: port, ..Default::default() };
+            let refuse = tcp_proxy_filter(BLACKHOLE_CLUSTER, to_cluster(BLACKHOLE_CLUSTER), &scope.snapshot.mesh);
+            chain(name, Some(m), vec![refuse], None)
+        }
     }
 }
 
-/// Traffic to ports no service declares goes to its original destination, HTTP sniffed as such.
-fn passthrough_chains(scope: &Scope<'_>) -> Vec<FilterChain> {
+/// Traffic to ports no service declares goes to its original destination, HTTP sniffed as such,
+/// under the workload's own mode (so STRICT leaves no plaintext way in).
+fn passthrough_chains(scope: &Scope<'_>, peer: &PeerMtls) -> Vec<FilterChain> {
     let mesh = &scope.snapshot.mesh;
     let cluster = INBOUND_PASSTHROUGH_CLUSTER;
     let security = authz::http_filters(scope);
-    let hcm = inbound_http_connection_manager(cluster, cluster, cluster, 0, Protocol::Unsupported, mesh, security);
-    let tcp = authz::secured_tcp(scope, tcp_proxy_filter(cluster, to_cluster(cluster), mesh));
-    vec![
-        chain(VIRTUAL_INBOUND_CATCHALL_HTTP.into(), Some(http_match(None)), vec![hcm], None),
-        chain(VIRTUAL_INBOUND_LISTENER.into(), Some(raw_match(None)), tcp, None),
-    ]
+    let hcm = || {
+        let security = security.clone();
+        inbound_http_connection_manager(cluster, cluster, cluster, 0, Protocol::Unsupported, mesh, security)
+    };
+    let tcp = || authz::secured_tcp(scope, tcp_proxy_filter(cluster, to_cluster(cluster), mesh));
+    let name = |p: ChainProtocol| match p {
+        ChainProtocol::Http => VIRTUAL_INBOUND_CATCHALL_HTTP.to_string(),
+        ChainProtocol::Tcp => VIRTUAL_INBOUND_LISTENER.to_string(),
+    };
+    inbound_chains(None, Sniffed::Auto, peer.mode, name, hcm, tcp)
 }
 
 /// Connections addressed to 15006 itself would loop through the listener forever.
@@ -258,14 +307,32 @@ mod tests {
     use crate::xds::generate::testing::{find, names, sidecar_at, testdata_snapshot};
     use crate::xds::TypeUrl;
 
-    fn chain_names(l: &Listener) -> Vec<(String, Option<u32>, usize)> {
+    /// Each chain: name, destination port, transport protocol, ALPN count, terminates TLS.
+    fn chain_names(l: &Listener) -> Vec<(String, Option<u32>, String, usize, bool)> {
         l.filter_chains
             .iter()
             .map(|c| {
                 let m = c.filter_chain_match.clone().unwrap_or_default();
-                (c.name.clone(), m.destination_port.map(|p| p.value), m.application_protocols.len())
+                let tls = c.transport_socket.is_some();
+                (
+                    c.name.clone(),
+                    m.destination_port.map(|p| p.value),
+                    m.transport_protocol,
+                    m.application_protocols.len(),
+                    tls,
+                )
             })
             .collect()
+    }
+
+    fn c(
+        name: &str,
+        port: Option<u32>,
+        transport: &str,
+        alpns: usize,
+        tls: bool,
+    ) -> (String, Option<u32>, String, usize, bool) {
+        (name.to_string(), port, transport.to_string(), alpns, tls)
     }
 
     #[test]
@@ -275,25 +342,51 @@ mod tests {
         let l: Listener = find(&s, &v, TypeUrl::Listener, VIRTUAL_INBOUND_LISTENER);
         assert_eq!(l.address, Some(socket_address("0.0.0.0", 15006)));
         assert_eq!(l.listener_filters[0].name, ext::ORIGINAL_DST);
-        let s8080 = Some(8080);
+        let (http, tcp) = (VIRTUAL_INBOUND_CATCHALL_HTTP, VIRTUAL_INBOUND_LISTENER);
         assert_eq!(
             chain_names(&l),
             [
-                (VIRTUAL_INBOUND_BLACKHOLE.to_string(), Some(15006), 0),
-                (VIRTUAL_INBOUND_CATCHALL_HTTP.to_string(), None, 2),
-                (VIRTUAL_INBOUND_LISTENER.to_string(), None, 0),
-                ("0.0.0.0_5432".to_string(), Some(5432), 0),
-                ("0.0.0.0_8080".to_string(), s8080, 0),
-                ("0.0.0.0_9000".to_string(), Some(9000), 2),
-                ("0.0.0.0_9000".to_string(), Some(9000), 0),
-                ("0.0.0.0_9090".to_string(), Some(9090), 0),
+                c(VIRTUAL_INBOUND_BLACKHOLE, Some(15006), "", 0, false),
+                // Undeclared ports: the workload's mode (PERMISSIVE), sniffed.
+                c(http, None, "tls", 3, true),
+                c(http, None, "raw_buffer", 2, false),
+                c(tcp, None, "tls", 2, true),
+                c(tcp, None, "raw_buffer", 0, false),
+                c(tcp, None, "tls", 0, false),
+                // Port-level STRICT: mutual TLS only.
+                c("0.0.0.0_5432", Some(5432), "tls", 0, true),
+                // The HTTP port matches its target port 8080: mesh clients over mutual TLS, others plaintext.
+                c("0.0.0.0_8080", Some(8080), "tls", 5, true),
+                c("0.0.0.0_8080", Some(8080), "raw_buffer", 0, false),
+                // Port-level DISABLE on the sniffed port: plaintext HTTP or TCP.
+                c("0.0.0.0_9000", Some(9000), "raw_buffer", 2, false),
+                c("0.0.0.0_9000", Some(9000), "raw_buffer", 0, false),
+                c("0.0.0.0_9090", Some(9090), "tls", 5, true),
+                c("0.0.0.0_9090", Some(9090), "raw_buffer", 0, false),
             ],
-            "the HTTP port matches its target port 8080, the unknown port is sniffed"
         );
-        let tcp = &l.filter_chains[3].filters[0];
-        assert_eq!(tcp.name, ext::TCP_PROXY);
-        let Some(filter::ConfigType::TypedConfig(hcm)) = &l.filter_chains[4].filters[0].config_type else { panic!() };
+        let db = l.filter_chains.iter().find(|c| c.name == "0.0.0.0_5432").expect("db chain");
+        assert_eq!(db.filters[0].name, ext::TCP_PROXY);
+        let tls = format!("{:?}", db.transport_socket.as_ref().expect("mutual TLS"));
+        assert!(tls.contains("DownstreamTlsContext"), "{tls}");
+        let context: envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::DownstreamTlsContext =
+            match &db.transport_socket.as_ref().and_then(|t| t.config_type.clone()) {
+                Some(envoy_types::pb::envoy::config::core::v3::transport_socket::ConfigType::TypedConfig(a)) => {
+                    crate::xds::generate::testing::unpack(a)
+                }
+                other => panic!("{other:?}"),
+            };
+        assert_eq!(context.require_client_certificate.map(|b| b.value), Some(true));
+        let common = context.common_tls_context.expect("common");
+        assert_eq!(common.alpn_protocols, ["istio-peer-exchange", "h2", "http/1.1"], "a TCP chain's ALPN");
+        assert_eq!(common.tls_certificate_sds_secret_configs[0].name, "default");
+        let text = format!("{:?}", common.validation_context_type);
+        assert!(text.contains("ROOTCA") && text.contains("sds-grpc") && !text.contains("filename"), "{text}");
+        let web = l.filter_chains.iter().find(|c| c.name == "0.0.0.0_8080").expect("web chain");
+        let Some(filter::ConfigType::TypedConfig(hcm)) = &web.filters[0].config_type else { panic!() };
         assert!(hcm.type_url.ends_with("HttpConnectionManager"));
+        let inspectors: Vec<&str> = l.listener_filters.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(inspectors, [ext::ORIGINAL_DST, ext::TLS_INSPECTOR, ext::HTTP_INSPECTOR]);
         let c: Cluster = find(&s, &v, TypeUrl::Cluster, "inbound|8080||");
         assert_eq!(
             c.cluster_discovery_type,
@@ -312,6 +405,20 @@ mod tests {
     }
 
     #[test]
+    fn without_pilot_agent_permissive_serves_plaintext_and_strict_stays_tls() {
+        let s = testdata_snapshot("inbound.yaml");
+        let v = without_agent(sidecar_at("shop", &[("app", "orders")], &["10.2.0.5"]));
+        let l: Listener = find(&s, &v, TypeUrl::Listener, VIRTUAL_INBOUND_LISTENER);
+        let tls: Vec<String> =
+            l.filter_chains.iter().filter(|c| c.transport_socket.is_some()).map(|c| c.name.clone()).collect();
+        assert_eq!(tls, ["0.0.0.0_5432"], "only the port-level STRICT port terminates TLS");
+    }
+
+    fn without_agent(v: crate::xds::proxy::ProxyView) -> crate::xds::proxy::ProxyView {
+        crate::xds::proxy::ProxyView { agent_sds: false, ..v }
+    }
+
+    #[test]
     fn no_virtual_inbound_without_interception_but_bound_ingress_listeners() {
         let s = testdata_snapshot("inbound.yaml");
         let mut v = sidecar_at("shop", &[("app", "orders")], &["10.2.0.5"]);
@@ -327,6 +434,20 @@ mod tests {
         }
         let l: Listener = find(&s, &legacy, TypeUrl::Listener, "0.0.0.0_5000");
         assert!(l.listener_filters.is_empty(), "a bound HTTP port needs no inspection");
+    }
+
+    #[test]
+    fn an_ingress_listener_with_tls_terminates_it_with_its_files_as_sds_secrets() {
+        let s = testdata_snapshot("inbound.yaml");
+        let v = sidecar_at("shop", &[("app", "legacy")], &["10.2.0.7"]);
+        let l: Listener = find(&s, &v, TypeUrl::Listener, VIRTUAL_INBOUND_LISTENER);
+        let chains: Vec<&FilterChain> = l.filter_chains.iter().filter(|c| c.name == "0.0.0.0_8443").collect();
+        assert_eq!(chains.len(), 1, "TLS only: no plaintext way in");
+        let m = chains[0].filter_chain_match.clone().unwrap_or_default();
+        assert_eq!(m.transport_protocol, "tls");
+        assert_eq!(chains[0].filters[0].name, ext::HTTP_CONNECTION_MANAGER, "HTTPS terminated here is HTTP");
+        let text = format!("{:?}", chains[0].transport_socket);
+        assert!(text.contains("DownstreamTlsContext"), "{text}");
     }
 
     #[test]

@@ -9,7 +9,7 @@ use envoy_types::pb::envoy::config::route::v3::{
 };
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
-    http_connection_manager::{RouteSpecifier, UpgradeConfig},
+    http_connection_manager::{ForwardClientCertDetails, RouteSpecifier, SetCurrentClientCertDetails, UpgradeConfig},
     HttpConnectionManager, HttpFilter,
 };
 
@@ -42,6 +42,14 @@ pub(super) fn inbound_http_connection_manager(
         http2_protocol_options: protocol.is_http2().then(Http2ProtocolOptions::default),
         upgrade_configs: vec![UpgradeConfig { upgrade_type: "websocket".into(), ..Default::default() }],
         access_log: access_logs(mesh),
+        // As Istio: the workload learns its mutual TLS peer (SPIFFE URI) from x-forwarded-client-cert.
+        forward_client_cert_details: ForwardClientCertDetails::AppendForward as i32,
+        set_current_client_cert_details: Some(SetCurrentClientCertDetails {
+            subject: Some(bool_value(true)),
+            dns: true,
+            uri: true,
+            ..Default::default()
+        }),
         ..Default::default()
     };
     network_filter(ext::HTTP_CONNECTION_MANAGER, hcm)

@@ -1,4 +1,4 @@
-//! xDS generators: snapshot + proxy view → Envoy resources (CDS, EDS, LDS, RDS).
+//! xDS generators: snapshot + proxy view → Envoy resources (CDS, EDS, LDS, RDS, SDS).
 //!
 //! Resource names follow Istio's conventions so that dashboards and `istioctl`-style tooling keep
 //! working: clusters `outbound|PORT|SUBSET|HOST`, listeners `ADDRESS_PORT`, sidecar route configs
@@ -10,6 +10,7 @@
 //! snapshot and view.
 
 mod authz;
+mod auto_mtls;
 mod cluster;
 mod destination;
 mod endpoint;
@@ -23,12 +24,16 @@ mod http_route;
 mod inbound;
 mod inbound_cluster;
 mod inbound_http;
+mod inbound_mtls;
 mod listener;
+mod mtls;
 mod names;
 mod network_filter;
 mod proto;
 mod route;
 mod scope;
+mod sds;
+mod secret;
 mod sniffing;
 mod tcp_route;
 mod tls;
@@ -78,6 +83,7 @@ pub fn generate(type_url: TypeUrl, snapshot: &Snapshot, view: &ProxyView) -> Vec
             ProxyKind::Sidecar => route::route_configs(&scope),
             ProxyKind::Router => gateway_route::route_configs(&scope),
         },
+        TypeUrl::Secret => secret::secrets(&scope),
     };
     // Names are unique per type in Envoy; sorting makes pushes byte-for-byte reproducible.
     resources.sort_by(|a, b| a.name.cmp(&b.name));

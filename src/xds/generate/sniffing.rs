@@ -18,7 +18,6 @@ use prost::{Message, Name};
 use super::names::{ext, PLAINTEXT_HTTP_ALPNS, RAW_BUFFER};
 use super::network_filter::tls_inspector;
 use super::proto::any;
-use super::proto::u32_value;
 use crate::config::api::Protocol;
 
 /// Istio's TLS transport protocol value.
@@ -46,25 +45,6 @@ impl Sniffed {
             Protocol::Unsupported => Sniffed::Auto,
             _ => Sniffed::Tcp,
         }
-    }
-}
-
-/// A filter chain match for plaintext HTTP on `port` (any port when `None`).
-pub(super) fn http_match(port: Option<u16>) -> FilterChainMatch {
-    FilterChainMatch {
-        destination_port: port.map(|p| u32_value(u32::from(p))),
-        application_protocols: PLAINTEXT_HTTP_ALPNS.iter().map(|a| a.to_string()).collect(),
-        transport_protocol: RAW_BUFFER.to_string(),
-        ..Default::default()
-    }
-}
-
-/// A filter chain match for any plaintext connection on `port` (any port when `None`).
-pub(super) fn raw_match(port: Option<u16>) -> FilterChainMatch {
-    FilterChainMatch {
-        destination_port: port.map(|p| u32_value(u32::from(p))),
-        transport_protocol: RAW_BUFFER.to_string(),
-        ..Default::default()
     }
 }
 
@@ -160,6 +140,26 @@ fn listener_filter<T: Name + Message>(name: &str, config: T) -> ListenerFilter {
 mod tests {
     use super::*;
     use crate::xds::generate::network_filter::chain;
+    use crate::xds::generate::proto::u32_value;
+
+    /// A filter chain match for plaintext HTTP on `port` (any port when `None`).
+    fn http_match(port: Option<u16>) -> FilterChainMatch {
+        FilterChainMatch {
+            destination_port: port.map(|p| u32_value(u32::from(p))),
+            application_protocols: PLAINTEXT_HTTP_ALPNS.iter().map(|a| a.to_string()).collect(),
+            transport_protocol: RAW_BUFFER.to_string(),
+            ..Default::default()
+        }
+    }
+
+    /// A filter chain match for any plaintext connection on `port` (any port when `None`).
+    fn raw_match(port: Option<u16>) -> FilterChainMatch {
+        FilterChainMatch {
+            destination_port: port.map(|p| u32_value(u32::from(p))),
+            transport_protocol: RAW_BUFFER.to_string(),
+            ..Default::default()
+        }
+    }
 
     fn with(m: FilterChainMatch) -> FilterChain {
         chain(String::new(), Some(m), Vec::new(), None)

@@ -114,6 +114,7 @@ pub(crate) fn sidecar(namespace: &str, labels: &[(&str, &str)]) -> ProxyView {
         interception: Interception::Redirect,
         ips: Vec::new(),
         inbound: Vec::new(),
+        agent_sds: true,
     }
 }
 
@@ -131,6 +132,7 @@ pub(crate) fn router(namespace: &str, labels: &[(&str, &str)]) -> ProxyView {
         interception: Interception::None,
         ips: Vec::new(),
         inbound: Vec::new(),
+        agent_sds: true,
     }
 }
 

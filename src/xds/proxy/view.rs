@@ -47,6 +47,10 @@ pub struct ProxyView {
     pub ips: Vec<String>,
     /// Inbound ports of the proxy's service instances, by target port (filled by `resolve`).
     pub inbound: Vec<InboundPort>,
+    /// Whether pilot-agent runs beside the proxy (metadata ISTIO_VERSION), serving its workload
+    /// certificate over SDS: only then are optional mutual TLS shapes (PERMISSIVE inbound TLS,
+    /// auto mTLS) generated. Required ones (STRICT, ISTIO_MUTUAL) are generated regardless.
+    pub agent_sds: bool,
 }
 
 impl ProxyView {

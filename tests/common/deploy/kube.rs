@@ -54,8 +54,15 @@ pub const ISTIO_KINDS: &[IstioKind] = &[
 ];
 
 /// (group, resource) of the Kubernetes objects the service registry watches (list + watch).
-pub const REGISTRY_RESOURCES: &[(&str, &str)] =
-    &[("", "services"), ("", "pods"), ("", "nodes"), ("", "namespaces"), ("discovery.k8s.io", "endpointslices")];
+pub const REGISTRY_RESOURCES: &[(&str, &str)] = &[
+    ("", "services"),
+    ("", "pods"),
+    ("", "nodes"),
+    ("", "namespaces"),
+    ("discovery.k8s.io", "endpointslices"),
+    // Gateway `credentialName` certificates.
+    ("", "secrets"),
+];
 
 /// The mesh config's ConfigMap, in meshpilot's namespace, and its MeshConfig key.
 pub const MESH_CONFIG_MAP: &str = "istio";

@@ -22,14 +22,13 @@ use envoy_types::pb::envoy::extensions::filters::http::jwt_authn::v3::{
 use envoy_types::pb::google::protobuf::Empty;
 
 use super::matchers::PAYLOAD_KEY;
-use crate::config::api::destination_rule::{ClientTlsMode, ClientTlsSettings};
 use crate::config::api::request_authentication::JwtRule;
 use crate::config::api::RequestAuthentication;
 use crate::config::validation::{parse_jwks_uri, JwksUri};
 use crate::mesh::MeshConfig;
 use crate::xds::generate::endpoint::lb_endpoint;
 use crate::xds::generate::proto::{any, duration, map_field, resource};
-use crate::xds::generate::tls::upstream_transport_socket;
+use crate::xds::generate::tls::system_trusted_upstream_socket;
 use crate::xds::generate::Resource;
 
 /// How long Envoy waits for a JWKS fetch when the rule sets no timeout (Istio's default).
@@ -153,16 +152,7 @@ fn jwks_cluster(name: String, uri: &JwksUri, mesh: &MeshConfig) -> Cluster {
             typed_config: Some(any(dns)),
         })
     };
-    let transport_socket = uri.tls.then(|| {
-        let tls = ClientTlsSettings {
-            mode: Some(ClientTlsMode::Simple),
-            ca_certificates: SYSTEM_CA_BUNDLE.to_string(),
-            subject_alt_names: vec![uri.host.clone()],
-            sni: uri.host.clone(),
-            ..Default::default()
-        };
-        upstream_transport_socket(&tls, Some(&uri.host))
-    });
+    let transport_socket = uri.tls.then(|| system_trusted_upstream_socket(&uri.host, SYSTEM_CA_BUNDLE));
     Cluster {
         name: name.clone(),
         cluster_discovery_type: Some(discovery),
@@ -175,7 +165,7 @@ fn jwks_cluster(name: String, uri: &JwksUri, mesh: &MeshConfig) -> Cluster {
             }],
             ..Default::default()
         }),
-        transport_socket: transport_socket.flatten(),
+        transport_socket,
         ..Default::default()
     }
 }
