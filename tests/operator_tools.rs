@@ -5,7 +5,7 @@ mod common;
 
 use common::backend::Backend;
 use common::config_dump::*;
-use common::envoy::Envoy;
+use common::envoy::{port_holder, Envoy};
 use common::files::{temp_dir_with, write_files};
 use common::istio::*;
 use common::mesh::*;
@@ -139,14 +139,7 @@ async fn proxy_status_shows_synced_then_stale_then_nack() {
     ]);
     let cp = start_meshpilot(config.path()).await;
     // A static listener holds `bad`: a gateway server there is a listener Envoy must reject.
-    let blocker = json!({
-        "name": "blocker",
-        "address": {"socket_address": {"address": "0.0.0.0", "port_value": bad}},
-        "filter_chains": [{"filters": [{"name": "envoy.filters.network.tcp_proxy", "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
-            "stat_prefix": "blocker", "cluster": "xds"
-        }}]}]
-    });
+    let blocker = port_holder(bad);
     let envoy =
         Envoy::builder(GATEWAY_NODE_ID, cp.xds_addr()).metadata(gateway_metadata()).static_listener(blocker).start();
     envoy.wait_ready(STARTUP_TIMEOUT).await;

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use common::backend::Backend;
 use common::config_dump::dynamic_listener;
-use common::envoy::Envoy;
+use common::envoy::{port_holder, Envoy};
 use common::files::{temp_dir_with, write_atomic};
 use common::ingress::Ingress;
 use common::istio::*;
@@ -176,14 +176,7 @@ async fn a_rejected_listener_is_recorded_for_its_proxy_and_the_rest_served() {
     ]);
     let cp = start_meshpilot(config.path()).await;
     // A static listener already holds the second server's address: Envoy rejects that listener.
-    let blocker = json!({
-        "name": "blocker",
-        "address": {"socket_address": {"address": "0.0.0.0", "port_value": bad}},
-        "filter_chains": [{"filters": [{"name": "envoy.filters.network.tcp_proxy", "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
-            "stat_prefix": "blocker", "cluster": "xds"
-        }}]}]
-    });
+    let blocker = port_holder(bad);
     let envoy = Envoy::builder(GATEWAY_NODE_ID, cp.xds_addr())
         .metadata(gateway_metadata())
         .static_listener(blocker)

@@ -54,6 +54,19 @@ pub fn envoy_path() -> PathBuf {
     .clone()
 }
 
+/// A static listener holding `0.0.0.0:port`: a dynamic listener on that address is one Envoy must
+/// reject (how tests make a proxy NACK).
+pub fn port_holder(port: u16) -> Value {
+    json!({
+        "name": "blocker",
+        "address": {"socket_address": {"address": "0.0.0.0", "port_value": port}},
+        "filter_chains": [{"filters": [{"name": "envoy.filters.network.tcp_proxy", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+            "stat_prefix": "blocker", "cluster": "xds"
+        }}]}]
+    })
+}
+
 /// RFC 7386 JSON merge patch: objects merge recursively, `null` removes a key, anything else
 /// (arrays included) replaces.
 pub fn merge_patch(target: &mut Value, patch: &Value) {

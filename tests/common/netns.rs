@@ -40,7 +40,15 @@ impl NetNs {
     pub fn create(count: u8) -> Option<NetNs> {
         // A subnet per namespace, distinct across the test processes of one run.
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let subnet = ((std::process::id() + n * 37) % 200 + 20) as u8;
+        let first = (std::process::id() + n * 37) % 200;
+        // Skip subnets an interface on the host already uses (another test process's namespace).
+        let in_use = |subnet: u32| {
+            Command::new("ip")
+                .args(["-o", "-4", "addr", "show", "to", &format!("10.213.{subnet}.0/24")])
+                .output()
+                .is_ok_and(|o| !o.stdout.is_empty())
+        };
+        let subnet = (0..200).map(|i| (first + i) % 200 + 20).find(|s| !in_use(*s)).unwrap_or(first + 20) as u8;
         let name = format!("mp-{}-{n}", std::process::id());
         let host_if = format!("mph{subnet}x{n}");
         let ns_if = format!("mpn{subnet}x{n}");
