@@ -282,3 +282,82 @@ async fn authorization_policy_allows_and_denies_by_spiffe_principal_and_namespac
 
     mesh.assert_no_rejections().await;
 }
+
+/// `x` with leading zero digits and any `:` removed, lowercased: a certificate serial as Envoy's
+/// `/certs` writes it, whatever notation it came in.
+fn serial_hex(x: &str) -> String {
+    x.replace(':', "").to_ascii_lowercase().trim_start_matches('0').to_string()
+}
+
+/// The URI SANs of every certificate chain in Envoy's `/certs`, and the serials of every CA
+/// certificate there.
+fn certs_summary(certs: &Value) -> (Vec<String>, Vec<String>) {
+    let (mut uris, mut ca_serials) = (Vec::new(), Vec::new());
+    for entry in certs["certificates"].as_array().into_iter().flatten() {
+        for cert in entry["cert_chain"].as_array().into_iter().flatten() {
+            for san in cert["subject_alt_names"].as_array().into_iter().flatten() {
+                uris.extend(san["uri"].as_str().map(str::to_string));
+            }
+        }
+        for ca in entry["ca_cert"].as_array().into_iter().flatten() {
+            ca_serials.extend(ca["serial_number"].as_str().map(serial_hex));
+        }
+    }
+    (uris, ca_serials)
+}
+
+#[tokio::test]
+async fn sidecars_talk_mutual_tls_with_certificates_from_meshpilots_ca() {
+    let Some(mesh) = Mesh::start(&[CLIENT_A]).await else { return };
+    let (client, via_sidecar) = mesh.client(0);
+
+    // Before the first request there was no handshake to the server; after it, there was one.
+    let handshakes = format!("cluster.outbound|{}||{SERVER_HOST}.ssl.handshake", SERVER_SVC.1);
+    let before = client.stat(&handshakes).await;
+    via_sidecar.wait_backend("/", &[], "server-1").await;
+    let after = client.stat(&handshakes).await;
+    assert!(
+        after > before,
+        "{handshakes} did not rise ({before} -> {after}): the client's Envoy made no TLS handshake"
+    );
+
+    // The server's sidecar saw the identity of meshpilot's certificate for the client, and
+    // presented its own.
+    let echo = via_sidecar.echo("/", &[]).await;
+    let xfcc = echo["headers"]["x-forwarded-client-cert"].as_str().unwrap_or_default().to_string();
+    assert!(
+        xfcc.contains(&format!("URI={}", spiffe(NS, "client-a"))),
+        "the server's sidecar saw no client SPIFFE identity: {echo:#}"
+    );
+    assert!(xfcc.contains(&format!("By={}", spiffe(NS, "server"))), "the server presented another certificate: {xfcc}");
+    // The certificate the client presented is the very one meshpilot's CA issued to its
+    // pilot-agent: XFCC's `Hash` is the SHA-256 of its DER.
+    let chain =
+        client.workload_cert_chain().unwrap_or_else(|| panic!("no certificate from the CA:\n{}", client.logs()));
+    let leaf = meshpilot::security::ca::material::parse_certs(&chain, "cert-chain.pem").expect("certificates");
+    let digest = ring::digest::digest(&ring::digest::SHA256, &leaf[0]);
+    let hash: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    assert!(
+        xfcc.contains(&format!("Hash={hash}")),
+        "the client presented another certificate than the CA's ({hash}): {xfcc}"
+    );
+
+    // Envoy's own view of the certificates it got over SDS from pilot-agent, which got them
+    // from meshpilot's CA: its pod's SPIFFE id, and meshpilot's root as the CA.
+    let root = meshpilot::security::ca::material::parse_certs(&mesh.root_pem, "root").expect("the root");
+    let (_, root_cert) = x509_parser::parse_x509_certificate(&root[0]).expect("the root parses");
+    let root_serial = serial_hex(&root_cert.raw_serial_as_string());
+    for (pod, id) in [(client, spiffe(NS, "client-a")), (&mesh.server, spiffe(NS, "server"))] {
+        let certs: Value = serde_json::from_str(&pod.admin_get("/certs").await).expect("/certs is JSON");
+        let (uris, ca_serials) = certs_summary(&certs);
+        assert!(uris.contains(&id), "{}: /certs has no certificate for {id}: {certs:#}", pod.node_id());
+        assert!(uris.iter().all(|u| *u == id), "{}: /certs has another identity: {uris:?}", pod.node_id());
+        assert!(
+            ca_serials.contains(&root_serial),
+            "{}: /certs does not trust meshpilot's root (serial {root_serial}): {certs:#}",
+            pod.node_id()
+        );
+    }
+    assert!(mesh.cp.logs().contains("CA: certificate issued"), "no issuance logged");
+    mesh.assert_no_rejections().await;
+}
