@@ -6,9 +6,8 @@
 //! Policies live in `istio-system` (the root namespace, the gateway's own) and select the gateway
 //! by `istio: ingressgateway`.
 //!
-// mTLS: principal, namespace and service-account verdicts need mutual TLS between sidecars;
-// they are covered by unit tests of the generated RBAC (`src/xds/generate/authz/tests.rs`) until
-// the sidecar mTLS harness lands, and their end-to-end test goes here.
+// mTLS: principal and namespace verdicts need mutual TLS between sidecars; their end-to-end test
+// is `tests/authorization_mtls.rs` (real sidecars with certificates from meshpilot's CA).
 
 mod common;
 

@@ -64,7 +64,12 @@ impl NetNs {
             ip(&["-n", &name, "link", "set", &ns_if, "up"])?;
             ip(&["-n", &name, "link", "set", "lo", "up"])?;
             // Connections to addresses nowhere else (a Service's cluster IP) need a route before
-            // iptables can redirect them to a sidecar.
+            // iptables can redirect them to a sidecar. Without an address of its own (a namespace
+            // made only for its host end's address) nothing inside dials out, and the kernel
+            // refuses a gateway no address of the namespace is on the subnet of.
+            if count == 0 {
+                return Ok(());
+            }
             ip(&["-n", &name, "route", "add", "default", "via", &format!("10.213.{subnet}.1")])
         })();
         let ns = NetNs { name, host_if, subnet, links: Default::default() };

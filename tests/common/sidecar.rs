@@ -294,18 +294,23 @@ impl SidecarPodBuilder {
         let template = d.join("var/lib/istio/envoy/envoy_bootstrap_tmpl.json");
         std::fs::copy(&self.agent.template, &template).expect("copying the bootstrap template");
         own(&template);
-        // Istio's mounted workload certificate: pilot-agent serves it as `default`/`ROOTCA`.
-        let creds = ["var/run", "var/run/secrets", "var/run/secrets/workload-spiffe-credentials"];
-        for sub in creds {
-            std::fs::create_dir(d.join(sub)).expect("creating the credentials directory");
-            own(&d.join(sub));
-        }
-        let root = MeshRoot::get();
-        let leaf = root.workload(&self.namespace, &self.service_account);
-        let creds = d.join(creds[2]);
-        for (file, pem) in [("cert-chain.pem", &leaf.cert), ("key.pem", &leaf.key), ("root-cert.pem", &root.pem())] {
-            std::fs::write(creds.join(file), pem).expect("writing the workload certificate");
-            own(&creds.join(file));
+        // Istio's mounted workload certificate: pilot-agent serves it as `default`/`ROOTCA`. Not
+        // in secure mode: pilot-agent finding these files runs no CA client at all, so the
+        // certificate would not come from meshpilot's CA.
+        if self.secure.is_none() {
+            let creds = ["var/run", "var/run/secrets", "var/run/secrets/workload-spiffe-credentials"];
+            for sub in creds {
+                std::fs::create_dir(d.join(sub)).expect("creating the credentials directory");
+                own(&d.join(sub));
+            }
+            let root = MeshRoot::get();
+            let leaf = root.workload(&self.namespace, &self.service_account);
+            let creds = d.join(creds[2]);
+            for (file, pem) in [("cert-chain.pem", &leaf.cert), ("key.pem", &leaf.key), ("root-cert.pem", &root.pem())]
+            {
+                std::fs::write(creds.join(file), pem).expect("writing the workload certificate");
+                own(&creds.join(file));
+            }
         }
         let labels: String = self.labels.iter().map(|(k, v)| format!("{k}=\"{v}\"\n")).collect();
         let labels_file = d.join("etc/istio/pod/labels");
