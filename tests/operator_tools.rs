@@ -12,7 +12,7 @@ use common::mesh::*;
 use common::meshpilot::Meshpilot;
 use common::poll::{poll, CONVERGE_TIMEOUT, STARTUP_TIMEOUT};
 use common::ports::free_port;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 /// Clusters, listeners and routes of `dump`: Envoy dumps them exactly as it received them.
 /// (Its endpoint section is its own reconstruction, with health status and defaults filled in;
