@@ -9,10 +9,12 @@ use common::files::temp_dir_with;
 use common::meshpilot::Meshpilot;
 use common::poll::STARTUP_TIMEOUT;
 use common::ports::free_addr;
-use common::secure::{ca_from_dir, channel, client_cert, cluster_names, csr, first_cds, node};
+use common::secure::{ca_from_dir, channel, client_cert, cluster_names, csr, first_cds, node, open_stream};
 use meshpilot::security::ca::service::pb::istio_certificate_service_client::IstioCertificateServiceClient;
 use meshpilot::security::ca::service::pb::IstioCertificateRequest;
 use meshpilot::security::tls::certificate_identities;
+
+const CDS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 
 /// A ServiceEntry visible only in its own namespace.
 fn service_entry(ns: &str) -> String {
@@ -75,6 +77,47 @@ async fn only_an_authenticated_proxy_claiming_its_own_node_gets_config() {
         Err(_) => Err(tonic::Status::unavailable("handshake refused")),
     };
     assert!(forged.is_err(), "a foreign CA's certificate was accepted");
+}
+
+/// The node ids of `istio.io/debug/syncz` as the holder of `identity`'s certificate sees them.
+async fn syncz_as(s: &Setup, identity: &str) -> Vec<String> {
+    let (chain, key) = client_cert(&s.ca, identity);
+    let ch = channel(s.cp.secure_xds_addr(), &s.root, Some((&chain, &key))).await.expect("mTLS connects");
+    let debug = node("istio-system", "");
+    let (_tx, mut answers) = open_stream(ch, debug, "istio.io/debug/syncz").await.expect("a debug stream");
+    let answer = answers.message().await.expect("an answer").expect("not ended");
+    let mut ids: Vec<String> = answer
+        .resources
+        .iter()
+        .map(|r| {
+            let config = <envoy_types::pb::envoy::service::status::v3::ClientConfig as prost::Message>::decode(
+                r.value.as_slice(),
+            )
+            .expect("a ClientConfig");
+            config.node.map(|n| n.id).unwrap_or_default()
+        })
+        .collect();
+    ids.sort();
+    ids
+}
+
+#[tokio::test]
+async fn debug_answers_on_the_secure_port_cover_only_the_callers_namespace() {
+    let s = start().await;
+    let addr = s.cp.secure_xds_addr();
+    let mut proxies = Vec::new();
+    for ns in ["ns-a", "ns-b"] {
+        let (chain, key) = client_cert(&s.ca, &format!("spiffe://cluster.local/ns/{ns}/sa/sa"));
+        let ch = channel(addr, &s.root, Some((&chain, &key))).await.expect("mTLS connects");
+        let (tx, mut responses) = open_stream(ch, node(ns, "sa"), CDS).await.expect("a proxy stream");
+        responses.message().await.expect("CDS").expect("not ended");
+        proxies.push((tx, responses));
+    }
+    let a = "sidecar~10.1.0.1~app-1.ns-a~ns-a.svc.cluster.local".to_string();
+    let b = "sidecar~10.1.0.1~app-1.ns-b~ns-b.svc.cluster.local".to_string();
+    // A workload of ns-a sees its namespace's proxies only; the control plane's namespace sees all.
+    assert_eq!(syncz_as(&s, "spiffe://cluster.local/ns/ns-a/sa/debugger").await, [a.clone()]);
+    assert_eq!(syncz_as(&s, "spiffe://cluster.local/ns/istio-system/sa/istioctl").await, [a, b]);
 }
 
 #[tokio::test]

@@ -19,7 +19,7 @@ use tracing::debug;
 use super::dump::{self, DumpedType};
 use super::limits;
 use super::status::{ConnectionStatus, TypeStatus};
-use super::stream::{ConnectionContext, Protocol, StreamEnd};
+use super::stream::{Caller, ConnectionContext, Protocol, StreamEnd};
 use super::TypeUrl;
 
 /// What every debug type URL starts with.
@@ -48,9 +48,42 @@ pub fn is_debug_type(type_url: &str) -> bool {
 /// One debug resource: its name and the message answering it.
 pub type DebugResource = (String, Any);
 
+/// Which proxies a debug client may see. As istiod: a caller on the secure port sees the proxies
+/// of its own namespaces, unless one of its identities is of the control plane's (root)
+/// namespace; the plaintext port is for local use and sees all.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DebugScope {
+    /// Every proxy.
+    All,
+    /// The proxies of these namespaces.
+    Namespaces(Vec<String>),
+}
+
+impl DebugScope {
+    /// The scope of `caller`, given the mesh's root namespace.
+    pub fn of(caller: &Caller, root_namespace: &str) -> DebugScope {
+        match caller {
+            Caller::Unauthenticated => DebugScope::All,
+            Caller::Authenticated(ids) if ids.iter().any(|id| id.namespace() == root_namespace) => DebugScope::All,
+            Caller::Authenticated(ids) => {
+                DebugScope::Namespaces(ids.iter().map(|id| id.namespace().to_string()).collect())
+            }
+        }
+    }
+
+    /// Whether a proxy of `namespace` is in scope.
+    pub fn covers(&self, namespace: &str) -> bool {
+        match self {
+            DebugScope::All => true,
+            DebugScope::Namespaces(namespaces) => namespaces.iter().any(|n| n == namespace),
+        }
+    }
+}
+
 /// Serves a debug client's stream: answers each request until the client closes it.
 pub async fn serve<P, S>(
     ctx: ConnectionContext,
+    caller: &Caller,
     first: P::Request,
     mut requests: S,
     tx: mpsc::Sender<Result<P::Response, Status>>,
@@ -60,12 +93,14 @@ where
     S: Stream<Item = Result<P::Request, Status>> + Unpin,
 {
     let nonces = AtomicU64::new(0);
+    let root = ctx.snapshots.current().map(|s| s.mesh.root_namespace.clone()).unwrap_or_else(|| "istio-system".into());
+    let scope = DebugScope::of(caller, &root);
     let mut request = first;
     loop {
         let type_url = P::type_url(&request);
         if is_debug_type(type_url) {
             let nonce = nonces.fetch_add(1, Ordering::Relaxed).to_string();
-            let response = match answer(&ctx, type_url, P::debug_names(&request)).await {
+            let response = match answer(&ctx, &scope, type_url, P::debug_names(&request)).await {
                 Ok(resources) => Ok(P::debug_response(type_url, &nonce, &ctx.control_plane, resources)),
                 Err(status) => Err(status),
             };
@@ -87,10 +122,21 @@ where
     }
 }
 
-/// The resources answering a request for `type_url` naming `names`.
-pub async fn answer(ctx: &ConnectionContext, type_url: &str, names: &[String]) -> Result<Vec<DebugResource>, Status> {
+/// The resources answering a request for `type_url` naming `names`, of the proxies in `scope`.
+pub async fn answer(
+    ctx: &ConnectionContext,
+    scope: &DebugScope,
+    type_url: &str,
+    names: &[String],
+) -> Result<Vec<DebugResource>, Status> {
     match type_url {
-        SYNCZ => Ok(ctx.registry.snapshot().iter().map(|c| client_config(c)).collect()),
+        SYNCZ => Ok(ctx
+            .registry
+            .snapshot()
+            .iter()
+            .filter(|c| scope.covers(&c.proxy.namespace))
+            .map(|c| client_config(c))
+            .collect()),
         CONFIG_DUMP => {
             let [name] = names else {
                 return Err(Status::invalid_argument(format!(
@@ -99,7 +145,9 @@ pub async fn answer(ctx: &ConnectionContext, type_url: &str, names: &[String]) -
                 )));
             };
             let connections = ctx.registry.snapshot();
+            // A proxy out of scope is answered as one not connected: its existence is not told.
             let conn = find_proxy(&connections, name)
+                .filter(|c| scope.covers(&c.proxy.namespace))
                 .ok_or_else(|| Status::not_found(format!("proxy {} is not connected here", limits::loggable(name))))?;
             let snap = ctx.snapshots.current().ok_or_else(|| Status::unavailable("no snapshot yet"))?;
             let view = conn.proxy.view();
@@ -197,6 +245,17 @@ mod tests {
         t.last_nack =
             Some(Nack { version: "1.2".into(), nonce: "2".into(), message: "bad".into(), at: SystemTime::now() });
         assert_eq!(config_status(&t), ConfigStatus::Error);
+    }
+
+    #[test]
+    fn secure_callers_see_their_own_namespaces_unless_of_the_root_namespace() {
+        use crate::security::Identity;
+        let id = |ns: &str| Identity::parse(&format!("spiffe://cluster.local/ns/{ns}/sa/x")).expect("valid");
+        assert_eq!(DebugScope::of(&Caller::Unauthenticated, "istio-system"), DebugScope::All);
+        let shop = DebugScope::of(&Caller::Authenticated(vec![id("shop")]), "istio-system");
+        assert!(shop.covers("shop") && !shop.covers("bank"));
+        let admin = DebugScope::of(&Caller::Authenticated(vec![id("istio-system")]), "istio-system");
+        assert!(admin.covers("bank"));
     }
 
     #[test]

@@ -200,7 +200,7 @@ where
     }
     if super::debug::is_debug_type(P::type_url(&first)) {
         ctx.admission.admit_stream().await;
-        return super::debug::serve::<P, S>(ctx, first, requests, tx).await;
+        return super::debug::serve::<P, S>(ctx, &caller, first, requests, tx).await;
     }
     let proxy = match Proxy::from_node(P::node(&first)) {
         Ok(p) => p,

@@ -128,6 +128,22 @@ pub async fn first_cds(channel: Channel, token: Option<&str>, node: Node) -> Res
     next?.ok_or_else(|| tonic::Status::unknown("the stream ended without a response"))
 }
 
+/// Asks for `type_url` as `node` over `channel` and keeps the stream open (a connected proxy,
+/// or a debug client awaiting answers): the request sender and the responses.
+pub async fn open_stream(
+    channel: Channel,
+    node: Node,
+    type_url: &str,
+) -> Result<(tokio::sync::mpsc::Sender<DiscoveryRequest>, tonic::Streaming<DiscoveryResponse>), tonic::Status> {
+    let mut client = AggregatedDiscoveryServiceClient::new(channel);
+    let request = DiscoveryRequest { node: Some(node), type_url: type_url.into(), ..Default::default() };
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(request).await.expect("queued");
+    let responses =
+        client.stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx)).await?.into_inner();
+    Ok((tx, responses))
+}
+
 /// The names of the clusters of a CDS response.
 pub fn cluster_names(response: &DiscoveryResponse) -> Vec<String> {
     use prost::Message;
