@@ -54,6 +54,9 @@ enum Command {
     ProxyStatus(ProxyStatusArgs),
     /// Show the config meshpilot generated for a proxy, as istioctl's tables or Envoy's JSON/YAML.
     ProxyConfig(ProxyConfigArgs),
+    /// Compare the config of snapshots a node holds.
+    #[command(subcommand)]
+    Config(ConfigCommand),
     /// Print the version.
     Version,
 }
@@ -66,6 +69,28 @@ struct ProxyStatusArgs {
     /// Only this proxy: node id or pod.namespace.
     proxy: Option<String>,
     /// Admin URL of any meshpilot node (a frontend or ingest node covers every frontend through membership).
+    #[arg(long, default_value = DEFAULT_ADMIN_URL)]
+    admin_url: String,
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// What changed between two snapshots: a proxy's generated config resource by resource, or the Istio objects.
+    Diff(ConfigDiffArgs),
+}
+
+#[derive(Parser)]
+struct ConfigDiffArgs {
+    /// The older snapshot version (TERM.SEQ); default: the one before --to.
+    #[arg(long)]
+    from: Option<String>,
+    /// The newer snapshot version; default: the newest the node holds.
+    #[arg(long)]
+    to: Option<String>,
+    /// A proxy (node id or pod.namespace): its generated config; without it, the Istio objects.
+    #[arg(long)]
+    proxy: Option<String>,
+    /// Admin URL of the node holding the snapshots (and the proxy's stream).
     #[arg(long, default_value = DEFAULT_ADMIN_URL)]
     admin_url: String,
 }
@@ -453,6 +478,7 @@ fn main() -> ExitCode {
         Command::Replay(args) => exit(run_replay(args)),
         Command::ProxyStatus(args) => exit(proxy_status(args)),
         Command::ProxyConfig(args) => exit(proxy_config(args)),
+        Command::Config(ConfigCommand::Diff(args)) => exit(config_diff(args)),
         Command::Standalone(args) => exit(run_standalone(args)),
         Command::Ingest(args) => exit(run_ingest(args)),
         Command::Frontend(args) => exit(run_frontend(args)),
@@ -610,6 +636,18 @@ fn proxy_config(args: ProxyConfigArgs) -> anyhow::Result<()> {
         direction: args.direction,
     };
     print!("{}", render(&dump, args.kind, &filters, args.output)?);
+    Ok(())
+}
+
+fn config_diff(args: ConfigDiffArgs) -> anyhow::Result<()> {
+    use meshpilot::ctl::config_diff::{fetch, render};
+    let diff = tool_runtime()?.block_on(fetch(
+        &args.admin_url,
+        args.from.as_deref(),
+        args.to.as_deref(),
+        args.proxy.as_deref(),
+    ))?;
+    print!("{}", render(&diff));
     Ok(())
 }
 

@@ -178,3 +178,68 @@ async fn proxy_status_shows_synced_then_stale_then_nack() {
     let lds = line.split("     ").nth(2).unwrap_or_default();
     assert!(lds.starts_with("NACK (") && lds.contains(&format!("0.0.0.0_{bad}")), "LDS shows Envoy's error: {line}");
 }
+
+/// `meshpilot config diff ARGS --admin-url URL`: success, stdout, stderr.
+async fn config_diff(cp: &Meshpilot, args: &[&str]) -> (bool, String, String) {
+    let mut command = std::process::Command::new(Meshpilot::binary());
+    command.args(["config", "diff"]).args(args).args(["--admin-url", &cp.admin_url()]);
+    let out = tokio::task::spawn_blocking(move || command.output()).await.expect("joined").expect("runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn config_diff_shows_what_an_edit_changed_for_a_proxy() {
+    let (v1, v2) = (Backend::new("reviews-v1"), Backend::new("reviews-v2"));
+    let config = temp_dir_with(&[
+        ("reviews.yaml", service_entry("reviews", 80, &[(&v1, "v1"), (&v2, "v2")]).as_str()),
+        ("dr.yaml", destination_rule("reviews", &["v1", "v2"], None).as_str()),
+    ]);
+    let cp = start_meshpilot(config.path()).await;
+    let sidecar = start_sidecar(&cp).await;
+    wait_synced(&cp, &[SIDECAR_NODE_ID]).await;
+    let before = cp.admin_json("/debug/push_status").await["version"].as_str().unwrap_or_default().to_string();
+
+    // The DestinationRule drops subset v2 and sets a load balancer.
+    write_files(
+        config.path(),
+        &[("dr.yaml", destination_rule("reviews", &["v1"], Some("{loadBalancer: {simple: RANDOM}}")).as_str())],
+    );
+    let moved = poll(CONVERGE_TIMEOUT, async || {
+        cp.admin_json("/debug/push_status").await["version"].as_str().is_some_and(|v| v != before)
+    })
+    .await;
+    assert!(moved, "no new snapshot after the edit");
+    wait_synced(&cp, &[SIDECAR_NODE_ID]).await;
+    let after = cp.admin_json("/debug/push_status").await["version"].as_str().unwrap_or_default().to_string();
+
+    let (ok, out, err) = config_diff(&cp, &["--proxy", "client-1.shop", "--from", &before, "--to", &after]).await;
+    assert!(ok, "config diff failed:\n{out}\n{err}");
+    assert!(out.starts_with(&format!("{SIDECAR_NODE_ID}: {before} -> {after}")), "{out}");
+    let v2_cluster = cluster_name(80, "v2", "reviews");
+    assert!(
+        out.lines().any(|l| l.split_whitespace().collect::<Vec<_>>() == ["removed", "CDS", v2_cluster.as_str()]),
+        "{out}"
+    );
+    let v1_cluster = cluster_name(80, "v1", "reviews");
+    assert!(
+        out.lines().any(|l| l.split_whitespace().collect::<Vec<_>>() == ["changed", "CDS", v1_cluster.as_str()]),
+        "{out}"
+    );
+    assert!(out.contains(".lb_policy: \"LEAST_REQUEST\" -> \"RANDOM\""), "the changed field is named: {out}");
+    // The same, as the Istio objects; and the defaults are the last two snapshots.
+    let (ok, out, _) = config_diff(&cp, &[]).await;
+    assert!(ok && out.contains("changed  DestinationRule shop/reviews"), "{out}");
+    drop(sidecar);
+
+    // Bad input: clear errors.
+    let (ok, _, err) = config_diff(&cp, &["--from", "yesterday"]).await;
+    assert!(!ok && err.contains("TERM.SEQ"), "{err}");
+    let (ok, _, err) = config_diff(&cp, &["--from", "9.99"]).await;
+    assert!(!ok && err.contains("snapshot 9.99 is not held here"), "{err}");
+    let (ok, _, err) = config_diff(&cp, &["--proxy", "nobody.nowhere"]).await;
+    assert!(!ok && err.contains("nobody.nowhere is not connected"), "{err}");
+}

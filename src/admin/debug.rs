@@ -154,9 +154,7 @@ pub async fn config_dump(State(state): State<AdminState>, Query(q): Query<HashMa
         return (StatusCode::NOT_FOUND, Json(json!({"error": "this process serves no proxies"}))).into_response();
     };
     let connections = xds.connections.snapshot();
-    let Some(conn) =
-        connections.iter().find(|c| c.proxy.id == *wanted || c.proxy.id.split('~').nth(2) == Some(wanted.as_str()))
-    else {
+    let Some(conn) = crate::xds::debug::find_proxy(&connections, wanted) else {
         return (StatusCode::NOT_FOUND, Json(json!({"error": format!("proxy {wanted} is not connected here")})))
             .into_response();
     };
@@ -178,7 +176,10 @@ pub async fn config_dump(State(state): State<AdminState>, Query(q): Query<HashMa
 
 /// Builds and encodes a debug answer on the blocking pool, at most `DEBUG_RENDERS` at once, so
 /// rendering a large mesh never delays `/ready` or `/metrics` on the async workers.
-async fn render(state: &AdminState, build: impl FnOnce() -> Result<Value, String> + Send + 'static) -> Response {
+pub(super) async fn render(
+    state: &AdminState,
+    build: impl FnOnce() -> Result<Value, String> + Send + 'static,
+) -> Response {
     let Ok(_permit) = state.renders.clone().acquire_owned().await else {
         return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"error": "shutting down"}))).into_response();
     };

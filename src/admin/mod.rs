@@ -1,5 +1,6 @@
 //! Admin HTTP server: readiness, metrics and debug endpoints.
 
+mod config_diff;
 mod debug;
 pub mod envoy_json;
 
@@ -13,7 +14,7 @@ use axum::routing::get;
 use axum::Router;
 
 use crate::readiness::Ready;
-use crate::snapshot::SnapshotReader;
+use crate::snapshot::{SnapshotHistory, SnapshotReader};
 use crate::telemetry::metrics::Registry;
 use crate::xds::cache::GenerationCache;
 use crate::xds::status::ConnectionRegistry;
@@ -37,6 +38,8 @@ pub struct AdminState {
     pub renders: Arc<tokio::sync::Semaphore>,
     /// Who beside loopback peers may read the debug endpoints; `None`: nobody.
     pub debug_access: Option<DebugAccess>,
+    /// The last snapshots held, for `/debug/config_diff`.
+    pub history: SnapshotHistory,
 }
 
 /// Callers from other addresses may read the debug endpoints with a service-account token
@@ -53,6 +56,13 @@ pub struct DebugAccess {
 /// Debug answers rendered at once; more wait their turn. One at a time leaves the other core free
 /// for proxies even when a dashboard polls `/debug/config_dump` in a loop.
 pub const DEBUG_RENDERS: usize = 1;
+
+/// A history of the snapshots `reader` sees, kept by a task that ends with the snapshot writer.
+pub fn follow_history(reader: SnapshotReader) -> SnapshotHistory {
+    let history = SnapshotHistory::new();
+    tokio::spawn(history.clone().follow(reader, crate::snapshot::DEFAULT_HISTORY_DEPTH));
+    history
+}
 
 /// A fresh limit of [`DEBUG_RENDERS`] concurrent debug renders.
 pub fn render_limit() -> Arc<tokio::sync::Semaphore> {
@@ -80,6 +90,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/debug/syncz", get(debug::syncz))
         .route("/debug/push_status", get(debug::push_status))
         .route("/debug/config_dump", get(debug::config_dump))
+        .route("/debug/config_diff", get(config_diff::config_diff))
         .route("/debug/node", get(node))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), loopback_or_control_plane));
     Router::new()
@@ -176,6 +187,7 @@ mod tests {
             node_status: None,
             renders: render_limit(),
             debug_access: None,
+            history: SnapshotHistory::new(),
         }
     }
 

@@ -154,6 +154,7 @@ pub async fn run(settings: FrontendNodeSettings, process: Process, drain: DrainW
         _ => None,
     };
     let admin_state = AdminState {
+        history: crate::admin::follow_history(reader.clone()),
         snapshots: reader,
         xds: Some(XdsState { connections, cache: ads.cache() }),
         ready,

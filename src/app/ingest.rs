@@ -111,6 +111,7 @@ pub async fn run(settings: IngestNodeSettings, process: Process, drain: DrainWat
     let status = node_status(&settings, leadership, server.clone(), local.clone(), members);
     info!(id = %settings.id, advertise = %settings.advertise_addr, "ingest node started");
     let admin_state = AdminState {
+        history: crate::admin::follow_history(local.clone()),
         snapshots: local,
         xds: None,
         ready,

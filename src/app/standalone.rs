@@ -77,6 +77,7 @@ pub async fn run(settings: StandaloneSettings, process: Process, drain: DrainWat
         None => None,
     };
     let admin_state = AdminState {
+        history: crate::admin::follow_history(reader.clone()),
         snapshots: reader,
         xds: Some(XdsState { connections, cache: ads.cache() }),
         ready,

@@ -2,6 +2,7 @@
 //! admin endpoints and, for the other frontends of a split deployment, of their xDS debug types.
 
 pub mod admin_client;
+pub mod config_diff;
 pub mod config_tables;
 pub mod proxy_config;
 pub mod proxy_status;

@@ -5,6 +5,7 @@
 mod changes;
 mod channel;
 mod credentials;
+mod history;
 mod peer_authn;
 mod push_context;
 mod security;
@@ -13,6 +14,7 @@ mod version;
 pub use changes::{ChangeSet, ChangedKey};
 pub use channel::{channel, SnapshotReader, SnapshotWriter, StaleSnapshot};
 pub use credentials::{secret_name, CA_SECRET_SUFFIX};
+pub use history::{SnapshotHistory, DEFAULT_DEPTH as DEFAULT_HISTORY_DEPTH};
 pub use peer_authn::PeerMtls;
 pub use push_context::{qualify_gateway, vs_applies_to_gateway, Indexed, Snapshot, SourceState};
 pub use security::{RejectedPolicy, SecurityIndex};

@@ -6,6 +6,7 @@ pub mod changes;
 pub mod connection;
 pub mod debug;
 pub mod delta;
+pub mod diff;
 pub mod dump;
 pub mod generate;
 pub mod isolation;
