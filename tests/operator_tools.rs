@@ -99,16 +99,21 @@ async fn config_dump_of_unknown_proxies_and_bad_requests_are_clear_errors() {
     assert!(body.contains("nobody.nowhere is not connected"), "{body}");
 }
 
-/// `meshpilot proxy-status ARGS --admin-url URL`: success, stdout, stderr.
-async fn proxy_status(cp: &Meshpilot, args: &[&str]) -> (bool, String, String) {
+/// `meshpilot ARGS --admin-url URL` (an operator command against `cp`): success, stdout, stderr.
+async fn operator_command(cp: &Meshpilot, args: &[&str]) -> (bool, String, String) {
     let mut command = std::process::Command::new(Meshpilot::binary());
-    command.arg("proxy-status").args(args).args(["--admin-url", &cp.admin_url()]);
+    command.args(args).args(["--admin-url", &cp.admin_url()]);
     let out = tokio::task::spawn_blocking(move || command.output()).await.expect("joined").expect("runs");
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// `meshpilot proxy-status ARGS`.
+async fn proxy_status(cp: &Meshpilot, args: &[&str]) -> (bool, String, String) {
+    operator_command(cp, &[&["proxy-status"], args].concat()).await
 }
 
 /// The states `meshpilot proxy-status` shows for `node_id`: CDS, LDS, EDS, RDS, FRONTEND, VERSION.
@@ -179,16 +184,9 @@ async fn proxy_status_shows_synced_then_stale_then_nack() {
     assert!(lds.starts_with("NACK (") && lds.contains(&format!("0.0.0.0_{bad}")), "LDS shows Envoy's error: {line}");
 }
 
-/// `meshpilot config diff ARGS --admin-url URL`: success, stdout, stderr.
+/// `meshpilot config diff ARGS`.
 async fn config_diff(cp: &Meshpilot, args: &[&str]) -> (bool, String, String) {
-    let mut command = std::process::Command::new(Meshpilot::binary());
-    command.args(["config", "diff"]).args(args).args(["--admin-url", &cp.admin_url()]);
-    let out = tokio::task::spawn_blocking(move || command.output()).await.expect("joined").expect("runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    operator_command(cp, &[&["config", "diff"], args].concat()).await
 }
 
 #[tokio::test]
