@@ -289,22 +289,21 @@ fn check_attribute(key: &str, values: &[String]) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::validation::testing::first_error_of;
+    use crate::config::validation::testing::{assert_error, document, first_error, first_error_of};
+
+    const KIND: &str = "AuthorizationPolicy";
 
     fn doc(spec: &str) -> String {
-        let spec: String = spec.lines().map(|l| format!("  {l}\n")).collect();
-        format!("apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {{name: p, namespace: ns}}\nspec:\n{spec}")
+        document(KIND, "p", spec)
     }
 
     fn error(spec: &str) -> Option<(String, String)> {
-        first_error_of(&doc(spec)).map(|e| (e.field, e.reason))
+        first_error(KIND, spec).map(|e| (e.field, e.reason))
     }
 
     #[track_caller]
     fn assert_rejected(spec: &str, field: &str, reason: &str) {
-        let (f, r) = error(spec).unwrap_or_else(|| panic!("accepted: {spec}"));
-        assert_eq!(f, field, "{r}");
-        assert!(r.contains(reason), "{r:?} lacks {reason:?}");
+        assert_error(KIND, spec, field, reason);
     }
 
     #[test]

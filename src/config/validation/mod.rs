@@ -159,10 +159,12 @@ mod testing {
     use crate::config::error::FieldError;
     use crate::config::parse::{parse_file, Document};
 
-    /// A full document of `kind` named `name` in namespace `ns`, with `spec` (YAML, unindented).
+    /// A full document of `kind` (in its API group, version v1) named `name` in namespace `ns`,
+    /// with `spec` (YAML, unindented).
     pub fn document(kind: &str, name: &str, spec: &str) -> String {
+        let group = crate::config::Kind::from_name(kind).map_or("networking.istio.io", |k| k.group().0);
         let spec: String = spec.lines().map(|l| format!("  {l}\n")).collect();
-        format!("apiVersion: networking.istio.io/v1\nkind: {kind}\nmetadata:\n  name: {name}\n  namespace: ns\nspec:\n{spec}")
+        format!("apiVersion: {group}/v1\nkind: {kind}\nmetadata:\n  name: {name}\n  namespace: ns\nspec:\n{spec}")
     }
 
     /// The first error reported for a `kind` with `spec`, or `None` when it is valid.

@@ -137,21 +137,17 @@ fn check_jwks(jwks: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::validation::testing::first_error_of;
+    use crate::config::validation::testing::{assert_error, first_error};
+
+    const KIND: &str = "RequestAuthentication";
 
     fn error(spec: &str) -> Option<(String, String)> {
-        let spec: String = spec.lines().map(|l| format!("  {l}\n")).collect();
-        let doc = format!(
-            "apiVersion: security.istio.io/v1beta1\nkind: RequestAuthentication\nmetadata: {{name: r, namespace: ns}}\nspec:\n{spec}"
-        );
-        first_error_of(&doc).map(|e| (e.field, e.reason))
+        first_error(KIND, spec).map(|e| (e.field, e.reason))
     }
 
     #[track_caller]
     fn assert_rejected(spec: &str, field: &str, reason: &str) {
-        let (f, r) = error(spec).unwrap_or_else(|| panic!("accepted: {spec}"));
-        assert_eq!(f, field, "{r}");
-        assert!(r.contains(reason), "{r:?} lacks {reason:?}");
+        assert_error(KIND, spec, field, reason);
     }
 
     #[test]
