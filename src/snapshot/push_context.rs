@@ -161,7 +161,10 @@ impl Snapshot {
 
     /// Objects of one kind, in key order.
     pub fn configs_of(&self, kind: Kind) -> impl Iterator<Item = &ValidConfig> {
-        self.configs.values().filter(move |c| c.key.kind == kind)
+        // Keys order by kind first: one kind's objects are one contiguous range, found in
+        // O(log n) (generators look kinds up per proxy and per cluster).
+        let first = ConfigKey { kind, namespace: String::new(), name: String::new() };
+        self.configs.range(first..).map(|(_, c)| c).take_while(move |c| c.key.kind == kind)
     }
 
     /// Services a proxy in `namespace` can see, one per hostname (its own namespace's declaration
@@ -357,5 +360,24 @@ mod tests {
         let vs = snap.virtual_services_for("shop", "mesh");
         assert_eq!(vs.len(), 1);
         assert_eq!(vs[0].0.hosts, [Hostname::new("ratings.shop.svc.corp.internal")]);
+    }
+
+    #[test]
+    fn configs_of_yields_exactly_one_kind() {
+        let yaml =
+            "apiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata: {name: a, namespace: z}\nspec: {egress: [{hosts: ['./*']}]}\n---\n\
+                    apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata: {name: g, namespace: a}\n\
+                    spec: {servers: [{port: {number: 80, name: http, protocol: HTTP}, hosts: ['*']}]}\n---\n\
+                    apiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata: {name: b, namespace: a}\nspec: {egress: [{hosts: ['./*']}]}\n";
+        let mut state = SourceState::default();
+        for doc in parse_file("t.yaml", yaml) {
+            let Document::Valid(o) = doc else { panic!("{doc:?}") };
+            state.configs.insert(o.key.clone(), Arc::new(o));
+        }
+        let snap = Snapshot::build(Version::new(1, 1), ChangeSet::full(), &state);
+        let sidecars: Vec<String> = snap.configs_of(Kind::Sidecar).map(|c| c.key.to_string()).collect();
+        assert_eq!(sidecars, ["Sidecar a/b", "Sidecar z/a"]);
+        assert_eq!(snap.configs_of(Kind::Gateway).count(), 1);
+        assert_eq!(snap.configs_of(Kind::VirtualService).count(), 0);
     }
 }
