@@ -14,15 +14,13 @@ use std::net::{Ipv4Addr, SocketAddr};
 
 use common::http::HttpResponse;
 use common::ingress::{backend_of, Ingress};
-use common::kube::{apply, KubeApi, ADMIN_TOKEN};
+use common::kube::{apply, istio_token, KubeApi, ADMIN_TOKEN};
 use common::mesh::wait_synced;
 use common::meshpilot::Meshpilot;
 use common::netns::{Forward, NetNs};
 use common::poll::{poll, CONVERGE_TIMEOUT, STARTUP_TIMEOUT};
-use common::sidecar::{SecureControlPlane, SidecarPod, SidecarPodBuilder, NODE_NAME};
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
-use kube::api::PostParams;
+use common::sidecar::{server_service, SecureControlPlane, SidecarPod, SidecarPodBuilder, NODE_NAME};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Api, Client};
 use serde_json::Value;
 
@@ -57,34 +55,11 @@ struct Mesh {
     _api: KubeApi,
 }
 
-/// A token for `sa` in `ns` from the TokenRequest API, for the audience pilot-agent's is for.
-async fn istio_token(client: &Client, ns: &str, sa: &str) -> String {
-    let api: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: vec!["istio-ca".into()],
-            expiration_seconds: Some(3600),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let answer = api.create_token_request(sa, &PostParams::default(), &request).await.expect("a token");
-    answer.status.expect("a token status").token
-}
-
 fn server_objects(pod: &str, ip: Ipv4Addr, target: u16) -> [String; 3] {
+    let [service, slice] = server_service(NS, SERVER_SVC, pod, ip, target);
     [
-        format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{name: server, namespace: {NS}}}\nspec:\n  clusterIP: {}\n  \
-             selector: {{app: server}}\n  ports: [{{name: http, port: {}, targetPort: {target}}}]\n",
-            SERVER_SVC.0, SERVER_SVC.1
-        ),
-        format!(
-            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: server-abcde\n  namespace: {NS}\n  \
-             labels: {{kubernetes.io/service-name: server}}\naddressType: IPv4\nports: [{{name: http, port: {target}, \
-             protocol: TCP}}]\nendpoints:\n- addresses: [\"{ip}\"]\n  conditions: {{ready: true, serving: true, \
-             terminating: false}}\n  nodeName: {NODE_NAME}\n  targetRef: {{kind: Pod, name: {pod}, namespace: {NS}}}\n"
-        ),
+        service,
+        slice,
         // Mutual TLS is required, not merely offered: a verdict by peer identity has a peer.
         format!(
             "apiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata: {{name: default, namespace: {NS}}}\n\

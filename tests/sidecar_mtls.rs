@@ -19,7 +19,7 @@ use common::mesh::wait_synced;
 use common::meshpilot::Meshpilot;
 use common::netns::NetNs;
 use common::poll::{poll, CONVERGE_TIMEOUT, STARTUP_TIMEOUT};
-use common::sidecar::{SidecarPod, NODE_NAME};
+use common::sidecar::{server_service, SidecarPod, NODE_NAME};
 use kube::Client;
 
 /// Cluster IP and port of Service `server` (`http`).
@@ -33,22 +33,6 @@ struct Pods {
     _xds_net: NetNs,
     kube: Client,
     _api: KubeApi,
-}
-
-fn service_and_slice(pod: &str, ip: Ipv4Addr, target: u16) -> [String; 2] {
-    [
-        format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{name: server, namespace: {NS}}}\nspec:\n  clusterIP: {}\n  \
-             selector: {{app: server}}\n  ports: [{{name: http, port: {}, targetPort: {target}}}]\n",
-            SERVER_SVC.0, SERVER_SVC.1
-        ),
-        format!(
-            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: server-abcde\n  namespace: {NS}\n  \
-             labels: {{kubernetes.io/service-name: server}}\naddressType: IPv4\nports: [{{name: http, port: {target}, \
-             protocol: TCP}}]\nendpoints:\n- addresses: [\"{ip}\"]\n  conditions: {{ready: true, serving: true, \
-             terminating: false}}\n  nodeName: {NODE_NAME}\n  targetRef: {{kind: Pod, name: {pod}, namespace: {NS}}}\n"
-        ),
-    ]
 }
 
 fn peer_authentication(mode: &str) -> String {
@@ -73,7 +57,7 @@ impl Pods {
             client.pod_yaml(),
             server.pod_yaml(),
         ];
-        objects.extend(service_and_slice("server-1", server.ip(), server.app_port()));
+        objects.extend(server_service(NS, SERVER_SVC, "server-1", server.ip(), server.app_port()));
         for object in &objects {
             apply(&kube, object).await;
         }

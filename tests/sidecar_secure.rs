@@ -7,14 +7,12 @@
 
 mod common;
 
-use common::kube::{apply, KubeApi, ADMIN_TOKEN};
+use common::kube::{apply, istio_token, KubeApi, ADMIN_TOKEN};
 use common::meshpilot::Meshpilot;
 use common::poll::{poll, STARTUP_TIMEOUT};
 use common::secure::{channel, first_cds, node};
 use common::sidecar::{SecureControlPlane, SidecarPod, NODE_NAME};
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
-use kube::api::PostParams;
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use meshpilot::security::ca::material::parse_certs;
 use meshpilot::security::tls::certificate_identities;
@@ -22,21 +20,6 @@ use meshpilot::security::tls::certificate_identities;
 const NS: &str = "secure";
 const SA: &str = "productpage";
 const POD: &str = "productpage-v1-5c7d9-abcde";
-
-/// A token for `sa` in `ns` from the TokenRequest API, for the audience pilot-agent's is for.
-async fn istio_token(client: &kube::Client, ns: &str, sa: &str) -> String {
-    let api: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: vec!["istio-ca".into()],
-            expiration_seconds: Some(3600),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let answer = api.create_token_request(sa, &PostParams::default(), &request).await.expect("a token");
-    answer.status.expect("a token status").token
-}
 
 #[tokio::test]
 async fn pilot_agent_gets_its_workload_certificate_and_config_over_the_secure_port_with_its_token() {

@@ -257,6 +257,24 @@ impl KubeApi {
     }
 }
 
+/// A token for service account `sa` in `ns` from the TokenRequest API, for the audience
+/// pilot-agent's tokens are for (`istio-ca`): what an injected pod has mounted.
+pub async fn istio_token(client: &Client, ns: &str, sa: &str) -> String {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let api: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec!["istio-ca".into()],
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let answer = api.create_token_request(sa, &kube::api::PostParams::default(), &request).await.expect("a token");
+    answer.status.expect("a token status").token
+}
+
 /// Applies Kubernetes YAML (one or more documents) as the admin, with server-side apply, as
 /// `kubectl apply --server-side` does; `status` fields are written through the status subresource.
 pub async fn apply(client: &Client, yaml: &str) {

@@ -57,6 +57,29 @@ pub const STATUS_PORT: u16 = 15020;
 /// The Kubernetes node the pods of the sidecar tests run on.
 pub const NODE_NAME: &str = "node-a";
 
+/// Service `server` in `ns` at `cluster_ip:port` (port `http`, to `target`) and its EndpointSlice
+/// holding pod `pod` at `ip` on [`NODE_NAME`]: what the API server holds for a one-pod service.
+pub fn server_service(
+    ns: &str,
+    (cluster_ip, port): (Ipv4Addr, u16),
+    pod: &str,
+    ip: Ipv4Addr,
+    target: u16,
+) -> [String; 2] {
+    [
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: server, namespace: {ns}}}\nspec:\n  clusterIP: {cluster_ip}\n  \
+             selector: {{app: server}}\n  ports: [{{name: http, port: {port}, targetPort: {target}}}]\n"
+        ),
+        format!(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: server-abcde\n  namespace: {ns}\n  \
+             labels: {{kubernetes.io/service-name: server}}\naddressType: IPv4\nports: [{{name: http, port: {target}, \
+             protocol: TCP}}]\nendpoints:\n- addresses: [\"{ip}\"]\n  conditions: {{ready: true, serving: true, \
+             terminating: false}}\n  nodeName: {NODE_NAME}\n  targetRef: {{kind: Pod, name: {pod}, namespace: {ns}}}\n"
+        ),
+    ]
+}
+
 /// pilot-agent and the bootstrap template beside it (what `scripts/pilot-agent.sh` installs).
 #[derive(Debug, Clone)]
 pub struct PilotAgent {
