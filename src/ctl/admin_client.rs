@@ -21,6 +21,26 @@ pub async fn get_json(base: &str, path: &str) -> Result<Value, CtlError> {
     serde_json::from_slice(&body).map_err(|e| fail(format!("answer is not JSON: {e}")))
 }
 
+/// A frontend of the deployment the node at `base` belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// Its id (`frontend/<id>` is how it names itself).
+    pub id: String,
+    /// Its xDS address (`host:port`).
+    pub addr: String,
+}
+
+/// The frontends the node at `base` lists at `/debug/node`; none for a standalone node (which
+/// has no membership: its `/debug/node` answers 404).
+pub async fn members(base: &str) -> Vec<Member> {
+    let node = get_json(base, "/debug/node").await.ok();
+    let listed = node.as_ref().and_then(|n| n["members"].as_array().cloned()).unwrap_or_default();
+    listed
+        .iter()
+        .filter_map(|m| Some(Member { id: m["id"].as_str()?.to_string(), addr: m["addr"].as_str()?.to_string() }))
+        .collect()
+}
+
 /// The status and body of a GET of `url`.
 async fn get(url: &str) -> Result<(hyper::StatusCode, Bytes), String> {
     let uri: hyper::Uri = url.parse().map_err(|e| format!("bad URL: {e}"))?;

@@ -14,7 +14,7 @@ use envoy_types::pb::google::protobuf::Any;
 use prost::{Message, Name};
 use serde_json::Value;
 
-use super::admin_client::get_json;
+use super::admin_client::{get_json, members};
 use super::config_tables::{self, Filters};
 use super::{xds_client, CtlError};
 use crate::admin::envoy_json::{from_json, to_json};
@@ -77,11 +77,9 @@ pub async fn fetch(admin_url: &str, proxy: &str) -> Result<ConfigDump, CtlError>
         }
         Err(e) => e,
     };
-    let node = get_json(admin_url, "/debug/node").await.ok();
-    let members = node.as_ref().and_then(|n| n["members"].as_array().cloned()).unwrap_or_default();
+    let members = members(admin_url).await;
     for member in &members {
-        let Some(addr) = member["addr"].as_str() else { continue };
-        if let Ok(answer) = xds_client::debug_request(addr, debug::CONFIG_DUMP, &[proxy.to_string()]).await {
+        if let Ok(answer) = xds_client::debug_request(&member.addr, debug::CONFIG_DUMP, &[proxy.to_string()]).await {
             if !answer.resources.is_empty() {
                 return Ok(ConfigDump { configs: answer.resources });
             }

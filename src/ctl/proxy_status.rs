@@ -9,7 +9,7 @@ use envoy_types::pb::envoy::service::status::v3::{ClientConfig, ConfigStatus};
 use prost::Message;
 use serde_json::Value;
 
-use super::admin_client::get_json;
+use super::admin_client::{get_json, members, Member};
 use super::{tables, xds_client, CtlError};
 use crate::xds::{debug, TypeUrl};
 
@@ -77,16 +77,12 @@ pub async fn collect(admin_url: &str) -> Result<Collected, CtlError> {
     for conn in syncz.as_array().into_iter().flatten() {
         out.proxies.push(from_syncz(conn, &server));
     }
-    // Standalone nodes have no membership (their /debug/node answers 404).
-    let node = get_json(admin_url, "/debug/node").await.ok();
-    let members = node.as_ref().and_then(|n| n["members"].as_array().cloned()).unwrap_or_default();
-    for member in members {
-        let (Some(id), Some(addr)) = (member["id"].as_str(), member["addr"].as_str()) else { continue };
+    for Member { id, addr } in members(admin_url).await {
         let frontend = format!("frontend/{id}");
         if frontend == server {
             continue;
         }
-        match xds_client::debug_request(addr, debug::SYNCZ, &[]).await {
+        match xds_client::debug_request(&addr, debug::SYNCZ, &[]).await {
             Ok(answer) => {
                 for resource in answer.resources {
                     match ClientConfig::decode(resource.value.as_slice()) {

@@ -3,7 +3,6 @@
 //! A stream whose first request names one is a debug client: each request gets one answer, and
 //! the client is never listed as a proxy.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::admin::v3::UpdateFailureState;
@@ -92,14 +91,15 @@ where
     P: Protocol,
     S: Stream<Item = Result<P::Request, Status>> + Unpin,
 {
-    let nonces = AtomicU64::new(0);
+    let mut nonces: u64 = 0;
     let root = ctx.snapshots.current().map(|s| s.mesh.root_namespace.clone()).unwrap_or_else(|| "istio-system".into());
     let scope = DebugScope::of(caller, &root);
     let mut request = first;
     loop {
         let type_url = P::type_url(&request);
         if is_debug_type(type_url) {
-            let nonce = nonces.fetch_add(1, Ordering::Relaxed).to_string();
+            nonces += 1;
+            let nonce = nonces.to_string();
             let response = match answer(&ctx, &scope, type_url, P::debug_names(&request)).await {
                 Ok(resources) => Ok(P::debug_response(type_url, &nonce, &ctx.control_plane, resources)),
                 Err(status) => Err(status),
