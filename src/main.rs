@@ -668,10 +668,14 @@ fn validate(path: &std::path::Path) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let (mut valid, mut invalid, mut ignored) = (0, 0, 0);
+    let (mut valid, mut invalid, mut ignored, mut warned) = (0, 0, 0, 0);
     for (_, docs) in &files {
-        for doc in docs {
-            match doc {
+        for checked in docs {
+            for warning in &checked.warnings {
+                warned += 1;
+                eprintln!("warning: {warning}");
+            }
+            match &checked.document {
                 Document::Valid(obj) => {
                     valid += 1;
                     println!("ok: {}", obj.key);
@@ -687,7 +691,7 @@ fn validate(path: &std::path::Path) -> ExitCode {
             }
         }
     }
-    println!("{valid} valid, {invalid} invalid, {ignored} ignored in {} file(s)", files.len());
+    println!("{valid} valid, {invalid} invalid, {ignored} ignored, {warned} warning(s) in {} file(s)", files.len());
     if invalid > 0 {
         ExitCode::FAILURE
     } else {

@@ -3,21 +3,15 @@
 //!
 //! The corpus lives in the steering repository, checked out as `shared/` beside this one.
 
-use std::fs;
-use std::path::{Path, PathBuf};
+mod common;
 
+use std::fs;
+
+use common::corpus::{all_documents, corpus_dir, documents, Document, ERROR_KEY};
 use meshpilot::config::error::FieldError;
 use meshpilot::config::parse::object_from_value;
 use meshpilot::config::validation::validate;
 use serde_json::Value;
-
-/// The key of an invalid document that holds Istio's error; it is not part of the object.
-const ERROR_KEY: &str = "_err";
-
-/// Where the corpus is checked out.
-fn corpus_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/conformance/istio-validation")
-}
 
 /// What a document must do.
 #[derive(Debug)]
@@ -53,51 +47,6 @@ impl ExpectedError {
     fn matches(&self, error: &FieldError) -> bool {
         self.field.as_ref().is_none_or(|f| *f == error.field) && error.reason.contains(&self.reason)
     }
-}
-
-/// One document of a corpus file.
-struct Document {
-    /// File name and 1-based document index, for messages.
-    place: String,
-    /// YAML text.
-    text: String,
-    /// Whether the file holds invalid documents.
-    invalid: bool,
-}
-
-/// Splits a corpus file into documents.
-///
-/// Some invalid documents are commented out wholesale, with a `#_err: "TODO"` line, because Istio has
-/// no error text for them yet; they must still be rejected, so they are uncommented here. Their
-/// separators are commented too (`#---`).
-fn documents(path: &Path) -> Vec<Document> {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let invalid = name.ends_with("-invalid.yaml");
-    let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-    let mut chunks = vec![String::new()];
-    for line in text.lines() {
-        if matches!(line.trim_end(), "---" | "#---") {
-            chunks.push(String::new());
-        } else if let Some(chunk) = chunks.last_mut() {
-            chunk.push_str(line);
-            chunk.push('\n');
-        }
-    }
-    chunks
-        .into_iter()
-        .filter_map(|chunk| {
-            let has_content = chunk.lines().any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'));
-            if has_content {
-                Some(chunk)
-            } else if invalid && chunk.lines().any(|l| l.starts_with("#_err:")) {
-                Some(chunk.lines().map(|l| format!("{}\n", l.strip_prefix('#').unwrap_or(l))).collect())
-            } else {
-                None
-            }
-        })
-        .enumerate()
-        .map(|(i, text)| Document { place: format!("{name} document {}", i + 1), text, invalid })
-        .collect()
 }
 
 /// Parses a document, taking out Istio's expected error.
@@ -143,43 +92,19 @@ fn check(doc: &Document) -> Result<(), String> {
     }
 }
 
-/// The corpus files to run, sorted: `crds/*-valid.yaml`, `crds/*-invalid.yaml` and `dataset/*.yaml`.
-fn corpus_files(dir: &Path) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    for sub in ["crds", "dataset"] {
-        let entries =
-            fs::read_dir(dir.join(sub)).unwrap_or_else(|e| panic!("cannot list {}/{sub}: {e}", dir.display()));
-        files.extend(
-            entries
-                .filter_map(|entry| entry.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|ext| ext == "yaml")),
-        );
-    }
-    files.sort();
-    files
-}
-
 #[test]
 fn istio_validation_corpus() {
-    let dir = corpus_dir();
-    assert!(
-        dir.is_dir(),
-        "the Istio validation corpus is missing at {}: check out the steering repository as `shared/` beside this one",
-        dir.display()
-    );
     let mut failures = Vec::new();
     let (mut accepted, mut rejected) = (0, 0);
-    for file in corpus_files(&dir) {
-        for doc in documents(&file) {
-            match check(&doc) {
-                Ok(()) if doc.invalid => rejected += 1,
-                Ok(()) => accepted += 1,
-                Err(why) => failures.push(format!("{}: {why}", doc.place)),
-            }
+    for doc in all_documents() {
+        match check(&doc) {
+            Ok(()) if doc.invalid => rejected += 1,
+            Ok(()) => accepted += 1,
+            Err(why) => failures.push(format!("{}: {why}", doc.place)),
         }
     }
     println!("conformance: {accepted} valid documents accepted, {rejected} invalid documents rejected");
-    assert!(accepted > 0 && rejected > 0, "the corpus at {} holds no documents", dir.display());
+    assert!(accepted > 0 && rejected > 0, "the corpus at {} holds no documents", corpus_dir().display());
     assert!(failures.is_empty(), "{} corpus documents failed:\n{}", failures.len(), failures.join("\n"));
 }
 

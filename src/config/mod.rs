@@ -1,6 +1,7 @@
 //! Mesh configuration: Istio API types, parsing, validation, and the file source.
 
 pub mod api;
+pub mod decode;
 pub mod error;
 pub mod object;
 pub mod parse;

@@ -4,9 +4,13 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::api;
+use super::decode::{decode, unknown_field_reason};
 use super::error::{ConfigError, FieldError};
-use super::object::{ConfigKey, ConfigObject, Kind, Meta, Spec};
+use super::object::{ConfigKey, ConfigObject, Kind, Meta, Spec, SECURITY_GROUP};
 use super::validation;
+
+/// The fields an object may have outside its spec.
+const TOP_LEVEL_FIELDS: [&str; 5] = ["apiVersion", "kind", "metadata", "spec", "status"];
 
 /// Namespace given to objects whose metadata has none.
 pub const DEFAULT_NAMESPACE: &str = "default";
@@ -33,9 +37,42 @@ pub enum Document {
     Invalid(ConfigError),
 }
 
-/// Parses and validates every document of a file.
+/// A parsed document and what is questionable about it without making it invalid (fields Istio's
+/// decoding drops), located as errors are.
+#[derive(Debug, Clone)]
+pub struct Checked {
+    /// The document.
+    pub document: Document,
+    /// Warnings: the document is served, these parts of it are not.
+    pub warnings: Vec<ConfigError>,
+}
+
+/// Parses and validates every document of a file; warnings are logged.
 pub fn parse_file(file: &str, text: &str) -> Vec<Document> {
+    parse_file_checked(file, text).into_iter().map(Checked::logged).collect()
+}
+
+/// Parses and validates every document of a file, returning the warnings beside each.
+pub fn parse_file_checked(file: &str, text: &str) -> Vec<Checked> {
     split_documents(text).into_iter().enumerate().flat_map(|(i, doc)| parse_document(file, i + 1, doc)).collect()
+}
+
+impl Checked {
+    /// The document, its warnings logged (a source serves it; the log tells the user what was not).
+    pub fn logged(self) -> Document {
+        for warning in &self.warnings {
+            let object = warning.object.as_ref().map(ToString::to_string).unwrap_or_default();
+            tracing::warn!(
+                file = %warning.file,
+                document = warning.document,
+                %object,
+                field = %warning.error.field,
+                reason = %warning.error.reason,
+                "config field ignored"
+            );
+        }
+        self.document
+    }
 }
 
 /// Splits YAML text at `---` separator lines, dropping documents with no content.
@@ -62,9 +99,16 @@ fn has_content(doc: &str) -> bool {
     })
 }
 
-fn parse_document(file: &str, index: usize, text: &str) -> Vec<Document> {
-    let invalid = |object: Option<ConfigKey>, error: FieldError| {
-        Document::Invalid(ConfigError { file: file.to_string(), document: index, object, error, policy_selector: None })
+fn parse_document(file: &str, index: usize, text: &str) -> Vec<Checked> {
+    let invalid = |object: Option<ConfigKey>, error: FieldError| Checked {
+        document: Document::Invalid(ConfigError {
+            file: file.to_string(),
+            document: index,
+            object,
+            error,
+            policy_selector: None,
+        }),
+        warnings: Vec::new(),
     };
     let value: Value = match serde_saphyr::from_str(text) {
         Ok(v) => v,
@@ -94,36 +138,51 @@ fn parse_document(file: &str, index: usize, text: &str) -> Vec<Document> {
 }
 
 /// Parses and validates one object read from an API (not from a file): errors name `source` and
-/// document 0.
+/// document 0; warnings are logged.
 pub fn parse_object(source: &str, value: Value) -> Document {
+    parse_object_checked(source, value).logged()
+}
+
+/// As [`parse_object`], returning the warnings.
+pub fn parse_object_checked(source: &str, value: Value) -> Checked {
     parse_item(source, 0, "", value)
 }
 
 /// Parses and validates one object; `path` locates it in its document (`items[3]` in a List,
 /// empty for a document that is the object), and prefixes the field paths of its errors.
-fn parse_item(file: &str, index: usize, path: &str, item: Value) -> Document {
+fn parse_item(file: &str, index: usize, path: &str, item: Value) -> Checked {
     let policy_selector = rejected_policy_selector(&item);
-    let invalid = |object: Option<ConfigKey>, error: FieldError| {
+    let located = |object: Option<ConfigKey>, error: FieldError| {
         let field = join_path(path, &error.field);
         let policy_selector =
             policy_selector.clone().filter(|_| object.as_ref().is_some_and(|k| k.kind == Kind::AuthorizationPolicy));
-        Document::Invalid(ConfigError {
+        ConfigError {
             file: file.to_string(),
             document: index,
             object,
             error: FieldError { field, reason: error.reason },
             policy_selector,
-        })
+        }
     };
+    let invalid = |object, error| Checked { document: Document::Invalid(located(object, error)), warnings: Vec::new() };
     // What an ignored item is reported as is read from the item itself, before it is consumed.
     let text = |pointer: &str| item.pointer(pointer).and_then(Value::as_str).unwrap_or_default().to_string();
     let (api_version, kind, name) = (text("/apiVersion"), text("/kind"), text("/metadata/name"));
-    match object_from_value(item) {
-        Ok(Some(obj)) => match validation::validate(&obj).into_iter().next() {
-            None => Document::Valid(obj),
-            Some(error) => invalid(Some(obj.key), error),
-        },
-        Ok(None) => Document::Ignored { document: index, api_version, kind, name },
+    match object_with_warnings(item) {
+        Ok(Some((obj, mut warnings))) => {
+            let findings = validation::check(&obj);
+            match findings.errors.into_iter().next() {
+                None => {
+                    warnings.extend(findings.warnings);
+                    let warnings = warnings.into_iter().map(|w| located(Some(obj.key.clone()), w)).collect();
+                    Checked { document: Document::Valid(obj), warnings }
+                }
+                Some(error) => invalid(Some(obj.key), error),
+            }
+        }
+        Ok(None) => {
+            Checked { document: Document::Ignored { document: index, api_version, kind, name }, warnings: Vec::new() }
+        }
         Err((object, error)) => invalid(object, error),
     }
 }
@@ -154,6 +213,11 @@ type ParseFailure = (Option<ConfigKey>, FieldError);
 
 /// Builds a typed object from a generic value; `Ok(None)` for kinds meshpilot does not serve.
 pub fn object_from_value(value: Value) -> Result<Option<ConfigObject>, ParseFailure> {
+    object_with_warnings(value).map(|object| object.map(|(object, _)| object))
+}
+
+/// As [`object_from_value`], with the fields of the spec that were dropped (see [`typed`]).
+fn object_with_warnings(value: Value) -> Result<Option<(ConfigObject, Vec<FieldError>)>, ParseFailure> {
     let Value::Object(mut map) = value else {
         return Err((None, FieldError::new("", "document is not an object")));
     };
@@ -189,6 +253,10 @@ pub fn object_from_value(value: Value) -> Result<Option<ConfigObject>, ParseFail
             format!("unsupported version {api_version:?} for {kind_name} ({})", versions.join(", ")),
         );
     }
+    // As Istio's webhook and istioctl do: only the spec's own fields may be unknown.
+    if let Some(field) = map.keys().find(|k| !TOP_LEVEL_FIELDS.contains(&k.as_str())) {
+        return fail(field, format!("unknown field {field:?} (an object has {})", TOP_LEVEL_FIELDS.join(", ")));
+    }
     if key.name.is_empty() {
         return fail("metadata.name", "Required value".into());
     }
@@ -215,30 +283,48 @@ pub fn object_from_value(value: Value) -> Result<Option<ConfigObject>, ParseFail
     let Some(spec_value) = map.remove("spec").filter(|v| !v.is_null()) else {
         return fail("spec", "Required value".into());
     };
+    let security = kind_group == SECURITY_GROUP;
     let spec = match kind {
-        Kind::VirtualService => typed(spec_value).map(Spec::VirtualService),
-        Kind::DestinationRule => typed(spec_value).map(Spec::DestinationRule),
-        Kind::Gateway => typed(spec_value).map(Spec::Gateway),
-        Kind::ServiceEntry => typed(spec_value).map(Spec::ServiceEntry),
-        Kind::WorkloadEntry => typed(spec_value).map(Spec::WorkloadEntry),
-        Kind::Sidecar => typed(spec_value).map(Spec::Sidecar),
-        Kind::AuthorizationPolicy => typed(spec_value).map(Spec::AuthorizationPolicy),
-        Kind::RequestAuthentication => typed(spec_value).map(Spec::RequestAuthentication),
-        Kind::PeerAuthentication => typed(spec_value).map(Spec::PeerAuthentication),
+        Kind::VirtualService => typed(spec_value, Spec::VirtualService),
+        Kind::DestinationRule => typed(spec_value, Spec::DestinationRule),
+        Kind::Gateway => typed(spec_value, Spec::Gateway),
+        Kind::ServiceEntry => typed(spec_value, Spec::ServiceEntry),
+        Kind::WorkloadEntry => typed(spec_value, Spec::WorkloadEntry),
+        Kind::Sidecar => typed(spec_value, Spec::Sidecar),
+        Kind::AuthorizationPolicy => typed(spec_value, Spec::AuthorizationPolicy),
+        Kind::RequestAuthentication => typed(spec_value, Spec::RequestAuthentication),
+        Kind::PeerAuthentication => typed(spec_value, Spec::PeerAuthentication),
     };
-    match spec {
-        Ok(spec) => Ok(Some(ConfigObject { key, meta: Meta { labels, annotations, api_version }, spec })),
-        Err(e) => Err((Some(key), e)),
-    }
+    let (spec, unknown) = match spec {
+        Ok(spec) => spec,
+        Err(e) => return Err((Some(key), e)),
+    };
+    let unknown = unknown.into_iter().map(|field| {
+        let reason = unknown_field_reason(&field);
+        FieldError::new(field, reason)
+    });
+    let warnings = if security {
+        // A protection meshpilot cannot read whole is refused, never half-enforced (fail closed).
+        if let Some(mut error) = unknown.into_iter().next() {
+            error.reason.push_str(": a security policy with a field meshpilot does not know is refused");
+            return Err((Some(key), error));
+        }
+        Vec::new()
+    } else {
+        unknown
+            .map(|mut w| {
+                w.reason.push_str(", ignored as Istio ignores it");
+                w
+            })
+            .collect()
+    };
+    Ok(Some((ConfigObject { key, meta: Meta { labels, annotations, api_version }, spec }, warnings)))
 }
 
-/// Deserializes a spec, keeping the path of the field that failed.
-fn typed<T: DeserializeOwned>(value: Value) -> Result<T, FieldError> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        let field = if path == "." { "spec".to_string() } else { format!("spec.{path}") };
-        FieldError::new(field, e.into_inner().to_string())
-    })
+/// Deserializes a spec, keeping the path of the field that failed; fields the type does not have
+/// are dropped (as Istio's decoding drops them) and their paths returned.
+fn typed<T: DeserializeOwned, S>(value: Value, spec: fn(T) -> S) -> Result<(S, Vec<String>), FieldError> {
+    decode(value, "spec").map(|d| (spec(d.value), d.unknown))
 }
 
 #[cfg(test)]
@@ -252,7 +338,7 @@ mod tests {
     }
 
     #[test]
-    fn unknown_field_is_reported_with_its_path() {
+    fn unknown_networking_field_is_a_warning_with_its_path() {
         let text = r#"
 apiVersion: networking.istio.io/v1
 kind: VirtualService
@@ -264,12 +350,35 @@ spec:
     - destination: {host: a}
       wieght: 3
 "#;
-        let docs = parse_file("f.yaml", text);
-        let Document::Invalid(err) = &docs[0] else { panic!("expected invalid: {docs:?}") };
-        assert_eq!(err.error.field, "spec.http[0].route[0].wieght");
-        assert!(err.error.reason.contains("wieght"), "{}", err.error.reason);
-        assert_eq!(err.document, 1);
-        assert_eq!(err.object.as_ref().map(|k| k.to_string()).as_deref(), Some("VirtualService ns/r"));
+        let checked = parse_file_checked("f.yaml", text);
+        let Document::Valid(obj) = &checked[0].document else { panic!("expected valid: {checked:?}") };
+        let Spec::VirtualService(vs) = &obj.spec else { panic!("a VirtualService") };
+        assert_eq!(vs.http[0].route[0].destination.as_ref().map(|d| d.host.as_str()), Some("a"));
+        let [warning] = &checked[0].warnings[..] else { panic!("one warning: {checked:?}") };
+        assert_eq!(warning.error.field, "spec.http[0].route[0].wieght");
+        assert_eq!(warning.error.reason, "unknown field `wieght`, ignored as Istio ignores it");
+        assert_eq!(warning.document, 1);
+        assert_eq!(warning.object.as_ref().map(|k| k.to_string()).as_deref(), Some("VirtualService ns/r"));
+        // The logging form serves the same object.
+        assert!(matches!(&parse_file("f.yaml", text)[0], Document::Valid(o) if o == obj));
+    }
+
+    #[test]
+    fn unknown_top_level_field_is_an_error() {
+        let text = "apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata: {name: g}\nspec: {}\nspecs: {}\n";
+        let checked = parse_file_checked("f.yaml", text);
+        let Document::Invalid(err) = &checked[0].document else { panic!("expected invalid: {checked:?}") };
+        assert_eq!(err.error.field, "specs");
+        assert!(err.error.reason.starts_with("unknown field \"specs\""), "{}", err.error.reason);
+    }
+
+    #[test]
+    fn unknown_security_field_rejects_the_policy() {
+        let text = "apiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata: {name: p, namespace: ns}\nspec:\n  mtls: {mode: STRICT, strictness: high}\n";
+        let checked = parse_file_checked("f.yaml", text);
+        let Document::Invalid(err) = &checked[0].document else { panic!("expected invalid: {checked:?}") };
+        assert_eq!(err.error.field, "spec.mtls.strictness");
+        assert!(err.error.reason.starts_with("unknown field `strictness`: a security policy"), "{}", err.error.reason);
     }
 
     #[test]

@@ -606,7 +606,7 @@ mod tests {
         let first = state.rescan(dir.path());
         assert_eq!(first.changes.len(), 1);
 
-        std::fs::write(&file, VS.replace("hosts: [a]", "hosts: [a], bogus: 1")).unwrap();
+        std::fs::write(&file, VS.replace("hosts: [a]", "hosts: [\"a b\"]")).unwrap();
         let broken = state.rescan(dir.path());
         assert!(broken.changes.is_empty(), "the last valid version must stay: {:?}", broken.changes);
         assert_eq!(state.errors().len(), 1);

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use tracing::debug;
 
-use crate::config::parse::{parse_file, split_documents, Document};
+use crate::config::parse::{parse_file_checked, split_documents, Checked, Document};
 use crate::config::{ConfigError, FieldError};
 
 /// The largest config file read; a larger one is reported, not read (Kubernetes objects are
@@ -369,23 +369,29 @@ pub(crate) fn list_with(root: &Path, fs: &dyn Fs) -> Result<Listing, ReadError> 
     Ok(listing)
 }
 
-/// Parses `text` like [`parse_file`], with each document's 1-based index in the file.
+/// Parses `text` like [`parse_file`], with each document's 1-based index in the file; warnings
+/// are logged.
+pub fn parse_documents(file: &str, text: &str) -> Vec<(usize, Document)> {
+    parse_documents_checked(file, text).into_iter().map(|(index, checked)| (index, checked.logged())).collect()
+}
+
+/// As [`parse_documents`], returning the warnings.
 ///
 /// `parse_file` does not say which document a valid object came from; this splits the documents
 /// with its own splitter and parses them one by one.
-pub fn parse_documents(file: &str, text: &str) -> Vec<(usize, Document)> {
+pub fn parse_documents_checked(file: &str, text: &str) -> Vec<(usize, Checked)> {
     split_documents(text)
         .into_iter()
         .enumerate()
         .flat_map(|(i, doc)| {
             let index = i + 1;
-            parse_file(file, doc).into_iter().map(move |d| (index, renumber(d, index)))
+            parse_file_checked(file, doc).into_iter().map(move |c| (index, renumber(c, index)))
         })
         .collect()
 }
 
-fn renumber(doc: Document, index: usize) -> Document {
-    match doc {
+fn renumber(checked: Checked, index: usize) -> Checked {
+    let document = match checked.document {
         Document::Valid(obj) => Document::Valid(obj),
         Document::Ignored { api_version, kind, name, .. } => {
             Document::Ignored { document: index, api_version, kind, name }
@@ -394,27 +400,35 @@ fn renumber(doc: Document, index: usize) -> Document {
             err.document = index;
             Document::Invalid(err)
         }
-    }
+    };
+    let warnings = checked.warnings.into_iter().map(|w| ConfigError { document: index, ..w }).collect();
+    Checked { document, warnings }
 }
 
-/// Parses every config file under `root` (for `validate`). A file or directory that cannot be
-/// read yields one invalid document naming it and why; fails only when `root` itself cannot be
-/// used. Blocking I/O.
-pub fn parse_tree(root: &Path) -> Result<Vec<(PathBuf, Vec<Document>)>, ReadError> {
+/// Parses every config file under `root` (for `validate`), with warnings. A file or directory
+/// that cannot be read yields one invalid document naming it and why; fails only when `root`
+/// itself cannot be used. Blocking I/O.
+pub fn parse_tree(root: &Path) -> Result<Vec<(PathBuf, Vec<Checked>)>, ReadError> {
     let listing = list_config_files(root)?;
-    let mut parsed: Vec<(PathBuf, Vec<Document>)> = listing
+    let unreadable = |path: &Path, e: ReadError| Checked {
+        document: Document::Invalid(e.to_config_error(path)),
+        warnings: Vec::new(),
+    };
+    let mut parsed: Vec<(PathBuf, Vec<Checked>)> = listing
         .files
         .into_iter()
         .map(|path| {
             let docs = match read_config_file(&path) {
-                Ok(text) => parse_documents(&path.display().to_string(), &text).into_iter().map(|(_, d)| d).collect(),
-                Err(e) => vec![Document::Invalid(e.to_config_error(&path))],
+                Ok(text) => {
+                    parse_documents_checked(&path.display().to_string(), &text).into_iter().map(|(_, d)| d).collect()
+                }
+                Err(e) => vec![unreadable(&path, e)],
             };
             (path, docs)
         })
         .collect();
     parsed.extend(listing.problems.into_iter().map(|(path, e)| {
-        let doc = Document::Invalid(e.to_config_error(&path));
+        let doc = unreadable(&path, e);
         (path, vec![doc])
     }));
     Ok(parsed)
@@ -427,6 +441,7 @@ pub(crate) mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
+    use crate::config::parse::parse_file;
 
     pub(crate) const VS: &str = "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: r}\nspec: {hosts: [a], http: [{route: [{destination: {host: a}}]}]}\n";
 
@@ -593,7 +608,7 @@ pub(crate) mod tests {
         let text = format!(
             "# leading comment\n---\n{VS}---\n\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: c}}\n---\n{}...\n{}",
             VS.replace("name: r", "name: s"),
-            VS.replace("hosts: [a]", "hosts: [a], bogus: 1").replace("name: r", "name: t")
+            VS.replace("hosts: [a]", "hosts: [\"a b\"]").replace("name: r", "name: t")
         );
         let ours = parse_documents("f", &text);
         let indices: Vec<usize> = ours.iter().map(|(i, _)| *i).collect();
@@ -618,6 +633,19 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn unknown_fields_are_warnings_numbered_by_document() {
+        let text = format!("{VS}---\n{}", VS.replace("hosts: [a]", "hosts: [a], exportTo: [\".\"], tcpp: []"));
+        let checked = parse_documents_checked("f.yaml", &text);
+        assert!(checked.iter().all(|(_, c)| matches!(c.document, Document::Valid(_))), "{checked:?}");
+        assert!(checked[0].1.warnings.is_empty());
+        let warnings: Vec<String> = checked[1].1.warnings.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            warnings,
+            ["f.yaml: document 2 (VirtualService default/r): spec.tcpp: unknown field `tcpp`, ignored as Istio ignores it"]
+        );
+    }
+
+    #[test]
     fn parse_tree_reports_special_files_and_ends() {
         // `validate` hung on loops and FIFOs; unreadable files must be errors there too.
         let dir = tempfile::tempdir().unwrap();
@@ -630,12 +658,13 @@ pub(crate) mod tests {
         let errors: Vec<(String, String)> = parsed
             .iter()
             .flat_map(|(_, docs)| docs)
-            .filter_map(|d| match d {
+            .filter_map(|d| match &d.document {
                 Document::Invalid(e) => Some((e.file.clone(), e.error.reason.clone())),
                 _ => None,
             })
             .collect();
-        let valid = parsed.iter().flat_map(|(_, docs)| docs).filter(|d| matches!(d, Document::Valid(_))).count();
+        let valid =
+            parsed.iter().flat_map(|(_, docs)| docs).filter(|d| matches!(d.document, Document::Valid(_))).count();
         assert_eq!(valid, 1, "{parsed:?}");
         assert_eq!(errors.len(), 2, "{errors:?}");
         assert!(errors.iter().any(|(f, r)| f.ends_with("pipe.yaml") && r.contains("FIFO")), "{errors:?}");

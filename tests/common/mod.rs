@@ -15,6 +15,8 @@ pub mod certs;
 pub mod cluster;
 /// Readers of Envoy's `/config_dump`.
 pub mod config_dump;
+/// Istio's validation corpus, read as documents.
+pub mod corpus;
 /// The `deploy/` artefacts as the deploy tests read them.
 pub mod deploy;
 /// A stub DNS server.

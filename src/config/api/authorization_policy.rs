@@ -9,7 +9,7 @@ use super::common::WorkloadSelector;
 
 /// The `spec` of an AuthorizationPolicy.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct AuthorizationPolicy {
     /// Workloads the policy applies to; none means every workload of its namespace (or the mesh
     /// for the root namespace).
@@ -55,7 +55,7 @@ impl Action {
 
 /// A CUSTOM policy's provider.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct ExtensionProvider {
     /// Name of an extension provider of the mesh config.
     pub name: String,
@@ -63,7 +63,7 @@ pub struct ExtensionProvider {
 
 /// A reference to the object a policy attaches to (Gateway API style).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct PolicyTargetReference {
     /// API group.
     pub group: String,
@@ -77,7 +77,7 @@ pub struct PolicyTargetReference {
 
 /// One rule: sources, operations and conditions, all of which must match.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct Rule {
     /// Sources (any may match); absent means any source.
     pub from: Option<Vec<From>>,
@@ -89,7 +89,7 @@ pub struct Rule {
 
 /// A `from` entry.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct From {
     /// The source.
     pub source: Option<Source>,
@@ -97,7 +97,7 @@ pub struct From {
 
 /// A `to` entry.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct To {
     /// The operation.
     pub operation: Option<Operation>,
@@ -105,7 +105,7 @@ pub struct To {
 
 /// Who sends a request; every field set must match.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct Source {
     /// Peer identities (`TRUST_DOMAIN/ns/NS/sa/SA`, `*` wildcards at either end).
     pub principals: Vec<String>,
@@ -139,7 +139,7 @@ pub struct Source {
 
 /// What a request does; every field set must match.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct Operation {
     /// Hosts (`:authority`).
     pub hosts: Vec<String>,
@@ -161,7 +161,7 @@ pub struct Operation {
 
 /// A `when` condition on an attribute.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct Condition {
     /// Attribute name, e.g. `request.headers[x-user]`.
     pub key: String,

@@ -86,7 +86,7 @@ impl Serialize for Duration {
 
 /// Istio's `StringMatch`: exactly one of exact, prefix or regex (RE2 syntax).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub enum StringMatch {
     /// Exact string match.
     Exact(String),
@@ -98,7 +98,6 @@ pub enum StringMatch {
 
 /// Istio's `PortSelector`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct PortSelector {
     /// Port number.
     #[serde(default)]
@@ -107,7 +106,6 @@ pub struct PortSelector {
 
 /// Istio's `Percent` wrapper (0.0–100.0).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Percent {
     /// The percentage.
     #[serde(default)]
@@ -116,7 +114,7 @@ pub struct Percent {
 
 /// Istio's `WorkloadSelector`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct WorkloadSelector {
     /// Labels a workload must carry to be selected (Sidecar spells the field `labels`).
     #[serde(default, alias = "labels")]
@@ -125,7 +123,7 @@ pub struct WorkloadSelector {
 
 /// A service port as ServiceEntry and Gateway write it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct Port {
     /// Port number (1–65535).
     #[serde(default)]

@@ -6,7 +6,7 @@ use super::common::{Duration, Labels, PortSelector, WorkloadSelector};
 
 /// The `spec` of a DestinationRule.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct DestinationRule {
     /// Service hostname the rule applies to.
     pub host: String,
@@ -22,7 +22,7 @@ pub struct DestinationRule {
 
 /// A named subset of endpoints, selected by labels.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct Subset {
     /// Subset name, used in cluster names.
     pub name: String,
@@ -34,7 +34,7 @@ pub struct Subset {
 
 /// Traffic policy.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct TrafficPolicy {
     /// Load balancing.
     pub load_balancer: Option<LoadBalancerSettings>,
@@ -56,7 +56,7 @@ pub struct TrafficPolicy {
 
 /// Per-port traffic policy.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct PortTrafficPolicy {
     /// Port this policy applies to.
     pub port: Option<PortSelector>,
@@ -90,7 +90,7 @@ pub enum SimpleLb {
 
 /// Load balancer settings.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct LoadBalancerSettings {
     /// Simple algorithm.
     pub simple: Option<SimpleLb>,
@@ -106,7 +106,7 @@ pub struct LoadBalancerSettings {
 
 /// Slow start settings.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct WarmupConfiguration {
     /// Window (required).
     pub duration: Option<Duration>,
@@ -118,7 +118,7 @@ pub struct WarmupConfiguration {
 
 /// Consistent hash load balancing.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct ConsistentHashLb {
     /// Hash on a header.
     pub http_header_name: Option<String>,
@@ -138,7 +138,7 @@ pub struct ConsistentHashLb {
 
 /// Cookie to hash on.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct HttpCookie {
     /// Name.
     pub name: String,
@@ -150,7 +150,7 @@ pub struct HttpCookie {
 
 /// Ring hash settings.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct RingHash {
     /// Minimum ring size.
     #[serde(default)]
@@ -159,7 +159,7 @@ pub struct RingHash {
 
 /// Maglev settings.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct Maglev {
     /// Table size (prime).
     #[serde(default)]
@@ -168,7 +168,7 @@ pub struct Maglev {
 
 /// Connection pool settings.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct ConnectionPoolSettings {
     /// TCP limits.
     pub tcp: Option<TcpSettings>,
@@ -178,7 +178,7 @@ pub struct ConnectionPoolSettings {
 
 /// TCP connection pool.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct TcpSettings {
     /// Max connections.
     pub max_connections: Option<i32>,
@@ -194,7 +194,7 @@ pub struct TcpSettings {
 
 /// HTTP connection pool.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct HttpSettings {
     /// Max pending requests.
     pub http1_max_pending_requests: Option<i32>,
@@ -218,7 +218,7 @@ pub struct HttpSettings {
 
 /// Outlier detection.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct OutlierDetection {
     /// Deprecated: consecutive gateway errors.
     pub consecutive_errors: Option<i32>,
@@ -257,7 +257,7 @@ pub enum ClientTlsMode {
 
 /// Client TLS settings.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct ClientTlsSettings {
     /// Mode.
     pub mode: Option<ClientTlsMode>,

@@ -6,7 +6,7 @@ use super::common::{Labels, Port};
 
 /// The `spec` of a Gateway.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct Gateway {
     /// Labels of the gateway workloads this applies to.
     pub selector: Labels,
@@ -16,7 +16,7 @@ pub struct Gateway {
 
 /// One server of a Gateway.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct Server {
     /// Port to listen on.
     pub port: Option<Port>,
@@ -34,7 +34,7 @@ pub struct Server {
 
 /// Server TLS settings.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct ServerTlsSettings {
     /// Redirect HTTP to HTTPS.
     pub https_redirect: bool,

@@ -1,7 +1,8 @@
 //! Istio API types: networking.istio.io (v1, v1beta1, v1alpha3 share one schema) and
 //! security.istio.io (v1, v1beta1).
 //!
-//! Field names follow Istio's JSON form; unknown fields are rejected as Istio's strict decoding does.
+//! Field names follow Istio's JSON form. Unknown fields are dropped as Istio's decoding drops them
+//! (`config::decode` reports them: a warning for networking kinds, an error for security policies).
 
 pub mod authorization_policy;
 pub mod common;

@@ -8,7 +8,7 @@ use super::common::WorkloadSelector;
 
 /// The `spec` of a PeerAuthentication.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct PeerAuthentication {
     /// Workloads this applies to; none means the whole namespace (or mesh, in the root namespace).
     pub selector: Option<WorkloadSelector>,
@@ -21,7 +21,7 @@ pub struct PeerAuthentication {
 
 /// A `mtls` setting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default)]
 pub struct MutualTls {
     /// The mode.
     pub mode: MtlsMode,

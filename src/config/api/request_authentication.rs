@@ -7,7 +7,7 @@ use super::common::{Duration, WorkloadSelector};
 
 /// The `spec` of a RequestAuthentication.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct RequestAuthentication {
     /// Workloads it applies to; none means its namespace (or the mesh, in the root namespace).
     pub selector: Option<WorkloadSelector>,
@@ -21,7 +21,7 @@ pub struct RequestAuthentication {
 
 /// One accepted issuer and how its tokens are found and checked.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct JwtRule {
     /// The `iss` tokens must carry.
     pub issuer: String,
@@ -49,7 +49,7 @@ pub struct JwtRule {
 
 /// A header a token may come in, with its value prefix (e.g. `Bearer `).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct JwtHeader {
     /// Header name.
     pub name: String,
@@ -59,7 +59,7 @@ pub struct JwtHeader {
 
 /// A claim copied into a header.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct ClaimToHeader {
     /// Header name.
     pub header: String,

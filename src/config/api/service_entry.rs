@@ -7,7 +7,7 @@ use super::workload_entry::WorkloadEntry;
 
 /// The `spec` of a ServiceEntry.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct ServiceEntry {
     /// Hostnames.
     pub hosts: Vec<String>,
@@ -32,7 +32,7 @@ pub struct ServiceEntry {
 
 /// ServiceEntry's selector (`labels`, unlike Sidecar's `matchLabels`... both spellings are Istio's).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct WorkloadSelectorLabels {
     /// Labels.
     #[serde(default)]

@@ -7,7 +7,7 @@ use super::destination_rule::ConnectionPoolSettings;
 
 /// The `spec` of a Sidecar.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct Sidecar {
     /// Workloads this applies to; none means the whole namespace.
     pub workload_selector: Option<WorkloadSelector>,
@@ -25,7 +25,7 @@ pub struct Sidecar {
 
 /// An egress listener of a Sidecar.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct IstioEgressListener {
     /// Port to listen on; none means the catch-all.
     pub port: Option<Port>,
@@ -51,7 +51,7 @@ pub enum CaptureMode {
 
 /// Outbound traffic policy.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct OutboundTrafficPolicy {
     /// REGISTRY_ONLY or ALLOW_ANY.
     pub mode: Option<OutboundMode>,

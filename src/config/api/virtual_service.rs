@@ -8,7 +8,7 @@ use super::common::{Duration, Labels, Percent, PortSelector, StringMatch};
 
 /// The `spec` of a VirtualService.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct VirtualService {
     /// Destination hosts the rules apply to.
     pub hosts: Vec<String>,
@@ -26,7 +26,7 @@ pub struct VirtualService {
 
 /// One HTTP rule.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct HttpRoute {
     /// Rule name, used in Envoy's route name.
     pub name: String,
@@ -65,7 +65,7 @@ pub struct HttpRoute {
 
 /// Match conditions of an HTTP rule (ANDed).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct HttpMatchRequest {
     /// Match name, appended to the route name.
     pub name: String,
@@ -99,7 +99,7 @@ pub struct HttpMatchRequest {
 
 /// A weighted destination of an HTTP rule.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct HttpRouteDestination {
     /// Where to send the request.
     pub destination: Option<Destination>,
@@ -111,7 +111,7 @@ pub struct HttpRouteDestination {
 
 /// A service (and optional subset and port) requests are sent to.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct Destination {
     /// Service hostname (short names are qualified with the VirtualService's namespace).
     pub host: String,
@@ -123,7 +123,7 @@ pub struct Destination {
 
 /// A mirror target with its own percentage.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct HttpMirrorPolicy {
     /// Target.
     pub destination: Option<Destination>,
@@ -133,7 +133,7 @@ pub struct HttpMirrorPolicy {
 
 /// An HTTP redirect.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct HttpRedirect {
     /// New path.
     pub uri: String,
@@ -151,7 +151,7 @@ pub struct HttpRedirect {
 
 /// A direct response.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct HttpDirectResponse {
     /// Status code.
     pub status: u32,
@@ -161,7 +161,7 @@ pub struct HttpDirectResponse {
 
 /// Body of a direct response.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct HttpBody {
     /// Text body.
     pub string: Option<String>,
@@ -171,7 +171,7 @@ pub struct HttpBody {
 
 /// Path/authority rewrite.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct HttpRewrite {
     /// Replaces the matched prefix (or the whole path for exact/regex matches).
     pub uri: String,
@@ -183,7 +183,7 @@ pub struct HttpRewrite {
 
 /// Regex rewrite.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct RegexRewrite {
     /// RE2 pattern.
     #[serde(rename = "match")]
@@ -194,7 +194,7 @@ pub struct RegexRewrite {
 
 /// Retry policy.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct HttpRetry {
     /// Number of retries.
     pub attempts: i32,
@@ -212,7 +212,7 @@ pub struct HttpRetry {
 
 /// Fault injection.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct HttpFaultInjection {
     /// Delay before forwarding.
     pub delay: Option<FaultDelay>,
@@ -222,7 +222,7 @@ pub struct HttpFaultInjection {
 
 /// Fault delay.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct FaultDelay {
     /// Fixed delay.
     pub fixed_delay: Option<Duration>,
@@ -263,7 +263,7 @@ pub fn grpc_status_code(name: &str) -> Option<u32> {
 
 /// Fault abort.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct FaultAbort {
     /// HTTP status returned.
     pub http_status: Option<i32>,
@@ -277,7 +277,7 @@ pub struct FaultAbort {
 
 /// CORS policy.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct CorsPolicy {
     /// Allowed origins.
     pub allow_origins: Vec<StringMatch>,
@@ -299,7 +299,7 @@ pub struct CorsPolicy {
 
 /// Header manipulation for requests and responses.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct Headers {
     /// Applied to the request before forwarding.
     pub request: Option<HeaderOperations>,
@@ -309,7 +309,7 @@ pub struct Headers {
 
 /// Set, add and remove operations.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct HeaderOperations {
     /// Overwrite.
     pub set: BTreeMap<String, String>,
@@ -321,7 +321,7 @@ pub struct HeaderOperations {
 
 /// A TLS (SNI) rule.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct TlsRoute {
     /// Conditions.
     #[serde(rename = "match")]
@@ -332,7 +332,7 @@ pub struct TlsRoute {
 
 /// TLS match.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct TlsMatchAttributes {
     /// SNI values.
     pub sni_hosts: Vec<String>,
@@ -350,7 +350,7 @@ pub struct TlsMatchAttributes {
 
 /// A TCP rule.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct TcpRoute {
     /// Conditions.
     #[serde(rename = "match")]
@@ -361,7 +361,7 @@ pub struct TcpRoute {
 
 /// L4 match.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct L4MatchAttributes {
     /// Destination CIDRs.
     pub destination_subnets: Vec<String>,
@@ -377,7 +377,7 @@ pub struct L4MatchAttributes {
 
 /// A weighted L4 destination.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct RouteDestination {
     /// Target.
     pub destination: Option<Destination>,

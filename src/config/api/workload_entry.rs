@@ -8,7 +8,7 @@ use super::common::Labels;
 
 /// The `spec` of a WorkloadEntry (also a ServiceEntry's inline endpoint).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 pub struct WorkloadEntry {
     /// IP, hostname or `unix://` socket.
     pub address: String,

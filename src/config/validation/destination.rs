@@ -56,7 +56,7 @@ mod tests {
     fn errors_of(destination: &Destination) -> Vec<String> {
         let mut errors = Errors::default();
         check_destination(&mut errors, "d", destination);
-        errors.0.iter().map(|e| e.to_string()).collect()
+        errors.found.iter().map(|e| e.to_string()).collect()
     }
 
     fn dest(host: &str, subset: &str, port: Option<u32>) -> Destination {
@@ -82,7 +82,7 @@ mod tests {
         let check = |w: &[Option<i32>]| {
             let mut errors = Errors::default();
             check_weights(&mut errors, "r", w);
-            errors.0.iter().map(|e| e.to_string()).collect::<Vec<_>>()
+            errors.found.iter().map(|e| e.to_string()).collect::<Vec<_>>()
         };
         assert!(check(&[Some(75), Some(25)]).is_empty());
         assert!(check(&[Some(30), Some(30)]).is_empty());

@@ -89,7 +89,7 @@ mod tests {
         let mut errors = Errors::default();
         let list: Vec<String> = export_to.iter().map(|s| s.to_string()).collect();
         check_export_to(&mut errors, "spec.exportTo", "ns", &list, exporter);
-        errors.0.iter().map(|e| format!("{}: {}", e.field, e.reason)).collect()
+        errors.found.iter().map(|e| format!("{}: {}", e.field, e.reason)).collect()
     }
 
     #[test]

@@ -68,7 +68,7 @@ fn check_server(errors: &mut Errors, path: &str, server: &Server) {
 
 /// Checks a server port at `path`; returns whether it is valid.
 fn check_server_port(errors: &mut Errors, path: &str, port: &Port, bind: &str) -> bool {
-    let before = errors.0.len();
+    let before = errors.found.len();
     if port.protocol.is_empty() {
         errors.add(format!("{path}.protocol"), required("protocol is required"));
     } else if !is_known_protocol(&port.protocol) {
@@ -85,7 +85,7 @@ fn check_server_port(errors: &mut Errors, path: &str, port: &Port, bind: &str) -
     if port.name.is_empty() {
         errors.add(format!("{path}.name"), required("port name must be set"));
     }
-    errors.0.len() == before
+    errors.found.len() == before
 }
 
 /// Checks a server's bind address: an IP, or a unix socket with port number 0.

@@ -112,15 +112,15 @@ mod tests {
     fn label_errors_name_the_key() {
         let mut errors = Errors::default();
         check_labels(&mut errors, "spec.labels", &labels(&[("ok", "v"), ("bad key", "v")]));
-        assert_eq!(errors.0.len(), 1);
-        assert_eq!(errors.0[0].field, "spec.labels[bad key]");
+        assert_eq!(errors.found.len(), 1);
+        assert_eq!(errors.found[0].field, "spec.labels[bad key]");
     }
 
     #[test]
     fn selectors_reject_wildcards_and_empty_keys() {
         let mut errors = Errors::default();
         check_selector(&mut errors, "s", &labels(&[("*", "v"), ("a", "*"), ("", "v"), ("b", "ok")]));
-        let reasons: Vec<&str> = errors.0.iter().map(|e| e.reason.as_str()).collect();
+        let reasons: Vec<&str> = errors.found.iter().map(|e| e.reason.as_str()).collect();
         assert_eq!(reasons.len(), 3, "{reasons:?}");
         assert!(reasons[0].contains("empty key is not supported in selector"));
         assert!(reasons[1].contains("wildcard is not supported in selector"));

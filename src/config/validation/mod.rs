@@ -39,6 +39,20 @@ use super::object::{ConfigObject, Spec};
 
 /// Validates a parsed object; an empty result means it may be served.
 pub fn validate(obj: &ConfigObject) -> Vec<FieldError> {
+    check(obj).errors
+}
+
+/// What validation found in one object.
+#[derive(Debug, Default)]
+pub struct Findings {
+    /// Why the object may not be served; empty when it may.
+    pub errors: Vec<FieldError>,
+    /// Parts of a servable object that are not served (unknown fields of loosely typed parts).
+    pub warnings: Vec<FieldError>,
+}
+
+/// Validates a parsed object, with warnings.
+pub fn check(obj: &ConfigObject) -> Findings {
     let mut errors = Errors::default();
     let namespace = obj.key.namespace.as_str();
     match &obj.spec {
@@ -52,14 +66,14 @@ pub fn validate(obj: &ConfigObject) -> Vec<FieldError> {
         Spec::RequestAuthentication(ra) => request_authentication::validate(ra, &mut errors),
         Spec::PeerAuthentication(pa) => peer_authentication::validate(pa, &mut errors),
     }
-    errors.0
+    Findings { errors: errors.found, warnings: errors.warnings }
 }
 
 /// Whether `labels` is a valid workload selector (no empty keys, no wildcards, label syntax).
 pub fn is_valid_selector(labels: &crate::config::api::Labels) -> bool {
     let mut errors = Errors::default();
     labels::check_selector(&mut errors, "", labels);
-    errors.0.is_empty()
+    errors.found.is_empty()
 }
 
 /// Checks an RFC 1123 DNS subdomain (object names).
@@ -89,14 +103,22 @@ pub fn check_dns1123_label(value: &str) -> Result<(), String> {
     }
 }
 
-/// The errors found in one object, in the order they were found.
+/// The errors (and warnings) found in one object, in the order they were found.
 #[derive(Debug, Default)]
-struct Errors(Vec<FieldError>);
+struct Errors {
+    found: Vec<FieldError>,
+    warnings: Vec<FieldError>,
+}
 
 impl Errors {
     /// Records an error at `field`.
     fn add(&mut self, field: impl Into<String>, reason: impl Into<String>) {
-        self.0.push(FieldError::new(field, reason));
+        self.found.push(FieldError::new(field, reason));
+    }
+
+    /// Records a warning at `field`: the object stays valid.
+    fn warn(&mut self, field: impl Into<String>, reason: impl Into<String>) {
+        self.warnings.push(FieldError::new(field, reason));
     }
 
     /// Records the error of `result`, if any, at `field`.
@@ -199,6 +221,16 @@ mod testing {
         }
     }
 
+    /// Asserts that `spec` is accepted with a warning at `field` whose reason contains `reason`.
+    #[track_caller]
+    pub fn assert_warning(kind: &str, spec: &str, field: &str, reason: &str) {
+        let checked = crate::config::parse::parse_file_checked("test.yaml", &document(kind, "obj", spec));
+        let Some(first) = checked.into_iter().next() else { panic!("no document\n{spec}") };
+        assert!(matches!(first.document, Document::Valid(_)), "expected valid {kind}: {:?}\n{spec}", first.document);
+        let found = first.warnings.iter().any(|w| w.error.field == field && w.error.reason.contains(reason));
+        assert!(found, "no warning {field}: {reason} in {:?}\n{spec}", first.warnings);
+    }
+
     /// Asserts that the first error is at `field` and its reason contains `reason`.
     #[track_caller]
     pub fn assert_error(kind: &str, spec: &str, field: &str, reason: &str) {
@@ -242,7 +274,7 @@ mod tests {
         check_non_negative(&mut errors, "b", Some(0));
         check_percent_range(&mut errors, "c", Some(100.5));
         check_percent_range(&mut errors, "d", Some(100.0));
-        let fields: Vec<&str> = errors.0.iter().map(|e| e.field.as_str()).collect();
+        let fields: Vec<&str> = errors.found.iter().map(|e| e.field.as_str()).collect();
         assert_eq!(fields, ["a", "c"]);
     }
 }

@@ -10,6 +10,7 @@ use crate::config::api::gateway::ServerTlsSettings;
 use crate::config::api::sidecar::{CaptureMode, IstioEgressListener, OutboundMode, OutboundTrafficPolicy};
 use crate::config::api::virtual_service::Destination;
 use crate::config::api::{Port, Sidecar};
+use crate::config::decode::{decode, unknown_field_reason};
 
 use super::addresses::{check_ip, check_unix_address, UNIX_PREFIX};
 use super::destination::check_destination;
@@ -55,14 +56,19 @@ pub(super) fn validate(sidecar: &Sidecar, errors: &mut Errors) {
     }
 }
 
-/// Reads a loosely typed part of the spec as its Istio type, reporting why it does not fit.
+/// Reads a loosely typed part of the spec as its Istio type, reporting why it does not fit (and
+/// the fields it does not have, as warnings).
 fn typed<T: DeserializeOwned>(errors: &mut Errors, path: &str, value: &Value) -> Option<T> {
-    match serde_path_to_error::deserialize(value.clone()) {
-        Ok(v) => Some(v),
-        Err(e) => {
-            let inner = e.path().to_string();
-            let field = if inner == "." { path.to_string() } else { format!("{path}.{inner}") };
-            errors.add(field, e.into_inner().to_string());
+    match decode::<T>(value.clone(), path) {
+        Ok(decoded) => {
+            for field in decoded.unknown {
+                let reason = format!("{}, ignored as Istio ignores it", unknown_field_reason(&field));
+                errors.warn(field, reason);
+            }
+            Some(decoded.value)
+        }
+        Err(error) => {
+            errors.add(error.field, error.reason);
             None
         }
     }
@@ -164,9 +170,9 @@ fn check_ingress(errors: &mut Errors, ingress: &[Value]) {
             continue;
         };
         for key in fields.keys().filter(|k| !INGRESS_FIELDS.contains(&k.as_str())) {
-            errors.add(
+            errors.warn(
                 format!("{path}.{key}"),
-                format!("unknown field `{key}`, expected one of {}", INGRESS_FIELDS.join(", ")),
+                format!("unknown field `{key}`, ignored as Istio ignores it (known: {})", INGRESS_FIELDS.join(", ")),
             );
         }
         let text = |name: &str| listener.get(name).and_then(Value::as_str).unwrap_or_default();
@@ -279,7 +285,7 @@ fn check_outbound_policy(errors: &mut Errors, path: &str, policy: &OutboundTraff
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::validation::testing::{all_errors, assert_error, assert_valid};
+    use crate::config::validation::testing::{all_errors, assert_error, assert_valid, assert_warning};
 
     const SC: &str = "Sidecar";
 
@@ -430,8 +436,13 @@ mod tests {
     fn ingress_listeners_are_checked() {
         assert_error(SC, "ingress: [{defaultEndpoint: \"127.0.0.1:80\"}]", "spec.ingress[0].port", "port is required");
         assert_error(SC, "ingress: [{port: {number: 0}}]", "spec.ingress[0].port.number", "1-65535");
-        assert_error(SC, "ingress: [{port: {number: 80, nmae: x}}]", "spec.ingress[0].port.nmae", "unknown field");
-        assert_error(SC, "ingress: [{port: {number: 80}, bnid: x}]", "spec.ingress[0].bnid", "unknown field");
+        assert_warning(
+            SC,
+            "ingress: [{port: {number: 80, nmae: x}}]",
+            "spec.ingress[0].port.nmae",
+            "unknown field `nmae`",
+        );
+        assert_warning(SC, "ingress: [{port: {number: 80}, bnid: x}]", "spec.ingress[0].bnid", "unknown field `bnid`");
         assert_error(
             SC,
             "ingress: [{port: {number: 80}}, {port: {number: 80}}]",
