@@ -9,7 +9,7 @@ use common::envoy::{port_holder, Envoy};
 use common::files::{temp_dir_with, write_files};
 use common::istio::*;
 use common::mesh::*;
-use common::meshpilot::Meshpilot;
+use common::meshpilot::{operator_command, Meshpilot};
 use common::poll::{poll, CONVERGE_TIMEOUT, STARTUP_TIMEOUT};
 use common::ports::free_port;
 use serde_json::Value;
@@ -97,18 +97,6 @@ async fn config_dump_of_unknown_proxies_and_bad_requests_are_clear_errors() {
     let (code, body) = cp.admin_get("/debug/config_dump?proxyID=nobody.nowhere").await;
     assert_eq!(code, 404, "{body}");
     assert!(body.contains("nobody.nowhere is not connected"), "{body}");
-}
-
-/// `meshpilot ARGS --admin-url URL` (an operator command against `cp`): success, stdout, stderr.
-async fn operator_command(cp: &Meshpilot, args: &[&str]) -> (bool, String, String) {
-    let mut command = std::process::Command::new(Meshpilot::binary());
-    command.args(args).args(["--admin-url", &cp.admin_url()]);
-    let out = tokio::task::spawn_blocking(move || command.output()).await.expect("joined").expect("runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 /// `meshpilot proxy-status ARGS`.

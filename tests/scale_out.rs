@@ -18,7 +18,7 @@ use common::cluster::*;
 use common::config_dump::{assert_same_dynamic_config, dynamic_resources, dynamic_route_config, endpoint_ports};
 use common::envoy::Envoy;
 use common::mesh::{GATEWAY_NODE_ID, SIDECAR_NODE_ID};
-use common::meshpilot::{applied_versions, wait_leader, Meshpilot};
+use common::meshpilot::{applied_versions, operator_command, wait_leader, Meshpilot};
 use common::poll::{poll, STARTUP_TIMEOUT};
 use common::process::TERMINATE_GRACE;
 use meshpilot::sim::SimProxy;
@@ -78,6 +78,36 @@ async fn config_change_reaches_every_proxy() {
     c.gateway_ingress().wait_all_from("/", &[], "reviews-v2", 10).await;
     c.sidecar_ingress().wait_all_from("/", &[], "reviews-v2", 10).await;
     eprintln!("config_change_reaches_every_proxy: {:?}", t0.elapsed());
+}
+
+/// Operator commands pointed at any one node cover every frontend through membership: the ingest
+/// leader's and one frontend's `meshpilot proxy-status` both list the proxies of both frontends,
+/// each with the frontend serving it, and `meshpilot proxy-config` pointed at one frontend shows a
+/// proxy another frontend holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_commands_reach_every_frontend() {
+    let _serial = SERIAL.lock().await;
+    let c = Cluster::start(Options { frontends: 2, apps_per_frontend: 1, sims_per_key: 2 }).await;
+    let v0 = c.wait_leader_has(&MeshState::initial()).await;
+    c.wait_converged(v0).await;
+    let ids = c.frontend_ids();
+    let (leader, _) = c.leader().await;
+    for node in [&c.ingests[leader], &c.frontends[0]] {
+        let (ok, out, err) = operator_command(node, &["proxy-status"]).await;
+        assert!(ok, "proxy-status against {} failed:\n{out}\n{err}", node.id());
+        for (node_id, owner) in [(GATEWAY_NODE_ID, &ids[0]), (SIDECAR_NODE_ID, &ids[1])] {
+            let line = out.lines().find(|l| l.starts_with(node_id)).unwrap_or_default();
+            let cells: Vec<&str> = line.split_whitespace().collect();
+            let frontend = format!("frontend/{owner}");
+            let synced = ["SYNCED", "SYNCED", "SYNCED", "SYNCED", frontend.as_str()];
+            assert_eq!(cells.get(1..6), Some(&synced[..]), "{node_id} as seen from {}:\n{out}", node.id());
+        }
+        let listed = out.lines().skip(1).filter(|l| !l.trim().is_empty()).count();
+        assert_eq!(listed, c.sims.len() + 2, "every proxy of every frontend, from {}:\n{out}", node.id());
+    }
+    let (ok, out, err) = operator_command(&c.frontends[0], &["proxy-config", "clusters", SIDECAR_NODE_ID]).await;
+    let reviews = format!("reviews.{SHOP}.svc.cluster.local");
+    assert!(ok && out.contains(&reviews), "proxy-config of {}'s proxy through {}:\n{out}\n{err}", ids[1], ids[0]);
 }
 
 /// Config edits at > 10/s for > 10 s with traffic through the gateway and sidecar; the leader is

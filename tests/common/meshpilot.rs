@@ -479,3 +479,15 @@ pub fn applied_versions(logs: &str) -> Vec<Vec<meshpilot::snapshot::Version>> {
     }
     runs
 }
+
+/// `meshpilot ARGS --admin-url URL` (an operator command against `cp`): success, stdout, stderr.
+pub async fn operator_command(cp: &Meshpilot, args: &[&str]) -> (bool, String, String) {
+    let mut command = std::process::Command::new(Meshpilot::binary());
+    command.args(args).args(["--admin-url", &cp.admin_url()]);
+    let out = tokio::task::spawn_blocking(move || command.output()).await.expect("joined").expect("runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
