@@ -97,6 +97,19 @@ async fn config_dump_of_unknown_proxies_and_bad_requests_are_clear_errors() {
     let (code, body) = cp.admin_get("/debug/config_dump?proxyID=nobody.nowhere").await;
     assert_eq!(code, 404, "{body}");
     assert!(body.contains("nobody.nowhere is not connected"), "{body}");
+
+    // The commands: an unknown proxy, a type that does not exist, a node that does not answer.
+    let (ok, _, err) = operator_command(&cp, &["proxy-config", "clusters", "nobody.nowhere"]).await;
+    assert!(!ok && err.contains("nobody.nowhere is not connected"), "{err}");
+    let (ok, _, err) = operator_command(&cp, &["proxy-config", "filters", "nobody.nowhere"]).await;
+    assert!(!ok && err.contains("invalid value 'filters'") && err.contains("clusters"), "{err}");
+    let (ok, _, err) = operator_command(&cp, &["proxy-config", "clusters", "x.y", "-o", "xml"]).await;
+    assert!(!ok && err.contains("invalid value 'xml'"), "{err}");
+    let mut command = std::process::Command::new(Meshpilot::binary());
+    command.args(["proxy-status", "--admin-url", &format!("http://127.0.0.1:{}", free_port())]);
+    let out = tokio::task::spawn_blocking(move || command.output()).await.expect("joined").expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("127.0.0.1"), "an unreachable node is named: {err}");
 }
 
 /// `meshpilot proxy-status ARGS`.
