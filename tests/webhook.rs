@@ -134,7 +134,8 @@ async fn reviews_over_https_allow_valid_and_deny_invalid_objects_with_istiods_me
             assert_eq!(response["allowed"], false, "{place}: {response}");
             let message = response["status"]["message"].as_str().unwrap_or_default();
             assert!(
-                message.starts_with("configuration is invalid: ") || message.starts_with("error decoding configuration: "),
+                message.starts_with("configuration is invalid: ")
+                    || message.starts_with("error decoding configuration: "),
                 "{place}: {message}"
             );
             // Istio's error is `field: reason`; meshpilot's message carries the same path and reason.
@@ -245,7 +246,8 @@ async fn the_api_server_trusts_the_patched_ca_bundle_and_refuses_invalid_objects
     }
     configs.replace(CONFIG_NAME, &PostParams::default(), &config).await.expect("the caBundle removed");
     let restored = poll(CONVERGE_TIMEOUT, async || {
-        configs.get_opt(CONFIG_NAME).await.ok().flatten().as_ref().and_then(ca_bundle) == Some(bundle.clone().into_bytes())
+        configs.get_opt(CONFIG_NAME).await.ok().flatten().as_ref().and_then(ca_bundle)
+            == Some(bundle.clone().into_bytes())
     })
     .await;
     assert!(restored, "the caBundle was not put back:\n{}", cp.log_tail(40));

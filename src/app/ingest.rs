@@ -110,7 +110,10 @@ pub async fn run(settings: IngestNodeSettings, process: Process, drain: DrainWat
             let kube = security::kube_client(settings.sources.kubernetes.as_ref().map(|k| &k.cluster)).await?;
             let ca = security::load_ca(&settings.security, kube.as_ref(), &drain).await?;
             let (namespace, leading) = (&settings.security.namespace, Some(is_leader.clone()));
-            Some(webhook::start(webhook_settings, listener, ca, namespace, kube, leading, &process.registry, &drain).await?)
+            Some(
+                webhook::start(webhook_settings, listener, ca, namespace, kube, leading, &process.registry, &drain)
+                    .await?,
+            )
         }
         _ => None,
     };

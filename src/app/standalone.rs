@@ -89,7 +89,10 @@ pub async fn run(settings: StandaloneSettings, process: Process, drain: DrainWat
             };
             let namespace = &settings.security.namespace;
             // A standalone process is its own leader: it keeps the caBundle (`None`: always).
-            Some(webhook::start(webhook_settings, listener, ca, namespace, kube, None, &process.registry, &drain).await?)
+            Some(
+                webhook::start(webhook_settings, listener, ca, namespace, kube, None, &process.registry, &drain)
+                    .await?,
+            )
         }
         _ => None,
     };

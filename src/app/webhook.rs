@@ -70,7 +70,9 @@ fn keep_ca_bundle(
     drain: DrainWatcher,
 ) {
     let Some(mut is_leader) = is_leader else {
-        tokio::spawn(async move { ca_bundle::run(client, name, root_pem, async move { drain.draining().await }).await });
+        tokio::spawn(
+            async move { ca_bundle::run(client, name, root_pem, async move { drain.draining().await }).await },
+        );
         return;
     };
     tokio::spawn(async move {

@@ -19,12 +19,18 @@ impl WebhookMetrics {
     /// Registers the counters in `registry`.
     pub fn register(registry: &Registry) -> WebhookMetrics {
         WebhookMetrics {
-            passed: counter_vec(registry, "galley_validation_passed", "Resource is valid", &[
-                "group", "version", "resource",
-            ]),
-            failed: counter_vec(registry, "galley_validation_failed", "Resource validation failed", &[
-                "group", "version", "resource", "reason",
-            ]),
+            passed: counter_vec(
+                registry,
+                "galley_validation_passed",
+                "Resource is valid",
+                &["group", "version", "resource"],
+            ),
+            failed: counter_vec(
+                registry,
+                "galley_validation_failed",
+                "Resource validation failed",
+                &["group", "version", "resource", "reason"],
+            ),
             http_error: counter_vec(
                 registry,
                 "galley_validation_http_error",

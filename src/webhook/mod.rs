@@ -36,8 +36,10 @@ pub struct WebhookSettings {
 impl WebhookSettings {
     /// The names of the serving certificate for the Service in `namespace`, and the extras.
     pub fn serving_hosts(&self, namespace: &str) -> Vec<String> {
-        let mut hosts =
-            vec![format!("{}.{namespace}.svc", self.service), format!("{}.{namespace}.svc.cluster.local", self.service)];
+        let mut hosts = vec![
+            format!("{}.{namespace}.svc", self.service),
+            format!("{}.{namespace}.svc.cluster.local", self.service),
+        ];
         hosts.extend(self.extra_sans.iter().cloned());
         hosts
     }

@@ -223,11 +223,8 @@ pub fn respond(review: &AdmissionReview) -> (AdmissionReviewResponse, Verdict) {
         status: verdict.message.clone().map(|message| Status { message, code: 400 }),
         warnings: verdict.warnings.clone(),
     };
-    let review = AdmissionReviewResponse {
-        api_version: ADMISSION_API_VERSION.into(),
-        kind: ADMISSION_KIND.into(),
-        response,
-    };
+    let review =
+        AdmissionReviewResponse { api_version: ADMISSION_API_VERSION.into(), kind: ADMISSION_KIND.into(), response };
     (review, verdict)
 }
 
@@ -235,11 +232,16 @@ pub fn respond(review: &AdmissionReview) -> (AdmissionReviewResponse, Verdict) {
 /// object's metadata has none); `request_kind` names the kind in the unknown-field message.
 pub fn review_object(mut object: Value, namespace: &str, request_kind: &str) -> Verdict {
     let Value::Object(map) = &mut object else {
-        return Verdict::deny(Reason::DecodeError, "cannot decode configuration: the object is not a JSON object".into());
+        return Verdict::deny(
+            Reason::DecodeError,
+            "cannot decode configuration: the object is not a JSON object".into(),
+        );
     };
     let (api_version, kind) = match (type_field(map, "apiVersion"), type_field(map, "kind")) {
         (Ok(a), Ok(k)) => (a, k),
-        (Err(e), _) | (_, Err(e)) => return Verdict::deny(Reason::DecodeError, format!("cannot decode configuration: {e}")),
+        (Err(e), _) | (_, Err(e)) => {
+            return Verdict::deny(Reason::DecodeError, format!("cannot decode configuration: {e}"))
+        }
     };
     let (group, version) = api_version.split_once('/').unwrap_or(("", api_version.as_str()));
     // As istiod: the version is not looked at here (every version of a kind shares its schema).
@@ -285,7 +287,10 @@ pub fn review_object(mut object: Value, namespace: &str, request_kind: &str) -> 
     }
     if let Some(field) = unknown {
         let kind = if request_kind.is_empty() { kind.as_str() } else { request_kind };
-        return denied(Reason::InvalidResource, format!("unknown field {field:?} on {kind} resource {object_namespace}/{name}"));
+        return denied(
+            Reason::InvalidResource,
+            format!("unknown field {field:?} on {kind} resource {object_namespace}/{name}"),
+        );
     }
     Verdict::allow(warnings)
 }

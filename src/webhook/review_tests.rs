@@ -87,7 +87,10 @@ fn an_unrecognized_kind_is_denied() {
     assert!(!verdict.allowed);
     assert_eq!(message(&verdict), "unrecognized type /v1, Kind=ConfigMap");
     let object = json!({"apiVersion": "networking.istio.io/v1", "kind": "Nonsense", "metadata": {"name": "x"}});
-    assert_eq!(message(&review(&request("CREATE", Some(object)))), "unrecognized type networking.istio.io/v1, Kind=Nonsense");
+    assert_eq!(
+        message(&review(&request("CREATE", Some(object)))),
+        "unrecognized type networking.istio.io/v1, Kind=Nonsense"
+    );
 }
 
 #[test]

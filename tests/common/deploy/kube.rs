@@ -109,7 +109,13 @@ pub fn expected_ingest_grants() -> BTreeSet<Grant> {
     grants.insert(grant(Scope::Cluster, "", "configmaps", &[], &["create"]));
     // The leader keeps the validating webhook's caBundle (watched by name, then replaced).
     let verbs = ["get", "list", "watch", "update", "patch"];
-    grants.insert(grant(Scope::Cluster, "admissionregistration.k8s.io", "validatingwebhookconfigurations", &[WEBHOOK_CONFIG], &verbs));
+    grants.insert(grant(
+        Scope::Cluster,
+        "admissionregistration.k8s.io",
+        "validatingwebhookconfigurations",
+        &[WEBHOOK_CONFIG],
+        &verbs,
+    ));
     grants
 }
 

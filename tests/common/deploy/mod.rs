@@ -434,9 +434,7 @@ pub fn parse_object(doc: &Value) -> Result<Object, String> {
         ("rbac.authorization.k8s.io/v1", "RoleBinding") => Object::RoleBinding(typed(doc)?),
         ("rbac.authorization.k8s.io/v1", "ClusterRole") => Object::ClusterRole(typed(doc)?),
         ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => Object::ClusterRoleBinding(typed(doc)?),
-        ("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration") => {
-            Object::ValidatingWebhook(typed(doc)?)
-        }
+        ("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration") => Object::ValidatingWebhook(typed(doc)?),
         _ => return Err(format!("apiVersion {api_version:?} kind {kind:?} is not one this test knows")),
     })
 }
