@@ -187,17 +187,23 @@ webhooks:
     )
 }
 
+/// The first webhook's caBundle, when set.
 fn ca_bundle(config: &ValidatingWebhookConfiguration) -> Option<Vec<u8>> {
     let webhook = config.webhooks.as_ref()?.first()?;
     webhook.client_config.ca_bundle.as_ref().map(|b| b.0.clone()).filter(|b| !b.is_empty())
 }
 
-fn virtual_service(name: &str, host: &str) -> DynamicObject {
-    let resource = ApiResource::from_gvk_with_plural(
+/// The VirtualService resource of the API server.
+fn virtual_services() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("networking.istio.io", "v1", "VirtualService"),
         "virtualservices",
-    );
-    let mut vs = DynamicObject::new(name, &resource).within("default");
+    )
+}
+
+/// A VirtualService `name` in `default` for `host`.
+fn virtual_service(name: &str, host: &str) -> DynamicObject {
+    let mut vs = DynamicObject::new(name, &virtual_services()).within("default");
     vs.data = json!({"spec": {"hosts": [host], "http": [{"route": [{"destination": {"host": "reviews"}}]}]}});
     vs
 }
@@ -208,7 +214,6 @@ async fn the_api_server_trusts_the_patched_ca_bundle_and_refuses_invalid_objects
     let admin = api.admin().await;
     apply(&admin, "apiVersion: v1\nkind: Namespace\nmetadata: {name: istio-system}\n").await;
     let addr = free_addr();
-    apply(&admin, &webhook_configuration(&format!("https://{addr}/validate"))).await;
 
     let dir = temp_dir("meshpilot-webhook-kube-");
     let kubeconfig = api.write_kubeconfig(dir.path(), "meshpilot.kubeconfig", &api.url(), ADMIN_TOKEN);
@@ -218,6 +223,9 @@ async fn the_api_server_trusts_the_patched_ca_bundle_and_refuses_invalid_objects
         .arg(CONFIG_NAME)
         .start();
     cp.wait_ready(STARTUP_TIMEOUT).await;
+    // The configuration does not exist yet: meshpilot waits for it, and is patched once it does.
+    cp.assert_running();
+    apply(&admin, &webhook_configuration(&format!("https://{addr}/validate"))).await;
 
     let configs: Api<ValidatingWebhookConfiguration> = Api::all(admin.clone());
     let patched = poll(CONVERGE_TIMEOUT, async || {
@@ -229,11 +237,7 @@ async fn the_api_server_trusts_the_patched_ca_bundle_and_refuses_invalid_objects
     let bundle = String::from_utf8(ca_bundle(&config).unwrap_or_default()).expect("PEM");
     assert!(bundle.starts_with("-----BEGIN CERTIFICATE-----"), "{bundle}");
 
-    let resource = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("networking.istio.io", "v1", "VirtualService"),
-        "virtualservices",
-    );
-    let vss: Api<DynamicObject> = Api::namespaced_with(admin.clone(), "default", &resource);
+    let vss: Api<DynamicObject> = Api::namespaced_with(admin.clone(), "default", &virtual_services());
     let refused = vss.create(&PostParams::default(), &virtual_service("bad", "bad host")).await;
     let error = refused.expect_err("the API server refuses an invalid VirtualService").to_string();
     assert!(error.contains("denied the request: configuration is invalid: spec.hosts[0]"), "{error}");

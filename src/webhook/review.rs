@@ -198,10 +198,12 @@ pub fn review(request: &AdmissionRequest) -> Verdict {
         return Verdict::deny(Reason::DecodeError, "cannot decode configuration: the request has no object".into());
     };
     let verdict = review_object(object, &request.namespace, &request.kind.kind);
-    match &verdict.message {
-        Some(message) => info!(
+    // The message is the user's (the API server shows it); the log names the object and why,
+    // never its contents (a reason may quote a value).
+    match verdict.reason {
+        Some(reason) => info!(
             kind = %request.kind.kind, namespace = %request.namespace, name = %request.name,
-            operation = %request.operation, dry_run, %message, "configuration denied"
+            operation = %request.operation, dry_run, reason = reason.label(), "configuration denied"
         ),
         None => debug!(
             kind = %request.kind.kind, namespace = %request.namespace, name = %request.name,
@@ -267,7 +269,7 @@ pub fn review_object(mut object: Value, namespace: &str, request_kind: &str) -> 
         map.get("metadata").and_then(|m| m.get("namespace")).and_then(Value::as_str).unwrap_or(namespace).to_string();
 
     // A conversion error (the spec does not have the schema) is told apart from a validation
-    // error by converting alone; only denials pay for it.
+    // error by converting alone, from this copy (an object is at most a few MiB, reviews are rare).
     let conversion = object.clone();
     // THE call to the validator the sources use (it will return warnings beside the document).
     let (document, warnings) = (parse_object(SOURCE, object), Vec::<String>::new());
