@@ -121,12 +121,12 @@ async fn reviews_over_https_allow_valid_and_deny_invalid_objects_with_istiods_me
     cp.wait_ready(STARTUP_TIMEOUT).await;
     let webhook = client(&cp).await;
 
-    let mut checked = 0;
+    let (mut allowed, mut denied) = (0.0, 0.0);
     for kind in ["destinationrule", "serviceentry", "workloadentry"] {
         for (i, (object, _)) in corpus(&format!("{kind}-valid.yaml")).iter().enumerate() {
             let response = webhook.review(&format!("{kind}-valid-{i}"), object).await;
             assert_eq!(response["allowed"], true, "{kind}-valid.yaml document {}: {response}", i + 1);
-            checked += 1;
+            allowed += 1.0;
         }
         for (i, (object, error)) in corpus(&format!("{kind}-invalid.yaml")).iter().enumerate() {
             let response = webhook.review(&format!("{kind}-invalid-{i}"), object).await;
@@ -143,10 +143,10 @@ async fn reviews_over_https_allow_valid_and_deny_invalid_objects_with_istiods_me
                 let (field, reason) = error.split_once(": ").unwrap_or(("", error.as_str()));
                 assert!(message.contains(field) && message.contains(reason), "{place}: {message}, Istio: {error}");
             }
-            checked += 1;
+            denied += 1.0;
         }
     }
-    assert!(checked > 20, "the corpus was found and read ({checked} documents)");
+    assert!(allowed + denied > 20.0, "the corpus was found and read ({allowed} + {denied} documents)");
 
     // A top-level field Kubernetes objects do not have, in the request's namespace.
     let mut vs = json!({
@@ -157,12 +157,24 @@ async fn reviews_over_https_allow_valid_and_deny_invalid_objects_with_istiods_me
     vs["bogus"] = json!(true);
     let response = webhook.review("vs-extra", &vs).await;
     assert_eq!(response["status"]["message"], r#"unknown field "bogus" on VirtualService resource default/r"#);
+    allowed += 1.0;
+    denied += 1.0;
 
     // Requests that are not reviews are refused at the HTTP level.
     let (status, body) = webhook.post("application/json", "{not json".into()).await.expect("answered");
     assert_eq!(status, 400, "{body}");
     let (status, body) = webhook.post("text/yaml", "{}".into()).await.expect("answered");
     assert_eq!(status, 415, "{body}");
+
+    // istiod's metrics count each verdict, failures by reason.
+    let metrics = cp.metrics().await;
+    let resource = [("group", "networking.istio.io"), ("version", "v1"), ("resource", "objects")];
+    assert_eq!(metrics.value("galley_validation_passed", &resource), allowed);
+    let failed: f64 = metrics.find("galley_validation_failed", &resource).iter().map(|s| s.value).sum();
+    assert_eq!(failed, denied);
+    assert!(metrics.value("galley_validation_failed", &[("reason", "invalid_resource")]) > 0.0);
+    assert_eq!(metrics.value("galley_validation_http_error", &[("status", "400")]), 1.0);
+    assert_eq!(metrics.value("galley_validation_http_error", &[("status", "415")]), 1.0);
 }
 
 /// A ValidatingWebhookConfiguration for the Istio groups calling `url`, without a caBundle.

@@ -175,6 +175,12 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_body_over_the_limit_is_refused() {
+        let (status, _) = post("application/json", &" ".repeat(MAX_BODY_BYTES + 1)).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    }
+
+    #[tokio::test]
     async fn a_review_is_answered_with_a_review() {
         let body = r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u-1",
             "operation":"DELETE","namespace":"ns"}}"#;
