@@ -2,7 +2,8 @@
 //! `meshpilot standalone --webhook-addr`, trusting meshpilot's CA, are allowed or denied with
 //! istiod's messages (Istio's validation corpus among them); and with a real kube-apiserver,
 //! meshpilot sets the caBundle of a ValidatingWebhookConfiguration that has none, after which
-//! the API server refuses an invalid VirtualService with the webhook's message.
+//! the API server refuses an invalid VirtualService with the webhook's message; in a split
+//! deployment every ingest node serves the webhook and only the leader keeps the caBundle.
 
 mod common;
 
@@ -12,7 +13,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use common::kube::{apply, KubeApi, ADMIN_TOKEN};
-use common::meshpilot::Meshpilot;
+use common::meshpilot::{wait_leader, Meshpilot};
 use common::poll::{poll, CONVERGE_TIMEOUT, STARTUP_TIMEOUT};
 use common::ports::free_addr;
 use common::process::temp_dir;
@@ -267,4 +268,50 @@ async fn the_api_server_trusts_the_patched_ca_bundle_and_refuses_invalid_objects
     })
     .await;
     assert!(restored, "the caBundle was not put back:\n{}", cp.log_tail(40));
+}
+
+#[tokio::test]
+async fn every_ingest_node_serves_the_webhook_and_the_leader_keeps_the_ca_bundle() {
+    let Some(api) = KubeApi::start().await else { return };
+    let admin = api.admin().await;
+    apply(&admin, "apiVersion: v1\nkind: Namespace\nmetadata: {name: istio-system}\n").await;
+    let dir = temp_dir("meshpilot-webhook-ingest-");
+    let kubeconfig = api.write_kubeconfig(dir.path(), "meshpilot.kubeconfig", &api.url(), ADMIN_TOKEN);
+    let etcd = api.etcd_endpoint();
+    let ingests: Vec<Meshpilot> = ["a", "b"]
+        .iter()
+        .map(|id| {
+            Meshpilot::ingest_on_kubernetes(&etcd, &kubeconfig)
+                .id(id)
+                .webhook(free_addr(), &["127.0.0.1".to_string()])
+                .arg("--webhook-config-name")
+                .arg(CONFIG_NAME)
+                .start()
+        })
+        .collect();
+    for node in &ingests {
+        node.wait_ready(STARTUP_TIMEOUT).await;
+    }
+    let (leader, _) = wait_leader(&ingests, STARTUP_TIMEOUT, |_| true).await;
+    let standby = &ingests[1 - leader];
+    // The API server calls the standby: every node validates, with a certificate from the one CA
+    // (the istio-ca-secret) whose root the leader put in the caBundle.
+    apply(&admin, &webhook_configuration(&format!("https://{}/validate", standby.webhook_addr()))).await;
+
+    let configs: Api<ValidatingWebhookConfiguration> = Api::all(admin.clone());
+    let patched = poll(CONVERGE_TIMEOUT, async || {
+        configs.get_opt(CONFIG_NAME).await.ok().flatten().as_ref().and_then(ca_bundle).is_some()
+    })
+    .await;
+    assert!(patched, "the leader never set the caBundle:\n{}", ingests[leader].log_tail(40));
+    let vss: Api<DynamicObject> = Api::namespaced_with(admin.clone(), "default", &virtual_services());
+    let refused = vss.create(&PostParams::default(), &virtual_service("bad", "bad host")).await;
+    let error = refused.expect_err("the API server refuses an invalid VirtualService").to_string();
+    assert!(error.contains("denied the request: configuration is invalid: spec.hosts[0]"), "{error}");
+    vss.create(&PostParams::default(), &virtual_service("good", "reviews")).await.expect("a valid one is created");
+
+    // Only the leader writes the configuration.
+    let keeper = "keeping the validating webhook's caBundle";
+    assert!(ingests[leader].logs().contains(keeper), "the leader does not keep the caBundle");
+    assert!(!standby.logs().contains(keeper), "a standby keeps the caBundle too");
 }
