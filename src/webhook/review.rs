@@ -247,8 +247,8 @@ pub fn review_object(mut object: Value, namespace: &str, request_kind: &str) -> 
     };
     let (group, version) = api_version.split_once('/').unwrap_or(("", api_version.as_str()));
     // As istiod: the version is not looked at here (every version of a kind shares its schema).
-    let served = Kind::from_name(&kind).filter(|k| k.group().0 == group);
-    if served.is_none() {
+    let served = Kind::from_name(&kind).is_some_and(|k| k.group().0 == group);
+    if !served {
         if UNSERVED_ISTIO_KINDS.contains(&(group, kind.as_str())) {
             return Verdict::allow(vec![format!(
                 "meshpilot does not serve {kind} ({group}): it was not validated and has no effect on meshpilot's proxies"
