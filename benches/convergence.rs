@@ -77,6 +77,7 @@ fn main() {
             admission: Default::default(),
             plaintext_xds: true,
             security: Default::default(),
+            webhook: None,
         };
         // Dropping the trigger drains the server.
         let (stop, drain) = meshpilot::drain::new();

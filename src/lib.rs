@@ -3,7 +3,7 @@
 //! The modules follow the data flow (see `ARCHITECTURE.md`): [`source`] → [`ingest`] →
 //! [`snapshot`] → [`replication`] → [`xds`] → proxies, beside the shared model ([`config`],
 //! [`mesh`], [`registry`]), the [`cluster`] (etcd, election, membership, ownership), [`security`] (CA, identities,
-//! authentication), [`admin`],
+//! authentication), Istio's validating [`webhook`], [`admin`],
 //! [`telemetry`], and one composition root per role in [`app`].
 
 pub mod admin;
@@ -24,4 +24,5 @@ pub mod sim;
 pub mod snapshot;
 pub mod source;
 pub mod telemetry;
+pub mod webhook;
 pub mod xds;

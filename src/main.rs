@@ -195,6 +195,40 @@ struct StandaloneArgs {
     /// The CA and the secure xDS port.
     #[command(flatten)]
     security: SecurityArgs,
+    /// Istio's validating webhook.
+    #[command(flatten)]
+    webhook: WebhookArgs,
+}
+
+/// Istio's validating admission webhook (istiod's 15017, `/validate`).
+#[derive(clap::Args)]
+struct WebhookArgs {
+    /// HTTPS listen address of the validating webhook (deploy/ uses 0.0.0.0:15017, as istiod);
+    /// without it the webhook is off.
+    #[arg(long)]
+    webhook_addr: Option<SocketAddr>,
+    /// The Service the API server calls the webhook through: its certificate is for
+    /// <service>.<namespace>.svc[.cluster.local].
+    #[arg(long, default_value = meshpilot::webhook::DEFAULT_SERVICE)]
+    webhook_service: String,
+    /// Extra DNS names or IP addresses of the webhook's certificate (comma separated).
+    #[arg(long, value_delimiter = ',')]
+    webhook_tls_san: Vec<String>,
+    /// The ValidatingWebhookConfiguration whose webhooks' caBundle is kept at the CA's root
+    /// (with Kubernetes; by the ingest leader).
+    #[arg(long, default_value = meshpilot::webhook::DEFAULT_CONFIG_NAME)]
+    webhook_config_name: String,
+}
+
+impl WebhookArgs {
+    fn settings(&self) -> Option<meshpilot::webhook::WebhookSettings> {
+        self.webhook_addr.map(|addr| meshpilot::webhook::WebhookSettings {
+            addr,
+            service: self.webhook_service.clone(),
+            extra_sans: self.webhook_tls_san.clone(),
+            config_name: self.webhook_config_name.clone(),
+        })
+    }
 }
 
 /// The CA and the secure xDS port (istiod's 15012: TLS, authenticated ADS and the CA service).
@@ -394,6 +428,9 @@ struct IngestArgs {
     /// Longest debounce delay.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     debounce_max: Duration,
+    /// Istio's validating webhook (every node serves it; the leader keeps its caBundle).
+    #[command(flatten)]
+    webhook: WebhookArgs,
 }
 
 #[derive(Parser)]
@@ -527,6 +564,7 @@ fn run_ingest(args: IngestArgs) -> anyhow::Result<()> {
             namespace,
             ..Default::default()
         },
+        webhook: args.webhook.settings(),
     };
     app::run(|drain| app::ingest::run(settings, process, drain)).context("ingest node")
 }
@@ -575,6 +613,7 @@ fn run_standalone(args: StandaloneArgs) -> anyhow::Result<()> {
         xds_addr: args.xds_addr,
         admin_addr: args.admin_addr,
         admission: args.admission.settings(),
+        webhook: args.webhook.settings(),
     };
     app::run(|drain| app::standalone::run(settings, process, drain)).context("standalone meshpilot")
 }

@@ -21,7 +21,8 @@ const LAYERS: &[&[&str]] = &[
     &["cluster"],
     // CA, identities and authentication: used by replication, xds and app.
     &["security"],
-    &["replication"],
+    // Beside replication, Istio's validating webhook: the config parser behind HTTPS from the CA.
+    &["replication", "webhook"],
     &["xds"],
     // Readers of everything below, and the composition roots.
     &["admin", "sim"],

@@ -7,7 +7,8 @@
 //! - meshpilot containers use only the CLI's flags, and pods meet the restricted standard;
 //! - ingest runs on the Kubernetes source with exactly the RBAC it needs; nothing else talks to
 //!   the API server;
-//! - `deploy/crds/istio-crds.yaml` defines the ten Istio kinds as valid v1 CRDs.
+//! - `deploy/crds/istio-crds.yaml` defines the ten Istio kinds as valid v1 CRDs;
+//! - the validating webhook reaches every ingest node on 15017 with istiod's rules.
 //!
 //! `deploy_config.rs` checks the config the deployment ships, `deploy_load_balancers.rs` how the
 //! load balancers hash proxies onto frontends.
@@ -20,7 +21,7 @@ use std::path::Path;
 use common::deploy::cli::{is_meshpilot, parse_cli};
 use common::deploy::kube::{
     expected_frontend_grants, expected_ingest_grants, grants_by_account, show_grant, ISTIO_KINDS, MESH_CONFIG_MAP,
-    MESH_KEY,
+    MESH_KEY, WEBHOOK_CONFIG, WEBHOOK_PORT, WEBHOOK_SERVICE,
 };
 use common::deploy::workloads::{config_maps, container_ports, selects, var_refs, workloads, Workload};
 use common::deploy::*;
@@ -128,6 +129,7 @@ fn every_manifest_parses_into_its_kubernetes_type_without_unknown_fields() {
             Object::RoleBinding(_) => "RoleBinding",
             Object::ClusterRole(_) => "ClusterRole",
             Object::ClusterRoleBinding(_) => "ClusterRoleBinding",
+            Object::ValidatingWebhook(_) => "ValidatingWebhookConfiguration",
         })
         .collect();
     for kind in ["Namespace", "Deployment", "StatefulSet", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget"]
@@ -167,7 +169,7 @@ fn namespaced_objects_live_in_the_kustomization_namespace() {
                 namespace_defined |= n.metadata.name.as_ref() == Some(ns);
                 continue;
             }
-            Object::ClusterRole(_) | Object::ClusterRoleBinding(_) => continue,
+            Object::ClusterRole(_) | Object::ClusterRoleBinding(_) | Object::ValidatingWebhook(_) => continue,
             Object::ServiceAccount(o) => &o.metadata,
             Object::ConfigMap(o) => &o.metadata,
             Object::Service(o) => &o.metadata,
@@ -565,7 +567,9 @@ fn rbac_reference_problems(base: &Build) -> Vec<String> {
             let read = ["get", "list", "watch"].contains(&verb.as_str());
             let write = match verb.as_str() {
                 "create" => writable(&["events", "secrets", "configmaps", "tokenreviews"]),
-                "patch" => writable(&["events", "configmaps"]),
+                "patch" => writable(&["events", "configmaps", "validatingwebhookconfigurations"]),
+                // The webhook configuration's caBundle; the exact-grants test pins its name.
+                "update" => writable(&["validatingwebhookconfigurations"]),
                 _ => false,
             };
             if !read && !write {
@@ -857,6 +861,117 @@ fn container_problems(c: &Container) -> Vec<String> {
     }
     if !resources.limits.unwrap_or_default().contains_key("memory") {
         problems.push("needs a memory limit".into());
+    }
+    problems
+}
+
+#[test]
+fn the_validating_webhook_calls_every_ingest_node_on_15017_with_istiods_rules() {
+    for build in builds() {
+        let problems = webhook_problems(&build);
+        assert_no_problems(&format!("the validating webhook of {}", build.name), &problems);
+    }
+}
+
+fn webhook_problems(build: &Build) -> Vec<String> {
+    let mut problems = Vec::new();
+    let configs: Vec<_> = build
+        .manifests
+        .iter()
+        .filter_map(|m| match &m.object {
+            Object::ValidatingWebhook(c) => Some((m.at(), c)),
+            _ => None,
+        })
+        .collect();
+    let names: Vec<_> = configs.iter().map(|(_, c)| c.metadata.name.clone().unwrap_or_default()).collect();
+    if names != [WEBHOOK_CONFIG] {
+        problems.push(format!("ValidatingWebhookConfigurations {names:?}, expected [{WEBHOOK_CONFIG:?}]"));
+    }
+    let set = |items: &[&str]| items.iter().map(|s| s.to_string()).collect::<BTreeSet<String>>();
+    for (at, config) in &configs {
+        let webhooks = config.webhooks.as_deref().unwrap_or_default();
+        if webhooks.is_empty() {
+            problems.push(format!("{at}: no webhooks"));
+        }
+        for w in webhooks {
+            let at = format!("{at}: webhook {}", w.name);
+            let service = w.client_config.service.as_ref();
+            let target = service.map(|s| (s.name.as_str(), s.namespace.as_str(), s.port, s.path.as_deref()));
+            let expected = (WEBHOOK_SERVICE, build.namespace.as_str(), Some(WEBHOOK_PORT), Some("/validate"));
+            if target != Some(expected) || w.client_config.url.is_some() {
+                problems.push(format!("{at}: calls {target:?}, expected the Service {expected:?}"));
+            }
+            // The ingest leader sets it from the CA; one in the manifest would be stale.
+            if w.client_config.ca_bundle.is_some() {
+                problems.push(format!("{at}: a caBundle in the manifest"));
+            }
+            if w.failure_policy.as_deref() != Some("Fail") || w.side_effects != "None" {
+                problems.push(format!("{at}: failurePolicy {:?}, sideEffects {:?}", w.failure_policy, w.side_effects));
+            }
+            if w.admission_review_versions != ["v1"] {
+                problems.push(format!("{at}: admissionReviewVersions {:?}", w.admission_review_versions));
+            }
+            let rules: Vec<_> = w
+                .rules
+                .iter()
+                .flatten()
+                .map(|r| {
+                    let field = |v: &Option<Vec<String>>| v.iter().flatten().cloned().collect::<BTreeSet<String>>();
+                    let operations = field(&r.operations);
+                    (field(&r.api_groups), field(&r.api_versions), operations, field(&r.resources))
+                })
+                .collect();
+            let istiods = (
+                set(&["networking.istio.io", "security.istio.io"]),
+                set(&["*"]),
+                set(&["CREATE", "UPDATE"]),
+                set(&["*"]),
+            );
+            if rules != [istiods.clone()] {
+                problems.push(format!("{at}: rules {rules:?}, expected istiod's {istiods:?}"));
+            }
+        }
+    }
+    // The Service: not headless (the API server dials its cluster IP), port 15017 on ingest pods.
+    let service = build.manifests.iter().find_map(|m| match &m.object {
+        Object::Service(s) if s.metadata.name.as_deref() == Some(WEBHOOK_SERVICE) => Some(s),
+        _ => None,
+    });
+    match service.and_then(|s| s.spec.as_ref()) {
+        None => problems.push(format!("no Service {WEBHOOK_SERVICE}")),
+        Some(spec) => {
+            if spec.cluster_ip.as_deref() == Some("None") {
+                problems.push(format!("Service {WEBHOOK_SERVICE} is headless"));
+            }
+            if !spec.ports.iter().flatten().any(|p| p.port == WEBHOOK_PORT) {
+                problems.push(format!("Service {WEBHOOK_SERVICE} has no port {WEBHOOK_PORT}"));
+            }
+            let selector = LabelSelector { match_labels: spec.selector.clone(), ..Default::default() };
+            let selected_ingest = workloads(&build.manifests)
+                .iter()
+                .any(|w| w.name == "meshpilot-ingest" && selects(&selector, &w.labels()) == Ok(true));
+            if !selected_ingest {
+                problems.push(format!("Service {WEBHOOK_SERVICE} does not select the ingest pods"));
+            }
+        }
+    }
+    // Every ingest node serves it, under the names the configuration and the Service use.
+    for w in workloads(&build.manifests).iter().filter(|w| w.name == "meshpilot-ingest") {
+        for c in w.containers().iter().filter(|c| is_meshpilot(c)) {
+            let Ok(cli) = parse_cli(c.args.as_deref().unwrap_or_default()) else { continue };
+            let flag = |name: &str| cli.flags.get(name).map(String::as_str);
+            if flag("--webhook-addr") != Some("0.0.0.0:15017") {
+                problems.push(format!("{}: --webhook-addr {:?}, expected 0.0.0.0:15017", w.at, flag("--webhook-addr")));
+            }
+            for (name, value) in [("--webhook-service", WEBHOOK_SERVICE), ("--webhook-config-name", WEBHOOK_CONFIG)] {
+                if flag(name).is_some_and(|v| v != value) {
+                    problems.push(format!("{}: {name} {:?}, but the manifests use {value:?}", w.at, flag(name)));
+                }
+            }
+            if !container_ports(c).iter().any(|(_, p)| *p == WEBHOOK_PORT) {
+                problems.push(format!("{}: no container port {WEBHOOK_PORT}", w.at));
+            }
+        }
     }
     problems
 }

@@ -107,6 +107,7 @@ impl Server {
             admission: Default::default(),
             plaintext_xds: true,
             security: Default::default(),
+            webhook: None,
         };
         // Dropping the trigger drains the server.
         let (stop, drain) = meshpilot::drain::new();

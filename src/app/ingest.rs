@@ -15,7 +15,7 @@ use tracing::{info, warn};
 
 use super::security::{self, SecuritySettings};
 use super::servers;
-use super::{pipeline, Process, RoleError};
+use super::{pipeline, webhook, Process, RoleError};
 use crate::admin::{AdminState, NodeStatus};
 use crate::cluster::election::{Candidate, ElectionSettings, Leadership};
 use crate::cluster::membership::{Members, MembersWatch, DEFAULT_PREFIX};
@@ -28,6 +28,7 @@ use crate::replication::{ServerSettings, SnapshotServer};
 use crate::snapshot::{self, SnapshotReader, SnapshotWriter};
 use crate::source::SourceSettings;
 use crate::telemetry::metrics::gauge_value;
+use crate::webhook::WebhookSettings;
 
 /// Settings of an ingest node.
 #[derive(Debug, Clone)]
@@ -52,6 +53,8 @@ pub struct IngestNodeSettings {
     pub debounce: DebounceSettings,
     /// Where the CA's key material comes from (its root is published while leading).
     pub security: SecuritySettings,
+    /// Istio's validating webhook (every node serves it; the leader keeps its caBundle); `None`: off.
+    pub webhook: Option<WebhookSettings>,
 }
 
 /// Runs until the drain starts; a leader resigns before its task lets the drain complete.
@@ -60,6 +63,7 @@ pub async fn run(settings: IngestNodeSettings, process: Process, drain: DrainWat
     let first_snapshot = ready.register_task("first snapshot");
     let snapshot_listener = servers::bind("snapshot server", settings.snapshot_addr).await?;
     let admin_listener = servers::bind("admin server", settings.admin_addr).await?;
+    let webhook_listener = webhook::bind(settings.webhook.as_ref()).await?;
     let client = crate::cluster::etcd::connect_with_tls(&settings.etcd_endpoints, &settings.etcd_tls).await?;
 
     // Standbys build snapshots too (term 0 until they lead), so a failover starts warm.
@@ -101,6 +105,18 @@ pub async fn run(settings: IngestNodeSettings, process: Process, drain: DrainWat
         }
         false => None,
     };
+    let webhook = match (settings.webhook.as_ref(), webhook_listener) {
+        (Some(webhook_settings), Some(listener)) => {
+            let kube = security::kube_client(settings.sources.kubernetes.as_ref().map(|k| &k.cluster)).await?;
+            let ca = security::load_ca(&settings.security, kube.as_ref(), &drain).await?;
+            let (namespace, leading) = (&settings.security.namespace, Some(is_leader.clone()));
+            Some(
+                webhook::start(webhook_settings, listener, ca, namespace, kube, leading, &process.registry, &drain)
+                    .await?,
+            )
+        }
+        _ => None,
+    };
     let replication_metrics = ReplicationMetrics::register(&process.registry);
     let server = SnapshotServer::with_metrics(published, is_leader, ServerSettings::default(), replication_metrics);
     // The frontends, shown at /debug/node: `meshpilot proxy-status` pointed here reaches them all.
@@ -123,7 +139,8 @@ pub async fn run(settings: IngestNodeSettings, process: Process, drain: DrainWat
     };
     let served = tokio::try_join!(
         servers::serve_snapshots(snapshot_listener, server, snapshot_tls, drain.clone()),
-        servers::serve_admin(admin_listener, admin_state, drain),
+        servers::serve_admin(admin_listener, admin_state, drain.clone()),
+        webhook::serve(webhook, drain),
     );
     if served.is_err() {
         ingest_task.abort();

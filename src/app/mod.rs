@@ -15,6 +15,7 @@ mod pipeline;
 pub mod security;
 mod servers;
 pub mod standalone;
+pub mod webhook;
 
 use std::future::Future;
 use std::time::Duration;
@@ -41,6 +42,9 @@ pub enum RoleError {
     /// The CA or the secure port could not start.
     #[error(transparent)]
     Security(#[from] security::SecurityError),
+    /// The validating webhook's TLS could not be set up.
+    #[error(transparent)]
+    Webhook(#[from] crate::webhook::server::WebhookTlsError),
 }
 
 /// How long a terminating process drains before it exits regardless: Kubernetes would SIGKILL it

@@ -1,4 +1,5 @@
-//! The listeners a role serves on: ADS (gRPC), the admin HTTP server and the snapshot server.
+//! The listeners a role serves on: ADS (gRPC), the admin HTTP server and the snapshot server
+//! (the validating webhook's is in `webhook`).
 //! Each binds first (a bind error stops the role at start-up, before readiness) and serves until
 //! the drain starts.
 
@@ -44,6 +45,14 @@ pub enum ServeError {
     /// The admin server failed.
     #[error("admin server on {addr}: {source}")]
     Admin {
+        /// Address.
+        addr: SocketAddr,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The validating webhook failed.
+    #[error("validating webhook on {addr}: {source}")]
+    Webhook {
         /// Address.
         addr: SocketAddr,
         /// Cause.

@@ -8,13 +8,14 @@ use tracing::info;
 
 use super::security::{self, SecuritySettings};
 use super::servers;
-use super::{pipeline, Process, RoleError};
+use super::{pipeline, webhook, Process, RoleError};
 use crate::admin::{AdminState, DebugAccess, XdsState};
 use crate::drain::DrainWatcher;
 use crate::ingest::DebounceSettings;
 use crate::readiness::Ready;
 use crate::security::ca::root_publisher;
 use crate::source::SourceSettings;
+use crate::webhook::WebhookSettings;
 use crate::xds::admission::AdmissionSettings;
 use crate::xds::metrics::XdsMetrics;
 use crate::xds::server::AdsServer;
@@ -37,6 +38,8 @@ pub struct StandaloneSettings {
     pub plaintext_xds: bool,
     /// The CA and the secure xDS port.
     pub security: SecuritySettings,
+    /// Istio's validating webhook; `None`: off.
+    pub webhook: Option<WebhookSettings>,
 }
 
 /// Runs until the drain starts.
@@ -53,6 +56,7 @@ pub async fn run(settings: StandaloneSettings, process: Process, drain: DrainWat
         None => None,
     };
     let admin_listener = servers::bind("admin server", settings.admin_addr).await?;
+    let webhook_listener = webhook::bind(settings.webhook.as_ref()).await?;
 
     // Term 1: a standalone process is its own, permanent leader.
     let pipeline = pipeline::start(&settings.sources, settings.debounce, 1, first_snapshot, &process, &drain).await?;
@@ -76,6 +80,22 @@ pub async fn run(settings: StandaloneSettings, process: Process, drain: DrainWat
         }
         None => None,
     };
+    let webhook = match (settings.webhook.as_ref(), webhook_listener) {
+        (Some(webhook_settings), Some(listener)) => {
+            let kube = security::kube_client(settings.sources.kubernetes.as_ref().map(|k| &k.cluster)).await?;
+            let ca = match &secure {
+                Some((_, security)) => security.ca.clone(),
+                None => security::load_ca(&settings.security, kube.as_ref(), &drain).await?,
+            };
+            let namespace = &settings.security.namespace;
+            // A standalone process is its own leader: it keeps the caBundle (`None`: always).
+            Some(
+                webhook::start(webhook_settings, listener, ca, namespace, kube, None, &process.registry, &drain)
+                    .await?,
+            )
+        }
+        _ => None,
+    };
     let admin_state = AdminState {
         history: crate::admin::follow_history(reader.clone()),
         snapshots: reader,
@@ -94,7 +114,8 @@ pub async fn run(settings: StandaloneSettings, process: Process, drain: DrainWat
     drop(xds_bound);
     let served = tokio::try_join!(
         servers::serve_xds_ports(xds_listener, secure, ads, drain.clone()),
-        servers::serve_admin(admin_listener, admin_state, drain),
+        servers::serve_admin(admin_listener, admin_state, drain.clone()),
+        webhook::serve(webhook, drain),
     );
     // The servers stop once the drain started, and ingest with them; a failed server stops it here.
     if served.is_err() {

@@ -53,6 +53,7 @@ pub struct MeshpilotBuilder {
     proxy_key: Option<String>,
     xds_addr: Option<SocketAddr>,
     secure_xds: Option<SecureXds>,
+    webhook: Option<SecureXds>,
     admin_addr: Option<SocketAddr>,
     args: Vec<String>,
     env: Vec<(String, String)>,
@@ -78,6 +79,7 @@ impl MeshpilotBuilder {
             proxy_key: None,
             xds_addr: None,
             secure_xds: None,
+            webhook: None,
             admin_addr: None,
             args: Vec::new(),
             env: Vec::new(),
@@ -164,6 +166,15 @@ impl MeshpilotBuilder {
         self
     }
 
+    /// Serves Istio's validating webhook (HTTPS, `/validate`) on `addr` with extra certificate
+    /// names `sans`; the CA keeps its files in the process's directory, as with
+    /// [`Self::secure_xds`] (with Kubernetes: the istio-ca-secret).
+    pub fn webhook(mut self, addr: SocketAddr, sans: &[String]) -> Self {
+        self.only("--webhook-addr", &[Mode::Standalone, Mode::Ingest]);
+        self.webhook = Some(SecureXds { addr, sans: sans.to_vec() });
+        self
+    }
+
     /// Spawns `meshpilot MODE ...` and returns at once; see [`Meshpilot::wait_ready`].
     pub fn start(self) -> Meshpilot {
         let admin_addr = self.admin_addr.unwrap_or_else(free_addr);
@@ -201,6 +212,18 @@ impl MeshpilotBuilder {
         };
         let dir = temp_dir(dir_prefix);
         let secure_xds_addr = self.secure_xds.as_ref().map(|s| s.addr);
+        let webhook_addr = self.webhook.as_ref().map(|w| w.addr);
+        if let Some(webhook) = &self.webhook {
+            flag("--webhook-addr", Some(webhook.addr.to_string()));
+            if !webhook.sans.is_empty() {
+                flag("--webhook-tls-san", Some(webhook.sans.join(",")));
+            }
+            // The CA's files stay in the process's directory, not the working directory.
+            if self.secure_xds.is_none() {
+                flag("--ca-dir", Some(dir.path().join("ca").display().to_string()));
+                flag("--cacerts-dir", Some(dir.path().join("cacerts").display().to_string()));
+            }
+        }
         match (&self.secure_xds, self.mode) {
             (Some(secure), _) => {
                 flag("--secure-xds-addr", Some(secure.addr.to_string()));
@@ -240,6 +263,7 @@ impl MeshpilotBuilder {
             admin_addr,
             xds_addr,
             secure_xds_addr,
+            webhook_addr,
             snapshot_addr,
             client: http_client_with_timeout(request_timeout),
         }
@@ -256,6 +280,7 @@ pub struct Meshpilot {
     admin_addr: SocketAddr,
     xds_addr: Option<SocketAddr>,
     secure_xds_addr: Option<SocketAddr>,
+    webhook_addr: Option<SocketAddr>,
     snapshot_addr: Option<SocketAddr>,
     client: reqwest::Client,
 }
@@ -320,7 +345,13 @@ impl Meshpilot {
         self.secure_xds_addr.expect("started with secure_xds")
     }
 
-    /// The CA's directory (self-signed root without Kubernetes) of a process with a secure port.
+    /// The validating webhook's address (see [`MeshpilotBuilder::webhook`]).
+    pub fn webhook_addr(&self) -> SocketAddr {
+        self.webhook_addr.expect("started with webhook")
+    }
+
+    /// The CA's directory (self-signed root without Kubernetes) of a process with a secure port
+    /// or a webhook.
     pub fn ca_dir(&self) -> PathBuf {
         self.process.dir().join("ca")
     }

@@ -23,6 +23,10 @@ pub const INGEST_FLAGS: &[&str] = &[
     "--id",
     "--lease-ttl",
     "--cacerts-dir",
+    "--webhook-addr",
+    "--webhook-service",
+    "--webhook-tls-san",
+    "--webhook-config-name",
 ];
 /// Flags of `meshpilot frontend` the deployment may use.
 pub const FRONTEND_FLAGS: &[&str] = &[

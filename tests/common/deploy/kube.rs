@@ -107,8 +107,24 @@ pub fn expected_ingest_grants() -> BTreeSet<Grant> {
     grants.insert(grant(Scope::Namespace, "", "secrets", &[], &["create"]));
     grants.insert(grant(Scope::Cluster, "", "configmaps", &["istio-ca-root-cert"], &["get", "patch"]));
     grants.insert(grant(Scope::Cluster, "", "configmaps", &[], &["create"]));
+    // The leader keeps the validating webhook's caBundle (watched by name, then replaced).
+    let verbs = ["get", "list", "watch", "update", "patch"];
+    grants.insert(grant(
+        Scope::Cluster,
+        "admissionregistration.k8s.io",
+        "validatingwebhookconfigurations",
+        &[WEBHOOK_CONFIG],
+        &verbs,
+    ));
     grants
 }
+
+/// The ValidatingWebhookConfiguration of the deployment: meshpilot's default `--webhook-config-name`.
+pub const WEBHOOK_CONFIG: &str = "meshpilot-validator";
+/// The Service the API server calls the webhook through: meshpilot's default `--webhook-service`.
+pub const WEBHOOK_SERVICE: &str = "meshpilot-webhook";
+/// The webhook's port, istiod's.
+pub const WEBHOOK_PORT: i32 = 15017;
 
 /// What frontends' ServiceAccount must be granted for the secure port, and nothing more:
 /// TokenReviews, and reading the CA's `istio-ca-secret`.

@@ -14,6 +14,7 @@ pub mod workloads;
 
 use std::path::{Path, PathBuf};
 
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
@@ -251,6 +252,8 @@ pub enum Object {
     ClusterRole(ClusterRole),
     /// A ClusterRoleBinding.
     ClusterRoleBinding(ClusterRoleBinding),
+    /// A ValidatingWebhookConfiguration.
+    ValidatingWebhook(ValidatingWebhookConfiguration),
 }
 
 /// One parsed document.
@@ -431,6 +434,7 @@ pub fn parse_object(doc: &Value) -> Result<Object, String> {
         ("rbac.authorization.k8s.io/v1", "RoleBinding") => Object::RoleBinding(typed(doc)?),
         ("rbac.authorization.k8s.io/v1", "ClusterRole") => Object::ClusterRole(typed(doc)?),
         ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => Object::ClusterRoleBinding(typed(doc)?),
+        ("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration") => Object::ValidatingWebhook(typed(doc)?),
         _ => return Err(format!("apiVersion {api_version:?} kind {kind:?} is not one this test knows")),
     })
 }
