@@ -8,7 +8,7 @@ use tracing::{debug, info};
 
 use crate::config::error::FieldError;
 use crate::config::object::{Kind, NETWORKING_GROUP};
-use crate::config::parse::{object_from_value, parse_object, Document};
+use crate::config::parse::{object_from_value, parse_object_checked, Document};
 
 /// The `apiVersion` of the reviews this webhook answers.
 pub const ADMISSION_API_VERSION: &str = "admission.k8s.io/v1";
@@ -264,16 +264,20 @@ pub fn review_object(mut object: Value, namespace: &str, request_kind: &str) -> 
     if metadata.get("namespace").and_then(Value::as_str).is_none_or(str::is_empty) && !namespace.is_empty() {
         metadata.insert("namespace".into(), Value::String(namespace.to_string()));
     }
+    // Istio judges the spec first and the other fields after, so they are taken out here (the
+    // parser would refuse them before looking at the spec) and reported last.
     let unknown = map.keys().find(|k| !TOP_LEVEL_FIELDS.contains(&k.as_str())).cloned();
+    map.retain(|k, _| TOP_LEVEL_FIELDS.contains(&k.as_str()));
     let object_namespace =
         map.get("metadata").and_then(|m| m.get("namespace")).and_then(Value::as_str).unwrap_or(namespace).to_string();
 
     // A conversion error (the spec does not have the schema) is told apart from a validation
     // error by converting alone, from this copy (an object is at most a few MiB, reviews are rare).
     let conversion = object.clone();
-    // THE call to the validator the sources use (it will return warnings beside the document).
-    let (document, warnings) = (parse_object(SOURCE, object), Vec::<String>::new());
-    let denied = |reason, message| Verdict { warnings: warnings.clone(), ..Verdict::deny(reason, message) };
+    // The validator the sources use; its warnings (fields Istio drops) go back to the client.
+    let checked = parse_object_checked(SOURCE, object);
+    let (document, warnings) = (checked.document, checked.warnings.iter().map(|w| w.error.to_string()).collect());
+    let denied = |reason, message| Verdict { warnings: Vec::clone(&warnings), ..Verdict::deny(reason, message) };
     match document {
         Document::Valid(_) => {}
         Document::Invalid(e) if object_from_value(conversion).is_err() => {

@@ -46,12 +46,42 @@ fn an_invalid_virtual_service_is_denied_with_the_field_path() {
 #[test]
 fn a_spec_that_does_not_parse_is_a_decoding_error() {
     let mut vs = virtual_service(json!(["reviews"]));
-    vs["spec"]["http"][0]["route"][0]["wieght"] = json!(3);
+    vs["spec"]["http"][0]["route"][0]["weight"] = json!("heavy");
     let verdict = review(&request("CREATE", Some(vs)));
     assert!(!verdict.allowed);
     let text = message(&verdict);
-    assert!(text.starts_with("error decoding configuration: spec.http[0].route[0].wieght"), "{text}");
+    assert!(text.starts_with("error decoding configuration: spec.http[0].route[0].weight"), "{text}");
     assert_eq!(verdict.reason, Some(Reason::ConversionError));
+}
+
+#[test]
+fn an_unknown_spec_field_is_allowed_with_a_warning_naming_it() {
+    let mut vs = virtual_service(json!(["reviews"]));
+    vs["spec"]["http"][0]["route"][0]["wieght"] = json!(3);
+    let verdict = review(&request("CREATE", Some(vs)));
+    assert!(verdict.allowed, "{verdict:?}");
+    assert_eq!(verdict.warnings, ["spec.http[0].route[0].wieght: unknown field `wieght`, ignored as Istio ignores it"]);
+}
+
+#[test]
+fn an_unknown_field_of_a_security_policy_is_denied() {
+    let policy = json!({
+        "apiVersion": "security.istio.io/v1",
+        "kind": "PeerAuthentication",
+        "metadata": {"name": "default"},
+        "spec": {"mtls": {"mode": "STRICT", "strict": true}},
+    });
+    let verdict = review(&request("CREATE", Some(policy)));
+    assert!(!verdict.allowed);
+    assert!(message(&verdict).contains("spec.mtls.strict: unknown field `strict`"), "{verdict:?}");
+}
+
+#[test]
+fn an_invalid_spec_is_reported_before_an_unknown_top_level_field() {
+    let mut vs = virtual_service(json!(["bad host"]));
+    vs["extra"] = json!(1);
+    let verdict = review(&request("CREATE", Some(vs)));
+    assert!(message(&verdict).starts_with("configuration is invalid: spec.hosts[0]"), "{verdict:?}");
 }
 
 #[test]
