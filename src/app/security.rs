@@ -218,7 +218,7 @@ fn follow_trust_domain(trust_domain: SharedTrustDomain, mut snapshots: SnapshotR
 pub fn keep_root_published(
     client: kube::Client,
     settings: SecuritySettings,
-    mut is_leader: tokio::sync::watch::Receiver<bool>,
+    is_leader: tokio::sync::watch::Receiver<bool>,
     drain: DrainWatcher,
 ) {
     tokio::spawn(async move {
@@ -241,23 +241,7 @@ pub fn keep_root_published(
                 _ = drain.draining() => return,
             }
         };
-        loop {
-            if *is_leader.borrow_and_update() {
-                let mut lost = is_leader.clone();
-                let d = drain.clone();
-                let stop = async move {
-                    tokio::select! {
-                        _ = lost.wait_for(|leading| !leading) => {}
-                        _ = d.draining() => {}
-                    }
-                };
-                root_publisher::run(client.clone(), root.clone(), stop).await;
-            }
-            tokio::select! {
-                changed = is_leader.changed() => if changed.is_err() { return },
-                _ = drain.draining() => return,
-            }
-        }
+        super::while_leading(is_leader, drain, |stop| root_publisher::run(client.clone(), root.clone(), stop)).await;
     });
 }
 

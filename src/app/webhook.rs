@@ -69,29 +69,13 @@ fn keep_ca_bundle(
     is_leader: Option<watch::Receiver<bool>>,
     drain: DrainWatcher,
 ) {
-    let Some(mut is_leader) = is_leader else {
+    let Some(is_leader) = is_leader else {
         tokio::spawn(
             async move { ca_bundle::run(client, name, root_pem, async move { drain.draining().await }).await },
         );
         return;
     };
-    tokio::spawn(async move {
-        loop {
-            if *is_leader.borrow_and_update() {
-                let mut lost = is_leader.clone();
-                let d = drain.clone();
-                let stop = async move {
-                    tokio::select! {
-                        _ = lost.wait_for(|leading| !leading) => {}
-                        _ = d.draining() => {}
-                    }
-                };
-                ca_bundle::run(client.clone(), name.clone(), root_pem.clone(), stop).await;
-            }
-            tokio::select! {
-                changed = is_leader.changed() => if changed.is_err() { return },
-                _ = drain.draining() => return,
-            }
-        }
-    });
+    tokio::spawn(super::while_leading(is_leader, drain, move |stop| {
+        ca_bundle::run(client.clone(), name.clone(), root_pem.clone(), stop)
+    }));
 }
