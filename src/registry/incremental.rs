@@ -1,7 +1,9 @@
-//! Registry builds that reuse the previous registry when only EndpointSlices and Pods changed:
-//! the endpoints of the services those changes can reach are rebuilt, every other service and
-//! endpoint list keeps its `Arc`. Anything else (a Service, Node, Namespace, ServiceEntry,
-//! WorkloadEntry or mesh config change) falls back to [`build_registry`], the reference build.
+//! Registry builds that reuse the previous registry when only EndpointSlices, Pods and
+//! ServiceEntries without a `workloadSelector` (keeping their hosts) changed: the services and
+//! endpoints those changes can reach are rebuilt, every other service and endpoint list keeps its
+//! `Arc`. Anything else (a Service, Node, Namespace, WorkloadEntry or mesh config change, a
+//! ServiceEntry added, removed, selecting workloads or changing its hosts) falls back to
+//! [`build_registry`], the reference build.
 //!
 //! Reached services: for a slice, the Service it belongs to (before and after); for a Pod, the
 //! Services whose slices refer to it (by `targetRef` name or IP) and the ServiceEntries of its
@@ -17,7 +19,7 @@ use super::kube_service::kube_hostname;
 use super::kube_store::{endpoint_kind, KubeStore};
 use super::kubernetes::{KubeObject, KubeObjects};
 use super::service::{Endpoint, ServiceKey, ServiceOrigin};
-use super::service_entry::endpoints_of;
+use super::service_entry::{endpoints_of, inline_endpoints, service_for};
 use super::{Hostname, Registry};
 use crate::config::api::Labels;
 use crate::config::{Kind, Spec, ValidConfig};
@@ -38,6 +40,9 @@ pub struct IncrementalRegistry {
     scope: NamespaceScope,
     workload_entries: HashMap<String, Vec<ValidConfig>>,
     selecting_entries: HashMap<String, Vec<ValidConfig>>,
+    /// ServiceEntries changed in place since the last build (their new version): each one's
+    /// services and endpoints depend on nothing but itself and the mesh config.
+    entries: Vec<ValidConfig>,
 }
 
 impl IncrementalRegistry {
@@ -63,10 +68,15 @@ impl IncrementalRegistry {
         }
     }
 
-    /// Records that a config object of `kind` changed: ServiceEntries and WorkloadEntries feed the registry.
-    pub fn config_changed(&mut self, kind: Kind) {
-        if matches!(kind, Kind::ServiceEntry | Kind::WorkloadEntry) {
-            self.synced = false;
+    /// Records that a config object changed from `old` to `new` (`None`: absent): ServiceEntries
+    /// and WorkloadEntries feed the registry.
+    pub fn config_changed(&mut self, kind: Kind, old: Option<&ValidConfig>, new: Option<&ValidConfig>) {
+        match (kind, old, new) {
+            (Kind::ServiceEntry, Some(old), Some(new)) if self_contained_update(old, new) => {
+                self.entries.push(new.clone());
+            }
+            (Kind::ServiceEntry | Kind::WorkloadEntry, _, _) => self.synced = false,
+            _ => {}
         }
     }
 
@@ -86,8 +96,15 @@ impl IncrementalRegistry {
     ) -> Registry {
         let services = std::mem::take(&mut self.services);
         let pod_labels = std::mem::take(&mut self.pod_labels);
+        let entries = std::mem::take(&mut self.entries);
         match previous.filter(|_| self.synced) {
-            Some(previous) => self.update(previous, services, pod_labels, mesh),
+            Some(previous) => {
+                let mut registry = self.update(previous, services, pod_labels, mesh);
+                for config in &entries {
+                    update_entry(&mut registry, config, mesh);
+                }
+                registry
+            }
             None => self.full(configs, kube, mesh),
         }
     }
@@ -164,6 +181,41 @@ impl IncrementalRegistry {
             }
         }
         registry
+    }
+}
+
+/// Whether a ServiceEntry changing from `old` to `new` changes nothing but its own services and
+/// endpoints: it selects no workloads (before or after), and declares the same hosts in the same
+/// order, so which object declares each host first stays as it was.
+fn self_contained_update(old: &ValidConfig, new: &ValidConfig) -> bool {
+    match (&old.spec, &new.spec) {
+        (Spec::ServiceEntry(a), Spec::ServiceEntry(b)) => {
+            a.workload_selector.is_none() && b.workload_selector.is_none() && a.hosts == b.hosts
+        }
+        _ => false,
+    }
+}
+
+/// Replaces the services and endpoints `config` (a ServiceEntry changed in place, see
+/// [`self_contained_update`]) declares first; a host another object declared first stays theirs.
+fn update_entry(registry: &mut Registry, config: &ValidConfig, mesh: &MeshConfig) {
+    let Spec::ServiceEntry(se) = &config.spec else { return };
+    let origin = ServiceOrigin::Config(config.key.clone());
+    let endpoints = Arc::new(inline_endpoints(se));
+    for host in &se.hosts {
+        let service = service_for(config, se, host, mesh);
+        let key = ServiceKey { hostname: service.hostname.clone(), namespace: service.namespace.clone() };
+        // Absent: out of discovery scope. Another origin: declared first by another object.
+        let Some(old) = registry.services.get(&key).filter(|s| s.origin == origin) else { continue };
+        if **old != service {
+            registry.services.insert(key.clone(), Arc::new(service));
+        }
+        match registry.endpoints.get(&key) {
+            Some(old) if *old == endpoints => {}
+            _ => {
+                registry.endpoints.insert(key, endpoints.clone());
+            }
+        }
     }
 }
 
@@ -387,9 +439,9 @@ spec: {address: 10.1.0.1, labels: {app: s2}, ports: {http: 7000}}
         inc.kube_changed(None, Some(&svc));
         let registry = inc.build(None, std::iter::empty(), &kube, &mesh);
         assert!(inc.synced);
-        inc.config_changed(Kind::VirtualService);
+        inc.config_changed(Kind::VirtualService, None, None);
         assert!(inc.synced, "VirtualServices do not feed the registry");
-        inc.config_changed(Kind::WorkloadEntry);
+        inc.config_changed(Kind::WorkloadEntry, None, None);
         assert!(!inc.synced);
         inc.build(Some(&registry), std::iter::empty(), &kube, &mesh);
         assert!(inc.synced);
@@ -397,5 +449,68 @@ spec: {address: 10.1.0.1, labels: {app: s2}, ports: {http: 7000}}
         kube.clear();
         assert!(!inc.synced, "a Service change is a full build");
         assert!(inc.build(Some(&registry), std::iter::empty(), &kube, &mesh).services.is_empty());
+    }
+
+    fn entry(name: &str, ns: &str, hosts: &str, addresses: &[&str], extra: &str) -> ValidConfig {
+        let endpoints: Vec<String> = addresses.iter().map(|a| format!("{{address: {a}}}")).collect();
+        let yaml = format!(
+            "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: {name}, namespace: {ns}}}\nspec: {{hosts: [{hosts}], location: MESH_INTERNAL, resolution: STATIC, ports: [{{number: 80, name: http, protocol: HTTP}}], endpoints: [{}]{extra}}}\n",
+            endpoints.join(", ")
+        );
+        match parse_file("t.yaml", &yaml).into_iter().next() {
+            Some(Document::Valid(o)) => Arc::new(o),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Random endpoint edits of ServiceEntries (two of them declaring the same host, one of those
+    /// shadowed): each incremental registry equals a full build, and untouched services keep
+    /// their `Arc`s.
+    #[test]
+    fn service_entry_endpoint_edits_are_incremental_and_equal_a_full_build() {
+        let mesh = MeshConfig::default();
+        let kube = KubeObjects::new();
+        let hosts = ["a.example.com", "b.example.com, shared.example.com", "shared.example.com", "c.example.com"];
+        let names = ["a", "b", "c", "d"];
+        let mut configs: BTreeMap<String, ValidConfig> = BTreeMap::new();
+        for (name, host) in names.iter().zip(hosts) {
+            configs.insert(name.to_string(), entry(name, "ns", host, &["10.0.0.1"], ""));
+        }
+        let mut inc = IncrementalRegistry::default();
+        let mut registry = inc.build(None, configs.values(), &kube, &mesh);
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        for round in 0..100 {
+            let i = rng.below(names.len());
+            let addresses: Vec<String> = (0..rng.below(4)).map(|_| format!("10.0.0.{}", rng.below(6))).collect();
+            let addresses: Vec<&str> = addresses.iter().map(String::as_str).collect();
+            let new = entry(names[i], "ns", hosts[i], &addresses, "");
+            let old = configs.insert(names[i].to_string(), new.clone());
+            inc.config_changed(Kind::ServiceEntry, old.as_ref(), Some(&new));
+            let next = inc.build(Some(&registry), configs.values(), &kube, &mesh);
+            assert!(inc.synced, "round {round}: an endpoint edit stays incremental");
+            assert_eq!(next, build_registry(configs.values(), &kube, &mesh), "round {round}");
+            let touched: Vec<&str> = hosts[i].split(", ").collect();
+            for (key, endpoints) in &registry.endpoints {
+                if !touched.contains(&key.hostname.as_str()) {
+                    assert!(Arc::ptr_eq(endpoints, &next.endpoints[key]), "round {round}: {key:?} kept");
+                }
+            }
+            registry = next;
+        }
+        // New hosts, a selector, an addition or a removal: a full build.
+        for (old, new) in [
+            (Some(entry("a", "ns", "a.example.com", &[], "")), Some(entry("a", "ns", "z.example.com", &[], ""))),
+            (
+                Some(entry("a", "ns", "a.example.com", &[], "")),
+                Some(entry("a", "ns", "a.example.com", &[], ", workloadSelector: {labels: {app: a}}")),
+            ),
+            (None, Some(entry("e", "ns", "e.example.com", &[], ""))),
+            (Some(entry("a", "ns", "a.example.com", &[], "")), None),
+        ] {
+            inc.build(Some(&registry), configs.values(), &kube, &mesh);
+            assert!(inc.synced);
+            inc.config_changed(Kind::ServiceEntry, old.as_ref(), new.as_ref());
+            assert!(!inc.synced, "{new:?}");
+        }
     }
 }

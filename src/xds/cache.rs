@@ -1,7 +1,7 @@
 //! Generated resources cached by (snapshot version, proxy view, type): a thousand identical
 //! sidecars cost one generation and one encoding per snapshot.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -14,7 +14,8 @@ use super::generate::{generate, Resource};
 use super::metrics::XdsMetrics;
 use super::proxy::ProxyView;
 use super::TypeUrl;
-use crate::snapshot::{Snapshot, Version};
+use crate::registry::{Registry, Resolution};
+use crate::snapshot::{ChangedKey, Snapshot, Version};
 use crate::telemetry::metrics::gauge_value;
 
 /// The resources of one type for one view, with content hashes to detect real changes.
@@ -88,6 +89,11 @@ type Key = (ProxyView, TypeUrl);
 
 struct Generation {
     version: Version,
+    /// The snapshot it generates from (`None` for the empty start): the next generation compares
+    /// itself with it to know which entries it can take over.
+    snapshot: Option<Arc<Snapshot>>,
+    /// The previous generation and the types whose entries this one takes over unchanged.
+    carry: Mutex<Option<Carry>>,
     // Held only to find, insert or evict entries, never across generation or an await.
     entries: Mutex<HashMap<Key, Arc<Entry>>>,
     bytes: AtomicUsize,
@@ -103,9 +109,50 @@ struct Resolutions {
     users: HashMap<ProxyView, usize>,
 }
 
+/// Where a generation takes entries over from: a generation's config of these types is the
+/// previous one's, so a proxy view's entry is reused rather than generated again.
+struct Carry {
+    from: Arc<Generation>,
+    types: Vec<TypeUrl>,
+}
+
 impl Generation {
     fn new(version: Version) -> Generation {
-        Generation { version, entries: Mutex::default(), bytes: AtomicUsize::new(0), resolved: Mutex::default() }
+        Generation {
+            version,
+            snapshot: None,
+            carry: Mutex::default(),
+            entries: Mutex::default(),
+            bytes: AtomicUsize::new(0),
+            resolved: Mutex::default(),
+        }
+    }
+
+    /// The generation of `snapshot`, taking over from `previous` what the change allows.
+    fn after(previous: &Arc<Generation>, snapshot: &Arc<Snapshot>) -> Generation {
+        // Only one generation back: the previous one's own link goes, so no chain of old
+        // generations (and their snapshots) stays alive.
+        let taken = previous.lock_carry().take();
+        drop(taken);
+        let types = previous.snapshot.as_deref().map(|p| carried_types(p, snapshot)).unwrap_or_default();
+        let carry = (!types.is_empty()).then(|| Carry { from: previous.clone(), types });
+        Generation { snapshot: Some(snapshot.clone()), carry: Mutex::new(carry), ..Generation::new(snapshot.version) }
+    }
+
+    fn lock_carry(&self) -> MutexGuard<'_, Option<Carry>> {
+        self.carry.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The previous generation's finished entry for `key`, when this generation takes its type over.
+    fn carried(&self, key: &Key) -> Option<(Arc<Generated>, usize)> {
+        let from = {
+            let carry = self.lock_carry();
+            let carry = carry.as_ref().filter(|c| c.types.contains(&key.1))?;
+            carry.from.clone()
+        };
+        let entry = from.lock().get(key).cloned()?;
+        let generated = entry.cell.get()?.clone();
+        Some((generated, entry.bytes.load(Ordering::Relaxed)))
     }
 
     fn lock_resolved(&self) -> MutexGuard<'_, Resolutions> {
@@ -277,14 +324,14 @@ impl GenerationCache {
     /// uncached entry and no generation.
     fn entry(
         &self,
-        snapshot: &Snapshot,
+        snapshot: &Arc<Snapshot>,
         view: &ProxyView,
         type_url: TypeUrl,
     ) -> (Option<Arc<Generation>>, Arc<Entry>, ProxyView) {
         let version = snapshot.version;
         let mut generation = self.current.load_full();
         if generation.version < version {
-            let fresh = Arc::new(Generation::new(version));
+            let fresh = Arc::new(Generation::after(&generation, snapshot));
             let prev = self.current.compare_and_swap(&generation, fresh.clone());
             generation = if Arc::ptr_eq(&prev, &generation) { fresh } else { self.current.load_full() };
             self.report(&generation);
@@ -293,7 +340,29 @@ impl GenerationCache {
             return (None, Arc::new(Entry::default()), view.resolve(snapshot));
         }
         let view = generation.resolve(snapshot, view);
-        let entry = generation.lock().entry((view.clone(), type_url)).or_default().clone();
+        let key = (view.clone(), type_url);
+        let existing = generation.lock().get(&key).cloned();
+        let entry = match existing {
+            Some(entry) => entry,
+            None => {
+                // Looked up before taking this generation's lock: the previous one has its own.
+                let carried = generation.carried(&key);
+                let mut entries = generation.lock();
+                let entry = entries.entry(key).or_insert_with(|| match carried {
+                    Some((generated, bytes)) => {
+                        // Counted under the lock, as removals are.
+                        generation.bytes.fetch_add(bytes, Ordering::Relaxed);
+                        Arc::new(Entry {
+                            cell: OnceCell::new_with(Some(generated)),
+                            last_used: AtomicU64::new(0),
+                            bytes: AtomicUsize::new(bytes),
+                        })
+                    }
+                    None => Arc::default(),
+                });
+                entry.clone()
+            }
+        };
         (Some(generation), entry, view)
     }
 
@@ -365,6 +434,46 @@ impl GenerationCache {
     }
 }
 
+/// The types whose generated config `next` leaves as `previous` had it, for every view: with
+/// only endpoints changed since `previous` (its direct predecessor), every type but EDS, and CDS
+/// too unless a changed service's clusters embed endpoints (DNS resolution) or the identities
+/// its mutual TLS checks (its endpoints' service accounts) changed. This is Istio's EDS-only push:
+/// no CDS, LDS or RDS regeneration for an endpoint change.
+fn carried_types(previous: &Snapshot, next: &Snapshot) -> Vec<TypeUrl> {
+    if previous.version.next() != next.version || !next.changes.endpoints_only() {
+        return Vec::new();
+    }
+    let mut types = vec![TypeUrl::Listener, TypeUrl::Route, TypeUrl::Secret];
+    let clusters_unchanged = next.changes.keys.iter().all(|key| match key {
+        ChangedKey::Endpoints(host) => {
+            clusters_ignore_endpoints(&previous.registry, &next.registry, |k| &k.hostname == host)
+        }
+        // A Pod reaches config through the proxy's view (its labels), which keys the entries.
+        _ => true,
+    });
+    if clusters_unchanged {
+        types.push(TypeUrl::Cluster);
+    }
+    types
+}
+
+/// Whether the clusters of the services `selected` are the same in both registries whatever
+/// their endpoints: none resolves by DNS, and their endpoints' service accounts are the same.
+fn clusters_ignore_endpoints(
+    previous: &Registry,
+    next: &Registry,
+    selected: impl Fn(&crate::registry::ServiceKey) -> bool,
+) -> bool {
+    let accounts = |registry: &Registry, key| -> BTreeSet<Arc<str>> {
+        let endpoints = registry.endpoints.get(key).map(|e| e.as_slice()).unwrap_or_default();
+        endpoints.iter().map(|e| e.service_account.clone()).collect()
+    };
+    next.services.iter().chain(&previous.services).filter(|(key, _)| selected(key)).all(|(key, service)| {
+        matches!(service.resolution, Resolution::Static | Resolution::Passthrough)
+            && accounts(previous, key) == accounts(next, key)
+    })
+}
+
 impl Drop for ViewLease {
     fn drop(&mut self) {
         self.cache.release(&self.view);
@@ -373,6 +482,8 @@ impl Drop for ViewLease {
 
 #[cfg(test)]
 mod tests {
+    use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+
     use super::*;
     use crate::xds::generate::testing::{sidecar, sidecar_at, snapshot};
 
@@ -456,5 +567,75 @@ spec: {hosts: [a.example.com], location: MESH_INTERNAL, resolution: STATIC, port
         assert_eq!(cache.entries(), 1, "still used by the other proxy without instances");
         drop(leases.next());
         assert_eq!(cache.entries(), 0);
+    }
+
+    /// Snapshots built as ingest builds them, one per YAML state, each with its change set.
+    fn snapshots(states: &[&str]) -> Vec<Arc<Snapshot>> {
+        let mut builder = crate::ingest::SnapshotBuilder::default();
+        let mut seq = 0;
+        states
+            .iter()
+            .map(|yaml| {
+                let objects = crate::config::parse::parse_file("t.yaml", yaml)
+                    .into_iter()
+                    .map(|d| match d {
+                        crate::config::parse::Document::Valid(o) => {
+                            (o.key.clone(), Some(Arc::new(o) as crate::config::ValidConfig))
+                        }
+                        other => panic!("{other:?}"),
+                    })
+                    .collect();
+                let changes = builder.apply(vec![crate::source::SourceEvent::Config(objects)]);
+                seq += 1;
+                builder.build(Version::new(1, seq), changes)
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn an_endpoint_change_regenerates_only_endpoints() {
+        let moved = MESH.replace("10.0.0.1", "10.0.0.9");
+        let with_account = moved.replace("{address: 10.0.0.9}", "{address: 10.0.0.9, serviceAccount: sa}");
+        let new_port = with_account.replace("number: 80", "number: 81");
+        let snaps = snapshots(&[MESH, &moved, &with_account, &new_port]);
+        assert!(snaps[1].changes.endpoints_only() && snaps[2].changes.endpoints_only());
+        let cache = Arc::new(GenerationCache::default());
+        let view = sidecar("default", &[]);
+        let _lease = cache.hold(&view);
+        let all = [TypeUrl::Cluster, TypeUrl::Endpoint, TypeUrl::Listener, TypeUrl::Route];
+        let mut generations = Vec::new();
+        for snap in &snaps {
+            let mut of_snapshot = Vec::new();
+            for t in all {
+                of_snapshot.push(cache.get(snap, &view, t).await);
+            }
+            generations.push(of_snapshot);
+        }
+        let reused = |from: usize, to: usize| -> Vec<bool> {
+            (0..all.len()).map(|t| Arc::ptr_eq(&generations[from][t], &generations[to][t])).collect()
+        };
+        // Only the endpoints moved: CDS, LDS and RDS are the previous generation's.
+        assert_eq!(reused(0, 1), [true, false, true, true]);
+        let eds = &generations[1][1];
+        let cla: ClusterLoadAssignment = prost::Message::decode(eds.resources[0].body.value.as_slice()).unwrap();
+        assert!(format!("{cla:?}").contains("10.0.0.9"), "{cla:?}");
+        // A new service account changes the identities clusters check: CDS is generated again.
+        assert_eq!(reused(1, 2), [false, false, true, true]);
+        // A port change is no endpoint change: everything is generated again.
+        assert_eq!(reused(2, 3), [false, false, false, false]);
+        assert!(cache.bytes() > 0 && cache.entries() == all.len());
+    }
+
+    #[tokio::test]
+    async fn a_skipped_snapshot_takes_nothing_over() {
+        let moved = MESH.replace("10.0.0.1", "10.0.0.9");
+        let snaps = snapshots(&[MESH, &moved, &MESH.replace("10.0.0.1", "10.0.0.8")]);
+        let cache = GenerationCache::default();
+        let view = sidecar("default", &[]);
+        let first = cache.get(&snaps[0], &view, TypeUrl::Listener).await;
+        // The frontend never saw snapshot 2: snapshot 3's change set does not cover the step.
+        let third = cache.get(&snaps[2], &view, TypeUrl::Listener).await;
+        assert!(!Arc::ptr_eq(&first, &third));
+        assert_eq!(first.hashes, third.hashes, "generated again, with the same content");
     }
 }
