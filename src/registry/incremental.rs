@@ -1,9 +1,10 @@
 //! Registry builds that reuse the previous registry when only EndpointSlices, Pods and
-//! ServiceEntries without a `workloadSelector` (keeping their hosts) changed: the services and
-//! endpoints those changes can reach are rebuilt, every other service and endpoint list keeps its
-//! `Arc`. Anything else (a Service, Node, Namespace, WorkloadEntry or mesh config change, a
-//! ServiceEntry added, removed, selecting workloads or changing its hosts) falls back to
-//! [`build_registry`], the reference build.
+//! ServiceEntries without a `workloadSelector` changed (in place keeping their hosts, or added
+//! with hosts nobody declares): the services and endpoints those changes can reach are rebuilt,
+//! every other service and endpoint list keeps its `Arc`. Anything else (a Service, Node,
+//! Namespace, WorkloadEntry or mesh config change, a ServiceEntry removed, selecting workloads,
+//! changing its hosts or added on a declared host) falls back to [`build_registry`], the
+//! reference build.
 //!
 //! Reached services: for a slice, the Service it belongs to (before and after); for a Pod, the
 //! Services whose slices refer to it (by `targetRef` name or IP) and the ServiceEntries of its
@@ -18,7 +19,7 @@ use super::kube_endpoints::service_endpoints;
 use super::kube_service::kube_hostname;
 use super::kube_store::{endpoint_kind, KubeStore};
 use super::kubernetes::{KubeObject, KubeObjects};
-use super::service::{Endpoint, ServiceKey, ServiceOrigin};
+use super::service::{Endpoint, Service, ServiceKey, ServiceOrigin};
 use super::service_entry::{endpoints_of, inline_endpoints, service_for};
 use super::{Hostname, Registry};
 use crate::config::api::Labels;
@@ -40,9 +41,18 @@ pub struct IncrementalRegistry {
     scope: NamespaceScope,
     workload_entries: HashMap<String, Vec<ValidConfig>>,
     selecting_entries: HashMap<String, Vec<ValidConfig>>,
-    /// ServiceEntries changed in place since the last build (their new version): each one's
-    /// services and endpoints depend on nothing but itself and the mesh config.
-    entries: Vec<ValidConfig>,
+    /// ServiceEntries changed in place or added since the last build (their new version): each
+    /// one's services and endpoints depend on nothing but itself and the mesh config.
+    entries: Vec<EntryChange>,
+}
+
+/// A ServiceEntry without a `workloadSelector` that changed since the last build.
+#[derive(Debug)]
+enum EntryChange {
+    /// Changed in place, declaring the same hosts.
+    Updated(ValidConfig),
+    /// New.
+    Added(ValidConfig),
 }
 
 impl IncrementalRegistry {
@@ -73,7 +83,10 @@ impl IncrementalRegistry {
     pub fn config_changed(&mut self, kind: Kind, old: Option<&ValidConfig>, new: Option<&ValidConfig>) {
         match (kind, old, new) {
             (Kind::ServiceEntry, Some(old), Some(new)) if self_contained_update(old, new) => {
-                self.entries.push(new.clone());
+                self.entries.push(EntryChange::Updated(new.clone()));
+            }
+            (Kind::ServiceEntry, None, Some(new)) if selects_nothing(new) => {
+                self.entries.push(EntryChange::Added(new.clone()));
             }
             (Kind::ServiceEntry | Kind::WorkloadEntry, _, _) => self.synced = false,
             _ => {}
@@ -100,8 +113,17 @@ impl IncrementalRegistry {
         match previous.filter(|_| self.synced) {
             Some(previous) => {
                 let mut registry = self.update(previous, services, pod_labels, mesh);
-                for config in &entries {
-                    update_entry(&mut registry, config, mesh);
+                for change in &entries {
+                    let applied = match change {
+                        EntryChange::Updated(config) => {
+                            update_entry(&mut registry, config, mesh);
+                            true
+                        }
+                        EntryChange::Added(config) => add_entry(&mut registry, config, &self.scope, mesh),
+                    };
+                    if !applied {
+                        return self.full(configs, kube, mesh);
+                    }
                 }
                 registry
             }
@@ -194,6 +216,36 @@ fn self_contained_update(old: &ValidConfig, new: &ValidConfig) -> bool {
         }
         _ => false,
     }
+}
+
+/// Whether `config` is a ServiceEntry without a `workloadSelector`.
+fn selects_nothing(config: &ValidConfig) -> bool {
+    matches!(&config.spec, Spec::ServiceEntry(se) if se.workload_selector.is_none())
+}
+
+/// Adds the services and endpoints of `config`, a new ServiceEntry without a `workloadSelector`;
+/// `false` (nothing added) when some host of it is declared already: which declaration wins
+/// then depends on the others, which only a full build knows.
+fn add_entry(registry: &mut Registry, config: &ValidConfig, scope: &NamespaceScope, mesh: &MeshConfig) -> bool {
+    let Spec::ServiceEntry(se) = &config.spec else { return false };
+    if !scope.contains(&config.key.namespace) {
+        return true;
+    }
+    let services: Vec<Service> = se.hosts.iter().map(|host| service_for(config, se, host, mesh)).collect();
+    let key = |s: &Service| ServiceKey { hostname: s.hostname.clone(), namespace: s.namespace.clone() };
+    let mut keys: Vec<ServiceKey> = services.iter().map(key).collect();
+    keys.sort();
+    keys.dedup();
+    if keys.len() != services.len() || keys.iter().any(|k| registry.services.contains_key(k)) {
+        return false;
+    }
+    let endpoints = Arc::new(inline_endpoints(se));
+    for service in services {
+        let key = key(&service);
+        registry.endpoints.insert(key.clone(), endpoints.clone());
+        registry.services.insert(key, Arc::new(service));
+    }
+    true
 }
 
 /// Replaces the services and endpoints `config` (a ServiceEntry changed in place, see
@@ -497,14 +549,27 @@ spec: {address: 10.1.0.1, labels: {app: s2}, ports: {http: 7000}}
             }
             registry = next;
         }
-        // New hosts, a selector, an addition or a removal: a full build.
+        // A new ServiceEntry on new hosts is added in place; on a declared host (which
+        // declaration wins depends on the others) it takes a full build.
+        for (name, host, incremental) in [("e", "e.example.com", true), ("ab", "c.example.com", false)] {
+            let new = entry(name, "ns", host, &["10.0.0.7"], "");
+            configs.insert(name.to_string(), new.clone());
+            inc.config_changed(Kind::ServiceEntry, None, Some(&new));
+            assert!(inc.synced);
+            let next = inc.build(Some(&registry), configs.values(), &kube, &mesh);
+            assert_eq!(next, build_registry(configs.values(), &kube, &mesh), "{name}");
+            let kept = ServiceKey { hostname: Hostname::new("a.example.com"), namespace: "ns".into() };
+            assert_eq!(Arc::ptr_eq(&registry.services[&kept], &next.services[&kept]), incremental, "{name}");
+            registry = next;
+        }
+        // New hosts, a selector, a removal: a full build.
         for (old, new) in [
             (Some(entry("a", "ns", "a.example.com", &[], "")), Some(entry("a", "ns", "z.example.com", &[], ""))),
             (
                 Some(entry("a", "ns", "a.example.com", &[], "")),
                 Some(entry("a", "ns", "a.example.com", &[], ", workloadSelector: {labels: {app: a}}")),
             ),
-            (None, Some(entry("e", "ns", "e.example.com", &[], ""))),
+            (None, Some(entry("f", "ns", "f.example.com", &[], ", workloadSelector: {labels: {app: a}}"))),
             (Some(entry("a", "ns", "a.example.com", &[], "")), None),
         ] {
             inc.build(Some(&registry), configs.values(), &kube, &mesh);

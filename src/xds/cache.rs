@@ -53,6 +53,14 @@ impl Generated {
         Generated { resources, hashes, encoded }
     }
 
+    /// Whether `other` holds the same resources, byte for byte.
+    fn same_content(&self, other: &Generated) -> bool {
+        self.hashes == other.hashes
+            && self.resources.len() == other.resources.len()
+            && self.resources.iter().zip(&other.resources).all(|(a, b)| a.name == b.name)
+            && self.encoded == other.encoded
+    }
+
     /// Bytes it holds (encoded resources and names), for the cache's budget.
     pub fn bytes(&self) -> usize {
         self.resources.iter().map(|r| r.body.value.len() + r.body.type_url.len() + r.name.len() * 2).sum::<usize>()
@@ -92,7 +100,7 @@ struct Generation {
     /// The snapshot it generates from (`None` for the empty start): the next generation compares
     /// itself with it to know which entries it can take over.
     snapshot: Option<Arc<Snapshot>>,
-    /// The previous generation and the types whose entries this one takes over unchanged.
+    /// The previous generation, whose entries this one takes over or compares with.
     carry: Mutex<Option<Carry>>,
     // Held only to find, insert or evict entries, never across generation or an await.
     entries: Mutex<HashMap<Key, Arc<Entry>>>,
@@ -109,10 +117,12 @@ struct Resolutions {
     users: HashMap<ProxyView, usize>,
 }
 
-/// Where a generation takes entries over from: a generation's config of these types is the
-/// previous one's, so a proxy view's entry is reused rather than generated again.
+/// The generation before, as a new one takes over from it: its entries move out of it as this
+/// one takes them, so at most one generation's worth is kept twice, and only until every view
+/// was asked for again.
 struct Carry {
     from: Arc<Generation>,
+    /// The types whose generations stay the same whatever the view (see [`carried_types`]).
     types: Vec<TypeUrl>,
 }
 
@@ -134,8 +144,7 @@ impl Generation {
         // generations (and their snapshots) stays alive.
         let taken = previous.lock_carry().take();
         drop(taken);
-        let types = previous.snapshot.as_deref().map(|p| carried_types(p, snapshot)).unwrap_or_default();
-        let carry = (!types.is_empty()).then(|| Carry { from: previous.clone(), types });
+        let carry = previous.snapshot.as_deref().map(|p| Carry { from: previous.clone(), types: carried_types(p, snapshot) });
         Generation { snapshot: Some(snapshot.clone()), carry: Mutex::new(carry), ..Generation::new(snapshot.version) }
     }
 
@@ -143,14 +152,20 @@ impl Generation {
         self.carry.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The previous generation's finished entry for `key`, when this generation takes its type over.
-    fn carried(&self, key: &Key) -> Option<(Arc<Generated>, usize)> {
+    /// Takes the previous generation's entry for `key` out of it; `carry_only`: only when this
+    /// generation takes its type over unchanged. Returns its finished generation and bytes.
+    fn take_previous(&self, key: &Key, carry_only: bool) -> Option<(Arc<Generated>, usize)> {
         let from = {
             let carry = self.lock_carry();
-            let carry = carry.as_ref().filter(|c| c.types.contains(&key.1))?;
+            let carry = carry.as_ref().filter(|c| !carry_only || c.types.contains(&key.1))?;
             carry.from.clone()
         };
-        let entry = from.lock().get(key).cloned()?;
+        let entry = {
+            let mut entries = from.lock();
+            let entry = entries.remove(key)?;
+            from.bytes.fetch_sub(entry.bytes.load(Ordering::Relaxed), Ordering::Relaxed);
+            entry
+        };
         let generated = entry.cell.get()?.clone();
         Some((generated, entry.bytes.load(Ordering::Relaxed)))
     }
@@ -221,6 +236,8 @@ pub struct GenerationCache {
     /// Generations running at once: each builds a whole proxy's config in memory, so a burst of
     /// new views must queue here rather than hold hundreds of them (and blocking threads) at once.
     generating: Arc<Semaphore>,
+    /// Generations run, by type in [`TypeUrl::PUSH_ORDER`] (entries taken over do not count).
+    generations: Arc<[AtomicU64; 5]>,
 }
 
 /// A connection's claim on its view: the view's entries are kept while a lease on it exists.
@@ -245,6 +262,7 @@ impl GenerationCache {
             tick: AtomicU64::new(0),
             held: Mutex::default(),
             generating: Arc::new(Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get()))),
+            generations: Arc::default(),
         }
     }
 
@@ -259,6 +277,11 @@ impl GenerationCache {
         self.current.load().bytes.load(Ordering::Relaxed)
     }
 
+    /// How many times resources of `type_url` were generated (for any view and snapshot).
+    pub fn generations(&self, type_url: TypeUrl) -> u64 {
+        self.generations[type_index(type_url)].load(Ordering::Relaxed)
+    }
+
     /// Entries (view and type) of the current generation.
     pub fn entries(&self) -> usize {
         self.current.load().lock().len()
@@ -271,8 +294,10 @@ impl GenerationCache {
         entry.last_used.store(self.tick.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
         let internal_errors = self.metrics.xds_internal_errors.clone();
         let (snapshot, task_view) = (snapshot.clone(), view.clone());
+        let (key_view, owner) = (view.clone(), generation.clone());
         let mut generated_here = false;
         let generating = self.generating.clone();
+        let generations = self.generations.clone();
         let generated = entry
             .cell
             .get_or_init(|| async {
@@ -281,6 +306,7 @@ impl GenerationCache {
                 let _permit = generating.acquire_owned().await.ok();
                 // Generation is CPU work: keep it off the async workers' hot path.
                 let started = std::time::Instant::now();
+                generations[type_index(type_url)].fetch_add(1, Ordering::Relaxed);
                 let generated =
                     tokio::task::spawn_blocking(move || Generated::new(generate(type_url, &snapshot, &task_view)))
                         .await
@@ -290,7 +316,13 @@ impl GenerationCache {
                             Generated::new(Vec::new())
                         });
                 tracing::debug!(type_url = %type_url, took_ms = started.elapsed().as_millis() as u64, resources = generated.resources.len(), "generated");
-                Arc::new(generated)
+                // The same content as the previous generation's: that one is kept, so every
+                // proxy holding it sees at once (by pointer) that nothing changed for it.
+                let key = (key_view, type_url);
+                match owner.as_ref().and_then(|g| g.take_previous(&key, false)) {
+                    Some((before, _)) if before.same_content(&generated) => before,
+                    _ => Arc::new(generated),
+                }
             })
             .await
             .clone();
@@ -341,26 +373,28 @@ impl GenerationCache {
         }
         let view = generation.resolve(snapshot, view);
         let key = (view.clone(), type_url);
-        let existing = generation.lock().get(&key).cloned();
-        let entry = match existing {
-            Some(entry) => entry,
-            None => {
-                // Looked up before taking this generation's lock: the previous one has its own.
-                let carried = generation.carried(&key);
-                let mut entries = generation.lock();
-                let entry = entries.entry(key).or_insert_with(|| match carried {
-                    Some((generated, bytes)) => {
-                        // Counted under the lock, as removals are.
-                        generation.bytes.fetch_add(bytes, Ordering::Relaxed);
-                        Arc::new(Entry {
-                            cell: OnceCell::new_with(Some(generated)),
-                            last_used: AtomicU64::new(0),
-                            bytes: AtomicUsize::new(bytes),
-                        })
-                    }
-                    None => Arc::default(),
-                });
-                entry.clone()
+        let entry = {
+            let mut entries = generation.lock();
+            match entries.get(&key) {
+                Some(entry) => entry.clone(),
+                None => {
+                    // Under this generation's lock (the previous one's is taken inside it, never
+                    // the other way): one request takes the entry over, the others find it here.
+                    let entry = match generation.take_previous(&key, true) {
+                        Some((generated, bytes)) => {
+                            // Counted under the lock, as removals are.
+                            generation.bytes.fetch_add(bytes, Ordering::Relaxed);
+                            Arc::new(Entry {
+                                cell: OnceCell::new_with(Some(generated)),
+                                last_used: AtomicU64::new(0),
+                                bytes: AtomicUsize::new(bytes),
+                            })
+                        }
+                        None => Arc::default(),
+                    };
+                    entries.insert(key, entry.clone());
+                    entry
+                }
             }
         };
         (Some(generation), entry, view)
@@ -432,6 +466,11 @@ impl GenerationCache {
     fn lock_held(&self) -> MutexGuard<'_, HashMap<ProxyView, usize>> {
         self.held.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// The position of `type_url` in [`TypeUrl::PUSH_ORDER`].
+fn type_index(type_url: TypeUrl) -> usize {
+    TypeUrl::PUSH_ORDER.iter().position(|t| *t == type_url).unwrap_or(0)
 }
 
 /// The types whose generated config `next` leaves as `previous` had it, for every view: with
@@ -619,10 +658,10 @@ spec: {hosts: [a.example.com], location: MESH_INTERNAL, resolution: STATIC, port
         let eds = &generations[1][1];
         let cla: ClusterLoadAssignment = prost::Message::decode(eds.resources[0].body.value.as_slice()).unwrap();
         assert!(format!("{cla:?}").contains("10.0.0.9"), "{cla:?}");
-        // A new service account changes the identities clusters check: CDS is generated again.
-        assert_eq!(reused(1, 2), [false, false, true, true]);
-        // A port change is no endpoint change: everything is generated again.
-        assert_eq!(reused(2, 3), [false, false, false, false]);
+        // 4 snapshots: EDS generated for each; CDS again for the new service account (the
+        // identities clusters check) and the port change; LDS and RDS only for the port change.
+        let counts: Vec<u64> = all.iter().map(|t| cache.generations(*t)).collect();
+        assert_eq!(counts, [3, 4, 2, 2]);
         assert!(cache.bytes() > 0 && cache.entries() == all.len());
     }
 
@@ -635,7 +674,7 @@ spec: {hosts: [a.example.com], location: MESH_INTERNAL, resolution: STATIC, port
         let first = cache.get(&snaps[0], &view, TypeUrl::Listener).await;
         // The frontend never saw snapshot 2: snapshot 3's change set does not cover the step.
         let third = cache.get(&snaps[2], &view, TypeUrl::Listener).await;
-        assert!(!Arc::ptr_eq(&first, &third));
-        assert_eq!(first.hashes, third.hashes, "generated again, with the same content");
+        assert_eq!(cache.generations(TypeUrl::Listener), 2, "generated again");
+        assert!(Arc::ptr_eq(&first, &third), "the same content: the generation held before is kept");
     }
 }
