@@ -388,9 +388,7 @@ fn settle(
     let whole: Vec<PathBuf> = pending
         .iter()
         .filter(|(path, (read, _))| {
-            renamed.contains(*path)
-                && matches!(read, Read::Text { .. })
-                && !read.drops_objects_of(previous.get(*path))
+            renamed.contains(*path) && matches!(read, Read::Text { .. }) && !read.drops_objects_of(previous.get(*path))
         })
         .map(|(path, _)| path.clone())
         .collect();
@@ -523,8 +521,7 @@ where
     // The sender stays here too, so the channel never closes and a new watch can be made.
     let (tx, mut rx) = mpsc::channel(1);
     let arrivals = Arrivals::default();
-    let mut watch =
-        Some(fswatch::watch_recording(&root, tx.clone(), arrivals.clone()).map_err(std::io::Error::other)?);
+    let mut watch = Some(fswatch::watch_recording(&root, tx.clone(), arrivals.clone()).map_err(std::io::Error::other)?);
     let (state, first) = rescan_blocking(DirState::default(), root.clone(), arrivals.clone()).await;
     info!(dir = %root.display(), objects = state.merged.len(), errors = state.errors.len(), "config directory loaded");
     let mut watched = first.root;

@@ -144,7 +144,8 @@ impl Generation {
         // generations (and their snapshots) stays alive.
         let taken = previous.lock_carry().take();
         drop(taken);
-        let carry = previous.snapshot.as_deref().map(|p| Carry { from: previous.clone(), types: carried_types(p, snapshot) });
+        let carry =
+            previous.snapshot.as_deref().map(|p| Carry { from: previous.clone(), types: carried_types(p, snapshot) });
         Generation { snapshot: Some(snapshot.clone()), carry: Mutex::new(carry), ..Generation::new(snapshot.version) }
     }
 
