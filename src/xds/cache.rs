@@ -10,11 +10,11 @@ use bytes::Bytes;
 use prost::Message;
 use tokio::sync::{OnceCell, Semaphore};
 
-use super::generate::{generate, Resource};
+use super::generate::{generate, generate_endpoints_of, Resource};
 use super::metrics::XdsMetrics;
 use super::proxy::ProxyView;
 use super::TypeUrl;
-use crate::registry::{Registry, Resolution};
+use crate::registry::{Hostname, Registry, Resolution};
 use crate::snapshot::{ChangedKey, Snapshot, Version};
 use crate::telemetry::metrics::gauge_value;
 
@@ -51,6 +51,20 @@ impl Generated {
         let hashes = resources.iter().map(resource_hash).collect();
         let encoded = resources.iter().map(|r| Bytes::from(r.body.encode_to_vec())).collect();
         Generated { resources, hashes, encoded }
+    }
+
+    /// This generation with `fresh` (sorted by name) in place of the resources of the same
+    /// names; `None` if some fresh resource has no counterpart (the set of names changed).
+    fn patched(&self, fresh: Vec<Resource>) -> Option<Generated> {
+        let mut out =
+            Generated { resources: self.resources.clone(), hashes: self.hashes.clone(), encoded: self.encoded.clone() };
+        for resource in fresh {
+            let i = self.find(&resource.name)?;
+            out.hashes[i] = resource_hash(&resource);
+            out.encoded[i] = Bytes::from(resource.body.encode_to_vec());
+            out.resources[i] = resource;
+        }
+        Some(out)
     }
 
     /// Whether `other` holds the same resources, byte for byte.
@@ -124,6 +138,9 @@ struct Carry {
     from: Arc<Generation>,
     /// The types whose generations stay the same whatever the view (see [`carried_types`]).
     types: Vec<TypeUrl>,
+    /// With CDS taken over (the same clusters): the hosts whose endpoints changed, the only ones
+    /// whose EDS resources need generating again.
+    endpoint_hosts: BTreeSet<Hostname>,
 }
 
 impl Generation {
@@ -144,8 +161,19 @@ impl Generation {
         // generations (and their snapshots) stays alive.
         let taken = previous.lock_carry().take();
         drop(taken);
-        let carry =
-            previous.snapshot.as_deref().map(|p| Carry { from: previous.clone(), types: carried_types(p, snapshot) });
+        let carry = previous.snapshot.as_deref().map(|p| {
+            let types = carried_types(p, snapshot);
+            let endpoint_hosts = if types.contains(&TypeUrl::Cluster) {
+                let hosts = snapshot.changes.keys.iter().filter_map(|k| match k {
+                    ChangedKey::Endpoints(host) => Some(host.clone()),
+                    _ => None,
+                });
+                hosts.collect()
+            } else {
+                BTreeSet::new()
+            };
+            Carry { from: previous.clone(), types, endpoint_hosts }
+        });
         Generation { snapshot: Some(snapshot.clone()), carry: Mutex::new(carry), ..Generation::new(snapshot.version) }
     }
 
@@ -169,6 +197,18 @@ impl Generation {
         };
         let generated = entry.cell.get()?.clone();
         Some((generated, entry.bytes.load(Ordering::Relaxed)))
+    }
+
+    /// For EDS of `key`'s view when the clusters stayed the same: the previous generation's EDS
+    /// (taken out of it) and the hosts whose resources must be generated again.
+    fn endpoint_base(&self, key: &Key) -> Option<(Arc<Generated>, BTreeSet<Hostname>)> {
+        let hosts = {
+            let carry = self.lock_carry();
+            let carry = carry.as_ref().filter(|c| key.1 == TypeUrl::Endpoint && c.types.contains(&TypeUrl::Cluster))?;
+            carry.endpoint_hosts.clone()
+        };
+        let (base, _) = self.take_previous(key, false)?;
+        Some((base, hosts))
     }
 
     fn lock_resolved(&self) -> MutexGuard<'_, Resolutions> {
@@ -308,20 +348,33 @@ impl GenerationCache {
                 // Generation is CPU work: keep it off the async workers' hot path.
                 let started = std::time::Instant::now();
                 generations[type_index(type_url)].fetch_add(1, Ordering::Relaxed);
-                let generated =
-                    tokio::task::spawn_blocking(move || Generated::new(generate(type_url, &snapshot, &task_view)))
-                        .await
-                        .unwrap_or_else(|e| {
-                            tracing::error!(error = %e, "xDS generation failed");
-                            internal_errors.inc();
-                            Generated::new(Vec::new())
-                        });
+                let key = (key_view, type_url);
+                // An endpoint change with the same clusters: only the changed hosts' EDS resources
+                // are generated, the rest are the previous generation's.
+                let base = owner.as_ref().and_then(|g| g.endpoint_base(&key));
+                let task_base = base.clone();
+                let generated = tokio::task::spawn_blocking(move || match task_base {
+                    Some((base, hosts)) => {
+                        let fresh = generate_endpoints_of(&snapshot, &task_view, &hosts);
+                        base.patched(fresh).unwrap_or_else(|| Generated::new(generate(type_url, &snapshot, &task_view)))
+                    }
+                    None => Generated::new(generate(type_url, &snapshot, &task_view)),
+                })
+                .await
+                .unwrap_or_else(|e| {
+                    tracing::error!(error = %e, "xDS generation failed");
+                    internal_errors.inc();
+                    Generated::new(Vec::new())
+                });
                 tracing::debug!(type_url = %type_url, took_ms = started.elapsed().as_millis() as u64, resources = generated.resources.len(), "generated");
                 // The same content as the previous generation's: that one is kept, so every
                 // proxy holding it sees at once (by pointer) that nothing changed for it.
-                let key = (key_view, type_url);
-                match owner.as_ref().and_then(|g| g.take_previous(&key, false)) {
-                    Some((before, _)) if before.same_content(&generated) => before,
+                let before = match base {
+                    Some((base, _)) => Some(base),
+                    None => owner.as_ref().and_then(|g| g.take_previous(&key, false)).map(|(g, _)| g),
+                };
+                match before {
+                    Some(before) if before.same_content(&generated) => before,
                     _ => Arc::new(generated),
                 }
             })
@@ -531,6 +584,11 @@ mod tests {
 kind: ServiceEntry
 metadata: {name: a, namespace: default}
 spec: {hosts: [a.example.com], location: MESH_INTERNAL, resolution: STATIC, ports: [{number: 80, name: http}], endpoints: [{address: 10.0.0.1}]}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: b, namespace: other}
+spec: {hosts: [b.example.com], location: MESH_INTERNAL, resolution: STATIC, ports: [{number: 80, name: http}], endpoints: [{address: 10.0.1.1}]}
 ";
 
     #[tokio::test]
@@ -663,6 +721,12 @@ spec: {hosts: [a.example.com], location: MESH_INTERNAL, resolution: STATIC, port
         // identities clusters check) and the port change; LDS and RDS only for the port change.
         let counts: Vec<u64> = all.iter().map(|t| cache.generations(*t)).collect();
         assert_eq!(counts, [3, 4, 2, 2]);
+        // EDS patched with the changed hosts' resources is what a full generation gives.
+        for (snap, of_snapshot) in snaps.iter().zip(&generations) {
+            for (t, cached) in all.iter().zip(of_snapshot) {
+                assert_eq!(cached.encoded, Generated::new(generate(*t, snap, &view)).encoded, "{t}");
+            }
+        }
         assert!(cache.bytes() > 0 && cache.entries() == all.len());
     }
 
