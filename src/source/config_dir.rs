@@ -312,7 +312,9 @@ impl DirState {
         }
         let mut changes = Vec::new();
         for (key, obj) in &merged {
-            if self.merged.get(key).is_none_or(|old| old != obj) {
+            // Unchanged files keep their objects' `Arc`s: the pointer says "same" without a deep
+            // comparison of every object on every scan.
+            if self.merged.get(key).is_none_or(|old| !Arc::ptr_eq(old, obj) && old != obj) {
                 changes.push((key.clone(), Some(obj.clone())));
             }
         }
