@@ -1,14 +1,16 @@
-//! Registry builds that reuse the previous registry when only EndpointSlices, Pods and
-//! ServiceEntries without a `workloadSelector` changed (in place keeping their hosts, or added
-//! with hosts nobody declares): the services and endpoints those changes can reach are rebuilt,
-//! every other service and endpoint list keeps its `Arc`. Anything else (a Service, Node,
-//! Namespace, WorkloadEntry or mesh config change, a ServiceEntry removed, selecting workloads,
+//! Registry builds that reuse the previous registry when only EndpointSlices, Pods,
+//! WorkloadEntries and ServiceEntries without a `workloadSelector` changed (in place keeping
+//! their hosts, or added with hosts nobody declares): the services and endpoints those changes
+//! can reach are rebuilt, every other service and endpoint list keeps its `Arc`. Anything else (a
+//! Service, Node, Namespace or mesh config change, a ServiceEntry removed, selecting workloads,
 //! changing its hosts or added on a declared host) falls back to [`build_registry`], the
 //! reference build.
 //!
 //! Reached services: for a slice, the Service it belongs to (before and after); for a Pod, the
 //! Services whose slices refer to it (by `targetRef` name or IP) and the ServiceEntries of its
-//! namespace whose `workloadSelector` matches its labels before or after.
+//! namespace whose `workloadSelector` matches its labels before or after; for a WorkloadEntry,
+//! the Services and ServiceEntries of its namespace whose selector matches its labels before or
+//! after.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -34,7 +36,8 @@ pub struct IncrementalRegistry {
     synced: bool,
     /// Kubernetes Services (namespace, name) whose endpoints the pending changes may change.
     services: BTreeSet<(String, String)>,
-    /// Labels (before and after) of the changed Pods, by namespace: ServiceEntries select on them.
+    /// Labels (before and after) of the changed Pods and WorkloadEntries, by namespace:
+    /// ServiceEntries select on them.
     pod_labels: BTreeMap<String, Vec<Arc<Labels>>>,
     /// Of the last full build: the discovery scope, and the in-scope WorkloadEntries and
     /// Pod-selecting ServiceEntries by namespace, in key order.
@@ -88,8 +91,34 @@ impl IncrementalRegistry {
             (Kind::ServiceEntry, None, Some(new)) if selects_nothing(new) => {
                 self.entries.push(EntryChange::Added(new.clone()));
             }
-            (Kind::ServiceEntry | Kind::WorkloadEntry, _, _) => self.synced = false,
+            (Kind::WorkloadEntry, _, _) => self.workload_entry_changed(old, new),
+            (Kind::ServiceEntry, _, _) => self.synced = false,
             _ => {}
+        }
+    }
+
+    /// Records a WorkloadEntry change: the services selecting it before or after are reached,
+    /// and the in-scope entries of its namespace (kept in key order) follow.
+    fn workload_entry_changed(&mut self, old: Option<&ValidConfig>, new: Option<&ValidConfig>) {
+        for config in old.into_iter().chain(new) {
+            let Spec::WorkloadEntry(we) = &config.spec else { continue };
+            let namespace = &config.key.namespace;
+            let labels = Arc::new(we.labels.clone());
+            let services = self.store.services_selecting(namespace, &labels);
+            self.services.extend(services.into_iter().map(|s| (namespace.clone(), s)));
+            self.pod_labels.entry(namespace.clone()).or_default().push(labels);
+        }
+        let Some(config) = new.or(old) else { return };
+        let namespace = &config.key.namespace;
+        if !self.synced || !self.scope.contains(namespace) {
+            // A full build comes (and fills the entries), or the namespace is out of scope.
+            return;
+        }
+        let entries = self.workload_entries.entry(namespace.clone()).or_default();
+        entries.retain(|c| c.key != config.key);
+        if let Some(new) = new {
+            let at = entries.partition_point(|c| c.key < new.key);
+            entries.insert(at, new.clone());
         }
     }
 
@@ -493,7 +522,7 @@ spec: {address: 10.1.0.1, labels: {app: s2}, ports: {http: 7000}}
         assert!(inc.synced);
         inc.config_changed(Kind::VirtualService, None, None);
         assert!(inc.synced, "VirtualServices do not feed the registry");
-        inc.config_changed(Kind::WorkloadEntry, None, None);
+        inc.config_changed(Kind::ServiceEntry, None, None);
         assert!(!inc.synced);
         inc.build(Some(&registry), std::iter::empty(), &kube, &mesh);
         assert!(inc.synced);
@@ -577,5 +606,64 @@ spec: {address: 10.1.0.1, labels: {app: s2}, ports: {http: 7000}}
             inc.config_changed(Kind::ServiceEntry, old.as_ref(), new.as_ref());
             assert!(!inc.synced, "{new:?}");
         }
+    }
+
+    /// Random WorkloadEntry additions, label and port changes and removals (with Services and
+    /// ServiceEntries selecting them by label): each incremental registry equals a full build.
+    #[test]
+    fn workload_entry_changes_are_incremental_and_equal_a_full_build() {
+        let mesh = MeshConfig::default();
+        let mut rng = Rng(0x51_7cc1_b727_220a);
+        let mut kube = KubeObjects::new();
+        let mut inc = IncrementalRegistry::default();
+        for ns in NAMESPACES {
+            for object in (0..SERVICES).map(|i| service(ns, i)).chain((0..PODS).map(|i| pod(&mut rng, ns, i))) {
+                let object = Arc::new(object);
+                kube.insert(object.key(), object.clone());
+                inc.kube_changed(None, Some(&object));
+            }
+        }
+        let mut configs: BTreeMap<crate::config::ConfigKey, ValidConfig> = parse_file("t.yaml", CONFIGS)
+            .into_iter()
+            .map(|d| match d {
+                Document::Valid(o) => (o.key.clone(), Arc::new(o)),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let mut registry = inc.build(None, configs.values(), &kube, &mesh);
+        let mut changed_endpoints = 0;
+        for round in 0..300 {
+            let (ns, i) = (NAMESPACES[rng.below(2)], rng.below(6));
+            let new = (rng.below(5) != 0).then(|| {
+                let labels = match rng.below(4) {
+                    0 => String::new(),
+                    _ => format!("app: s{}, version: v{}", rng.below(SERVICES), rng.below(2)),
+                };
+                let yaml = format!(
+                    "apiVersion: networking.istio.io/v1\nkind: WorkloadEntry\nmetadata: {{name: we-{i}, namespace: {ns}}}\nspec: {{address: 10.1.0.{i}, labels: {{{labels}}}, ports: {{http: {}}}}}\n",
+                    7000 + rng.below(2)
+                );
+                match parse_file("t.yaml", &yaml).into_iter().next() {
+                    Some(Document::Valid(o)) => Arc::new(o),
+                    other => panic!("{other:?}"),
+                }
+            });
+            let key = crate::config::ConfigKey {
+                kind: Kind::WorkloadEntry,
+                namespace: ns.to_string(),
+                name: format!("we-{i}"),
+            };
+            let old = match &new {
+                Some(n) => configs.insert(key, n.clone()),
+                None => configs.remove(&key),
+            };
+            inc.config_changed(Kind::WorkloadEntry, old.as_ref(), new.as_ref());
+            let next = inc.build(Some(&registry), configs.values(), &kube, &mesh);
+            assert!(inc.synced, "round {round}: WorkloadEntry changes stay incremental");
+            assert_eq!(next, build_registry(configs.values(), &kube, &mesh), "round {round}");
+            changed_endpoints += usize::from(next.endpoints != registry.endpoints);
+            registry = next;
+        }
+        assert!(changed_endpoints > 100, "the changes reach endpoints: {changed_endpoints}");
     }
 }
