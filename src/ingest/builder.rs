@@ -32,15 +32,11 @@ impl SnapshotBuilder {
             match event {
                 SourceEvent::Config(objects) => {
                     for (key, object) in objects {
-                        match object {
-                            Some(obj) => {
-                                self.state.configs.insert(key.clone(), obj);
-                            }
-                            None => {
-                                self.state.configs.remove(&key);
-                            }
-                        }
-                        self.registry.config_changed(key.kind);
+                        let old = match &object {
+                            Some(obj) => self.state.configs.insert(key.clone(), obj.clone()),
+                            None => self.state.configs.remove(&key),
+                        };
+                        self.registry.config_changed(key.kind, old.as_ref(), object.as_ref());
                         changes.keys.insert(ChangedKey::Config(key));
                     }
                 }

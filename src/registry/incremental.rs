@@ -1,11 +1,16 @@
-//! Registry builds that reuse the previous registry when only EndpointSlices and Pods changed:
-//! the endpoints of the services those changes can reach are rebuilt, every other service and
-//! endpoint list keeps its `Arc`. Anything else (a Service, Node, Namespace, ServiceEntry,
-//! WorkloadEntry or mesh config change) falls back to [`build_registry`], the reference build.
+//! Registry builds that reuse the previous registry when only EndpointSlices, Pods,
+//! WorkloadEntries and ServiceEntries without a `workloadSelector` changed (in place keeping
+//! their hosts, or added with hosts nobody declares): the services and endpoints those changes
+//! can reach are rebuilt, every other service and endpoint list keeps its `Arc`. Anything else (a
+//! Service, Node, Namespace or mesh config change, a ServiceEntry removed, selecting workloads,
+//! changing its hosts or added on a declared host) falls back to [`build_registry`], the
+//! reference build.
 //!
 //! Reached services: for a slice, the Service it belongs to (before and after); for a Pod, the
 //! Services whose slices refer to it (by `targetRef` name or IP) and the ServiceEntries of its
-//! namespace whose `workloadSelector` matches its labels before or after.
+//! namespace whose `workloadSelector` matches its labels before or after; for a WorkloadEntry,
+//! the Services and ServiceEntries of its namespace whose selector matches its labels before or
+//! after.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -16,8 +21,8 @@ use super::kube_endpoints::service_endpoints;
 use super::kube_service::kube_hostname;
 use super::kube_store::{endpoint_kind, KubeStore};
 use super::kubernetes::{KubeObject, KubeObjects};
-use super::service::{Endpoint, ServiceKey, ServiceOrigin};
-use super::service_entry::endpoints_of;
+use super::service::{Endpoint, Service, ServiceKey, ServiceOrigin};
+use super::service_entry::{endpoints_of, inline_endpoints, service_for};
 use super::{Hostname, Registry};
 use crate::config::api::Labels;
 use crate::config::{Kind, Spec, ValidConfig};
@@ -31,13 +36,26 @@ pub struct IncrementalRegistry {
     synced: bool,
     /// Kubernetes Services (namespace, name) whose endpoints the pending changes may change.
     services: BTreeSet<(String, String)>,
-    /// Labels (before and after) of the changed Pods, by namespace: ServiceEntries select on them.
+    /// Labels (before and after) of the changed Pods and WorkloadEntries, by namespace:
+    /// ServiceEntries select on them.
     pod_labels: BTreeMap<String, Vec<Arc<Labels>>>,
     /// Of the last full build: the discovery scope, and the in-scope WorkloadEntries and
     /// Pod-selecting ServiceEntries by namespace, in key order.
     scope: NamespaceScope,
     workload_entries: HashMap<String, Vec<ValidConfig>>,
     selecting_entries: HashMap<String, Vec<ValidConfig>>,
+    /// ServiceEntries changed in place or added since the last build (their new version): each
+    /// one's services and endpoints depend on nothing but itself and the mesh config.
+    entries: Vec<EntryChange>,
+}
+
+/// A ServiceEntry without a `workloadSelector` that changed since the last build.
+#[derive(Debug)]
+enum EntryChange {
+    /// Changed in place, declaring the same hosts.
+    Updated(ValidConfig),
+    /// New.
+    Added(ValidConfig),
 }
 
 impl IncrementalRegistry {
@@ -63,10 +81,44 @@ impl IncrementalRegistry {
         }
     }
 
-    /// Records that a config object of `kind` changed: ServiceEntries and WorkloadEntries feed the registry.
-    pub fn config_changed(&mut self, kind: Kind) {
-        if matches!(kind, Kind::ServiceEntry | Kind::WorkloadEntry) {
-            self.synced = false;
+    /// Records that a config object changed from `old` to `new` (`None`: absent): ServiceEntries
+    /// and WorkloadEntries feed the registry.
+    pub fn config_changed(&mut self, kind: Kind, old: Option<&ValidConfig>, new: Option<&ValidConfig>) {
+        match (kind, old, new) {
+            (Kind::ServiceEntry, Some(old), Some(new)) if self_contained_update(old, new) => {
+                self.entries.push(EntryChange::Updated(new.clone()));
+            }
+            (Kind::ServiceEntry, None, Some(new)) if selects_nothing(new) => {
+                self.entries.push(EntryChange::Added(new.clone()));
+            }
+            (Kind::WorkloadEntry, _, _) => self.workload_entry_changed(old, new),
+            (Kind::ServiceEntry, _, _) => self.synced = false,
+            _ => {}
+        }
+    }
+
+    /// Records a WorkloadEntry change: the services selecting it before or after are reached,
+    /// and the in-scope entries of its namespace (kept in key order) follow.
+    fn workload_entry_changed(&mut self, old: Option<&ValidConfig>, new: Option<&ValidConfig>) {
+        for config in old.into_iter().chain(new) {
+            let Spec::WorkloadEntry(we) = &config.spec else { continue };
+            let namespace = &config.key.namespace;
+            let labels = Arc::new(we.labels.clone());
+            let services = self.store.services_selecting(namespace, &labels);
+            self.services.extend(services.into_iter().map(|s| (namespace.clone(), s)));
+            self.pod_labels.entry(namespace.clone()).or_default().push(labels);
+        }
+        let Some(config) = new.or(old) else { return };
+        let namespace = &config.key.namespace;
+        if !self.synced || !self.scope.contains(namespace) {
+            // A full build comes (and fills the entries), or the namespace is out of scope.
+            return;
+        }
+        let entries = self.workload_entries.entry(namespace.clone()).or_default();
+        entries.retain(|c| c.key != config.key);
+        if let Some(new) = new {
+            let at = entries.partition_point(|c| c.key < new.key);
+            entries.insert(at, new.clone());
         }
     }
 
@@ -86,8 +138,24 @@ impl IncrementalRegistry {
     ) -> Registry {
         let services = std::mem::take(&mut self.services);
         let pod_labels = std::mem::take(&mut self.pod_labels);
+        let entries = std::mem::take(&mut self.entries);
         match previous.filter(|_| self.synced) {
-            Some(previous) => self.update(previous, services, pod_labels, mesh),
+            Some(previous) => {
+                let mut registry = self.update(previous, services, pod_labels, mesh);
+                for change in &entries {
+                    let applied = match change {
+                        EntryChange::Updated(config) => {
+                            update_entry(&mut registry, config, mesh);
+                            true
+                        }
+                        EntryChange::Added(config) => add_entry(&mut registry, config, &self.scope, mesh),
+                    };
+                    if !applied {
+                        return self.full(configs, kube, mesh);
+                    }
+                }
+                registry
+            }
             None => self.full(configs, kube, mesh),
         }
     }
@@ -164,6 +232,71 @@ impl IncrementalRegistry {
             }
         }
         registry
+    }
+}
+
+/// Whether a ServiceEntry changing from `old` to `new` changes nothing but its own services and
+/// endpoints: it selects no workloads (before or after), and declares the same hosts in the same
+/// order, so which object declares each host first stays as it was.
+fn self_contained_update(old: &ValidConfig, new: &ValidConfig) -> bool {
+    match (&old.spec, &new.spec) {
+        (Spec::ServiceEntry(a), Spec::ServiceEntry(b)) => {
+            a.workload_selector.is_none() && b.workload_selector.is_none() && a.hosts == b.hosts
+        }
+        _ => false,
+    }
+}
+
+/// Whether `config` is a ServiceEntry without a `workloadSelector`.
+fn selects_nothing(config: &ValidConfig) -> bool {
+    matches!(&config.spec, Spec::ServiceEntry(se) if se.workload_selector.is_none())
+}
+
+/// Adds the services and endpoints of `config`, a new ServiceEntry without a `workloadSelector`;
+/// `false` (nothing added) when some host of it is declared already: which declaration wins
+/// then depends on the others, which only a full build knows.
+fn add_entry(registry: &mut Registry, config: &ValidConfig, scope: &NamespaceScope, mesh: &MeshConfig) -> bool {
+    let Spec::ServiceEntry(se) = &config.spec else { return false };
+    if !scope.contains(&config.key.namespace) {
+        return true;
+    }
+    let services: Vec<Service> = se.hosts.iter().map(|host| service_for(config, se, host, mesh)).collect();
+    let key = |s: &Service| ServiceKey { hostname: s.hostname.clone(), namespace: s.namespace.clone() };
+    let mut keys: Vec<ServiceKey> = services.iter().map(key).collect();
+    keys.sort();
+    keys.dedup();
+    if keys.len() != services.len() || keys.iter().any(|k| registry.services.contains_key(k)) {
+        return false;
+    }
+    let endpoints = Arc::new(inline_endpoints(se));
+    for service in services {
+        let key = key(&service);
+        registry.endpoints.insert(key.clone(), endpoints.clone());
+        registry.services.insert(key, Arc::new(service));
+    }
+    true
+}
+
+/// Replaces the services and endpoints `config` (a ServiceEntry changed in place, see
+/// [`self_contained_update`]) declares first; a host another object declared first stays theirs.
+fn update_entry(registry: &mut Registry, config: &ValidConfig, mesh: &MeshConfig) {
+    let Spec::ServiceEntry(se) = &config.spec else { return };
+    let origin = ServiceOrigin::Config(config.key.clone());
+    let endpoints = Arc::new(inline_endpoints(se));
+    for host in &se.hosts {
+        let service = service_for(config, se, host, mesh);
+        let key = ServiceKey { hostname: service.hostname.clone(), namespace: service.namespace.clone() };
+        // Absent: out of discovery scope. Another origin: declared first by another object.
+        let Some(old) = registry.services.get(&key).filter(|s| s.origin == origin) else { continue };
+        if **old != service {
+            registry.services.insert(key.clone(), Arc::new(service));
+        }
+        match registry.endpoints.get(&key) {
+            Some(old) if *old == endpoints => {}
+            _ => {
+                registry.endpoints.insert(key, endpoints.clone());
+            }
+        }
     }
 }
 
@@ -387,9 +520,9 @@ spec: {address: 10.1.0.1, labels: {app: s2}, ports: {http: 7000}}
         inc.kube_changed(None, Some(&svc));
         let registry = inc.build(None, std::iter::empty(), &kube, &mesh);
         assert!(inc.synced);
-        inc.config_changed(Kind::VirtualService);
+        inc.config_changed(Kind::VirtualService, None, None);
         assert!(inc.synced, "VirtualServices do not feed the registry");
-        inc.config_changed(Kind::WorkloadEntry);
+        inc.config_changed(Kind::ServiceEntry, None, None);
         assert!(!inc.synced);
         inc.build(Some(&registry), std::iter::empty(), &kube, &mesh);
         assert!(inc.synced);
@@ -397,5 +530,140 @@ spec: {address: 10.1.0.1, labels: {app: s2}, ports: {http: 7000}}
         kube.clear();
         assert!(!inc.synced, "a Service change is a full build");
         assert!(inc.build(Some(&registry), std::iter::empty(), &kube, &mesh).services.is_empty());
+    }
+
+    fn entry(name: &str, ns: &str, hosts: &str, addresses: &[&str], extra: &str) -> ValidConfig {
+        let endpoints: Vec<String> = addresses.iter().map(|a| format!("{{address: {a}}}")).collect();
+        let yaml = format!(
+            "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: {name}, namespace: {ns}}}\nspec: {{hosts: [{hosts}], location: MESH_INTERNAL, resolution: STATIC, ports: [{{number: 80, name: http, protocol: HTTP}}], endpoints: [{}]{extra}}}\n",
+            endpoints.join(", ")
+        );
+        match parse_file("t.yaml", &yaml).into_iter().next() {
+            Some(Document::Valid(o)) => Arc::new(o),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Random endpoint edits of ServiceEntries (two of them declaring the same host, one of those
+    /// shadowed): each incremental registry equals a full build, and untouched services keep
+    /// their `Arc`s.
+    #[test]
+    fn service_entry_endpoint_edits_are_incremental_and_equal_a_full_build() {
+        let mesh = MeshConfig::default();
+        let kube = KubeObjects::new();
+        let hosts = ["a.example.com", "b.example.com, shared.example.com", "shared.example.com", "c.example.com"];
+        let names = ["a", "b", "c", "d"];
+        let mut configs: BTreeMap<String, ValidConfig> = BTreeMap::new();
+        for (name, host) in names.iter().zip(hosts) {
+            configs.insert(name.to_string(), entry(name, "ns", host, &["10.0.0.1"], ""));
+        }
+        let mut inc = IncrementalRegistry::default();
+        let mut registry = inc.build(None, configs.values(), &kube, &mesh);
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        for round in 0..100 {
+            let i = rng.below(names.len());
+            let addresses: Vec<String> = (0..rng.below(4)).map(|_| format!("10.0.0.{}", rng.below(6))).collect();
+            let addresses: Vec<&str> = addresses.iter().map(String::as_str).collect();
+            let new = entry(names[i], "ns", hosts[i], &addresses, "");
+            let old = configs.insert(names[i].to_string(), new.clone());
+            inc.config_changed(Kind::ServiceEntry, old.as_ref(), Some(&new));
+            let next = inc.build(Some(&registry), configs.values(), &kube, &mesh);
+            assert!(inc.synced, "round {round}: an endpoint edit stays incremental");
+            assert_eq!(next, build_registry(configs.values(), &kube, &mesh), "round {round}");
+            let touched: Vec<&str> = hosts[i].split(", ").collect();
+            for (key, endpoints) in &registry.endpoints {
+                if !touched.contains(&key.hostname.as_str()) {
+                    assert!(Arc::ptr_eq(endpoints, &next.endpoints[key]), "round {round}: {key:?} kept");
+                }
+            }
+            registry = next;
+        }
+        // A new ServiceEntry on new hosts is added in place; on a declared host (which
+        // declaration wins depends on the others) it takes a full build.
+        for (name, host, incremental) in [("e", "e.example.com", true), ("ab", "c.example.com", false)] {
+            let new = entry(name, "ns", host, &["10.0.0.7"], "");
+            configs.insert(name.to_string(), new.clone());
+            inc.config_changed(Kind::ServiceEntry, None, Some(&new));
+            assert!(inc.synced);
+            let next = inc.build(Some(&registry), configs.values(), &kube, &mesh);
+            assert_eq!(next, build_registry(configs.values(), &kube, &mesh), "{name}");
+            let kept = ServiceKey { hostname: Hostname::new("a.example.com"), namespace: "ns".into() };
+            assert_eq!(Arc::ptr_eq(&registry.services[&kept], &next.services[&kept]), incremental, "{name}");
+            registry = next;
+        }
+        // New hosts, a selector, a removal: a full build.
+        for (old, new) in [
+            (Some(entry("a", "ns", "a.example.com", &[], "")), Some(entry("a", "ns", "z.example.com", &[], ""))),
+            (
+                Some(entry("a", "ns", "a.example.com", &[], "")),
+                Some(entry("a", "ns", "a.example.com", &[], ", workloadSelector: {labels: {app: a}}")),
+            ),
+            (None, Some(entry("f", "ns", "f.example.com", &[], ", workloadSelector: {labels: {app: a}}"))),
+            (Some(entry("a", "ns", "a.example.com", &[], "")), None),
+        ] {
+            inc.build(Some(&registry), configs.values(), &kube, &mesh);
+            assert!(inc.synced);
+            inc.config_changed(Kind::ServiceEntry, old.as_ref(), new.as_ref());
+            assert!(!inc.synced, "{new:?}");
+        }
+    }
+
+    /// Random WorkloadEntry additions, label and port changes and removals (with Services and
+    /// ServiceEntries selecting them by label): each incremental registry equals a full build.
+    #[test]
+    fn workload_entry_changes_are_incremental_and_equal_a_full_build() {
+        let mesh = MeshConfig::default();
+        let mut rng = Rng(0x51_7cc1_b727_220a);
+        let mut kube = KubeObjects::new();
+        let mut inc = IncrementalRegistry::default();
+        for ns in NAMESPACES {
+            for object in (0..SERVICES).map(|i| service(ns, i)).chain((0..PODS).map(|i| pod(&mut rng, ns, i))) {
+                let object = Arc::new(object);
+                kube.insert(object.key(), object.clone());
+                inc.kube_changed(None, Some(&object));
+            }
+        }
+        let mut configs: BTreeMap<crate::config::ConfigKey, ValidConfig> = parse_file("t.yaml", CONFIGS)
+            .into_iter()
+            .map(|d| match d {
+                Document::Valid(o) => (o.key.clone(), Arc::new(o)),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let mut registry = inc.build(None, configs.values(), &kube, &mesh);
+        let mut changed_endpoints = 0;
+        for round in 0..300 {
+            let (ns, i) = (NAMESPACES[rng.below(2)], rng.below(6));
+            let new = (rng.below(5) != 0).then(|| {
+                let labels = match rng.below(4) {
+                    0 => String::new(),
+                    _ => format!("app: s{}, version: v{}", rng.below(SERVICES), rng.below(2)),
+                };
+                let yaml = format!(
+                    "apiVersion: networking.istio.io/v1\nkind: WorkloadEntry\nmetadata: {{name: we-{i}, namespace: {ns}}}\nspec: {{address: 10.1.0.{i}, labels: {{{labels}}}, ports: {{http: {}}}}}\n",
+                    7000 + rng.below(2)
+                );
+                match parse_file("t.yaml", &yaml).into_iter().next() {
+                    Some(Document::Valid(o)) => Arc::new(o),
+                    other => panic!("{other:?}"),
+                }
+            });
+            let key = crate::config::ConfigKey {
+                kind: Kind::WorkloadEntry,
+                namespace: ns.to_string(),
+                name: format!("we-{i}"),
+            };
+            let old = match &new {
+                Some(n) => configs.insert(key, n.clone()),
+                None => configs.remove(&key),
+            };
+            inc.config_changed(Kind::WorkloadEntry, old.as_ref(), new.as_ref());
+            let next = inc.build(Some(&registry), configs.values(), &kube, &mesh);
+            assert!(inc.synced, "round {round}: WorkloadEntry changes stay incremental");
+            assert_eq!(next, build_registry(configs.values(), &kube, &mesh), "round {round}");
+            changed_endpoints += usize::from(next.endpoints != registry.endpoints);
+            registry = next;
+        }
+        assert!(changed_endpoints > 100, "the changes reach endpoints: {changed_endpoints}");
     }
 }

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use super::kube_index::{KubeLookup, Topology};
 use super::kubernetes::{KubeEndpointSlice, KubeKind, KubeObject, KubePod, KubeService};
+use crate::config::api::Labels;
 
 /// Objects by namespace, then by a name (or IP).
 type ByNamespace<T> = HashMap<String, HashMap<String, T>>;
@@ -49,6 +50,20 @@ impl KubeStore {
             KubeObject::Service(s) => Some(s),
             _ => None,
         }
+    }
+
+    /// Names of the Services of `namespace` whose selector picks a workload labelled `labels` (a
+    /// WorkloadEntry: an empty selector, or no labels, selects nothing).
+    pub fn services_selecting(&self, namespace: &str, labels: &Labels) -> BTreeSet<String> {
+        let services = self.services.get(namespace).into_iter().flat_map(HashMap::values);
+        let selecting = services.filter_map(|object| match object.as_ref() {
+            KubeObject::Service(s) => {
+                let selector = s.selector.as_ref().filter(|sel| !sel.is_empty() && !labels.is_empty())?;
+                selector.iter().all(|(k, v)| labels.get(k) == Some(v)).then(|| s.name.clone())
+            }
+            _ => None,
+        });
+        selecting.collect()
     }
 
     /// Names of the Services of `namespace` whose slices refer to `pod` by name or to one of `ips`.

@@ -44,7 +44,7 @@ pub(super) fn add_service_entries<'a>(
     }
 }
 
-fn service_for(config: &ValidConfig, se: &ServiceEntry, host: &str, mesh: &MeshConfig) -> Service {
+pub(super) fn service_for(config: &ValidConfig, se: &ServiceEntry, host: &str, mesh: &MeshConfig) -> Service {
     let resolution = match se.resolution.unwrap_or(SeResolution::None) {
         SeResolution::None => Resolution::Passthrough,
         SeResolution::Static => Resolution::Static,
@@ -88,7 +88,7 @@ pub(super) fn endpoints_of(
     workload_entries: &WorkloadEntries<'_>,
 ) -> Vec<Endpoint> {
     let Some(selector) = &se.workload_selector else {
-        return se.endpoints.iter().map(workload_entry_endpoint).collect();
+        return inline_endpoints(se);
     };
     let selects = |labels: &crate::config::api::Labels| selector.labels.iter().all(|(k, v)| labels.get(k) == Some(v));
     let entries = workload_entries.get(namespace).map(Vec::as_slice).unwrap_or_default();
@@ -106,6 +106,11 @@ pub(super) fn endpoints_of(
         out.push(ep);
     }
     out
+}
+
+/// The endpoints a ServiceEntry lists itself (those of one without a `workloadSelector`).
+pub(super) fn inline_endpoints(se: &ServiceEntry) -> Vec<Endpoint> {
+    se.endpoints.iter().map(workload_entry_endpoint).collect()
 }
 
 /// A WorkloadEntry (or a ServiceEntry's inline endpoint) as an endpoint.

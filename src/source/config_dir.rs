@@ -4,7 +4,10 @@
 //! - an invalid edit of an object is reported and the previous version keeps being served; a
 //!   file that no longer parses at all keeps its previous objects;
 //! - a changed file is used only once two reads [`SETTLE_INTERVAL`] apart agree, so a write in
-//!   place (`cat new > file`: truncate, then write) is never seen half done; a file that had
+//!   place (`cat new > file`: truncate, then write) is never seen half done; a file renamed into
+//!   place (written elsewhere first, the atomic way) cannot be half done and is used at its first
+//!   read, without waiting for a quiet period either; a file whose `stat` stamp is unchanged (and
+//!   not racily recent, see [`STAMP_MARGIN`]) is not read again; a file that had
 //!   objects and turns empty (or disappears) must stay so for [`EMPTY_SETTLE_READS`] reads before
 //!   its objects are deleted;
 //! - a file or directory that cannot be read keeps what it contributed and is reported (a config
@@ -18,7 +21,7 @@
 //! service. They are visible in `/debug/configz` and the metrics instead.
 
 use std::collections::btree_map::Entry;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,9 +29,12 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
+#[cfg(doc)]
+use super::files::STAMP_MARGIN;
 use super::files::{
-    dir_identity, list_with, parse_documents, Fs, ReadError, RealFs, MAX_SETTLE_ROUNDS, SETTLE_INTERVAL,
+    dir_identity, list_with, parse_documents, FileStamp, Fs, ReadError, RealFs, MAX_SETTLE_ROUNDS, SETTLE_INTERVAL,
 };
+use super::fswatch::Arrivals;
 use super::metrics::SourceMetrics;
 use super::{fswatch, SourceEvent, SourceId};
 use crate::config::parse::Document;
@@ -66,6 +72,8 @@ struct Placed {
 #[derive(Debug, Clone, Default)]
 struct FileState {
     content_hash: u64,
+    /// The file's stamp when the content was read, if it vouches for the content.
+    stamp: Option<FileStamp>,
     objects: BTreeMap<ConfigKey, Placed>,
     errors: Vec<ConfigError>,
     ignored: Vec<IgnoredObject>,
@@ -169,7 +177,17 @@ impl DirState {
         self.rescan_with(root, &RealFs)
     }
 
+    /// [`DirState::rescan`] after the notifications recorded in `arrivals`: a file they say was
+    /// renamed in whole is used at its first read.
+    pub fn rescan_after(&mut self, root: &Path, arrivals: &Arrivals) -> Rescan {
+        self.rescan_inner(root, &RealFs, Some(arrivals))
+    }
+
     pub(crate) fn rescan_with(&mut self, root: &Path, fs: &dyn Fs) -> Rescan {
+        self.rescan_inner(root, fs, None)
+    }
+
+    fn rescan_inner(&mut self, root: &Path, fs: &dyn Fs, arrivals: Option<&Arrivals>) -> Rescan {
         let Some(root_id) = dir_identity(root) else { return self.root_missing(root) };
         let listing = match list_with(root, fs) {
             Ok(listing) => listing,
@@ -186,7 +204,7 @@ impl DirState {
                 candidates.push(path.clone());
             }
         }
-        let (reads, unsettled) = match settle(&self.files, root, root_id, fs, candidates) {
+        let (reads, unsettled) = match settle(&self.files, root, root_id, fs, candidates, &listing.stamps, arrivals) {
             Settled::Done { reads, unsettled } => (reads, unsettled),
             Settled::RootGone => return self.root_missing(root),
             Settled::RootReplaced(id) => {
@@ -210,16 +228,20 @@ impl DirState {
         }
         for (path, read) in reads {
             let prev = previous.remove(&path);
+            // The stamp listed before the read: if the file changed since, the next one differs.
+            let stamp = listing.stamps.get(&path).copied();
             match read {
                 Read::Text { text, hash } => {
-                    let state = match prev {
+                    let mut state = match prev {
                         Some(prev) if prev.content_hash == hash => prev,
                         prev => parse(&path, &text, hash, prev.unwrap_or_default()),
                     };
+                    state.stamp = stamp;
                     files.insert(path, state);
                 }
                 Read::Unchanged => {
-                    if let Some(prev) = prev {
+                    if let Some(mut prev) = prev {
+                        prev.stamp = stamp;
                         files.insert(path, prev);
                     }
                 }
@@ -290,7 +312,9 @@ impl DirState {
         }
         let mut changes = Vec::new();
         for (key, obj) in &merged {
-            if self.merged.get(key).is_none_or(|old| old != obj) {
+            // Unchanged files keep their objects' `Arc`s: the pointer says "same" without a deep
+            // comparison of every object on every scan.
+            if self.merged.get(key).is_none_or(|old| !Arc::ptr_eq(old, obj) && old != obj) {
                 changes.push((key.clone(), Some(obj.clone())));
             }
         }
@@ -330,18 +354,27 @@ impl DirState {
 
 /// Reads each candidate until two reads [`SETTLE_INTERVAL`] apart agree ([`EMPTY_SETTLE_READS`]
 /// when the read would delete objects), for at most [`MAX_SETTLE_ROUNDS`] rounds. A file whose
-/// first read equals what was used before needs no second read.
+/// first read equals what was used before needs no second read; one whose stamp is the one its
+/// content was read at is not read at all; one that `arrivals` says was renamed in whole (and
+/// that deletes nothing) is used at its first read.
 fn settle(
     previous: &BTreeMap<PathBuf, FileState>,
     root: &Path,
     root_id: (u64, u64),
     fs: &dyn Fs,
     candidates: Vec<PathBuf>,
+    stamps: &HashMap<PathBuf, FileStamp>,
+    arrivals: Option<&Arrivals>,
 ) -> Settled {
     let mut reads = Vec::new();
     // Per changing file: its last read and how many reads in a row were equal to it.
     let mut pending: BTreeMap<PathBuf, (Read, usize)> = BTreeMap::new();
     for path in candidates {
+        let prev_stamp = previous.get(&path).and_then(|p| p.stamp);
+        if prev_stamp.is_some() && prev_stamp.as_ref() == stamps.get(&path) {
+            reads.push((path, Read::Unchanged));
+            continue;
+        }
         let read = Read::new(fs.read_file(&path));
         match (&read, previous.get(&path)) {
             (Read::Text { hash, .. }, Some(prev)) if prev.content_hash == *hash => reads.push((path, Read::Unchanged)),
@@ -350,6 +383,20 @@ fn settle(
             _ => {
                 pending.insert(path, (read, 1));
             }
+        }
+    }
+    // Taken after the first reads: a write in place notified before them disqualifies the file.
+    let renamed: HashSet<PathBuf> = arrivals.map(Arrivals::take_renamed).unwrap_or_default();
+    let whole: Vec<PathBuf> = pending
+        .iter()
+        .filter(|(path, (read, _))| {
+            renamed.contains(*path) && matches!(read, Read::Text { .. }) && !read.drops_objects_of(previous.get(*path))
+        })
+        .map(|(path, _)| path.clone())
+        .collect();
+    for path in whole {
+        if let Some((read, _)) = pending.remove(&path) {
+            reads.push((path, read));
         }
     }
     let mut rounds = 0;
@@ -475,8 +522,9 @@ where
     }
     // The sender stays here too, so the channel never closes and a new watch can be made.
     let (tx, mut rx) = mpsc::channel(1);
-    let mut watch = Some(fswatch::watch(&root, tx.clone()).map_err(std::io::Error::other)?);
-    let (state, first) = rescan_blocking(DirState::default(), root.clone()).await;
+    let arrivals = Arrivals::default();
+    let mut watch = Some(fswatch::watch_recording(&root, tx.clone(), arrivals.clone()).map_err(std::io::Error::other)?);
+    let (state, first) = rescan_blocking(DirState::default(), root.clone(), arrivals.clone()).await;
     info!(dir = %root.display(), objects = state.merged.len(), errors = state.errors.len(), "config directory loaded");
     let mut watched = first.root;
     let mut poll = poll_interval(&first, watch.is_some());
@@ -490,15 +538,18 @@ where
                 _ = drain.draining() => return,
                 _ = tokio::time::timeout(poll, rx.recv()) => {}
             }
-            fswatch::quiet(&mut rx, SETTLE_INTERVAL, QUIET_MAX).await;
-            let (next, rescan) = rescan_blocking(state, root.clone()).await;
+            // Files renamed in whole are complete: no burst to wait out (the debounce still merges).
+            if !arrivals.renames_only() {
+                fswatch::quiet(&mut rx, SETTLE_INTERVAL, QUIET_MAX).await;
+            }
+            let (next, rescan) = rescan_blocking(state, root.clone(), arrivals.clone()).await;
             state = next;
             match rescan.root {
                 // The OS watch died with the directory.
                 None => watched = None,
                 Some(id) if watched != Some(id) => {
                     // Back, or replaced by another directory: watch the new one.
-                    match fswatch::watch(&root, tx.clone()) {
+                    match fswatch::watch_recording(&root, tx.clone(), arrivals.clone()) {
                         Ok(w) => {
                             info!(dir = %root.display(), "watching the config directory again");
                             watch = Some(w);
@@ -533,10 +584,10 @@ fn poll_interval(rescan: &Rescan, watching: bool) -> Duration {
 }
 
 /// Runs one rescan on the blocking pool; the state travels there and back.
-async fn rescan_blocking(mut state: DirState, root: PathBuf) -> (DirState, Rescan) {
+async fn rescan_blocking(mut state: DirState, root: PathBuf, arrivals: Arrivals) -> (DirState, Rescan) {
     let fallback = root.clone();
     match tokio::task::spawn_blocking(move || {
-        let rescan = state.rescan(&root);
+        let rescan = state.rescan_after(&root, &arrivals);
         (state, rescan)
     })
     .await
@@ -843,5 +894,101 @@ mod tests {
         let readable = state.rescan(dir.path());
         assert!(readable.changes.is_empty() && readable.status_changed);
         assert!(state.errors().is_empty());
+    }
+
+    /// The real filesystem, counting reads per file, with a clock `ahead` of the real one.
+    #[derive(Default)]
+    struct Counting {
+        reads: std::sync::Mutex<HashMap<PathBuf, usize>>,
+        ahead: Duration,
+    }
+
+    impl Counting {
+        fn reads(&self, path: &Path) -> usize {
+            self.reads.lock().unwrap().get(path).copied().unwrap_or(0)
+        }
+
+        fn total(&self) -> usize {
+            self.reads.lock().unwrap().values().sum()
+        }
+    }
+
+    impl Fs for Counting {
+        fn read_dir(&self, dir: &Path, limit: usize) -> std::io::Result<Vec<std::io::Result<PathBuf>>> {
+            RealFs.read_dir(dir, limit)
+        }
+
+        fn read_file(&self, path: &Path) -> Result<String, ReadError> {
+            *self.reads.lock().unwrap().entry(path.to_path_buf()).or_default() += 1;
+            RealFs.read_file(path)
+        }
+
+        fn now(&self) -> std::time::SystemTime {
+            std::time::SystemTime::now() + self.ahead
+        }
+    }
+
+    #[test]
+    fn files_whose_stamp_did_not_change_are_not_read_again() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["a", "b", "c"] {
+            std::fs::write(dir.path().join(format!("{name}.yaml")), VS.replace("name: r", &format!("name: {name}")))
+                .unwrap();
+        }
+        // Seen from an hour later, no file changed recently: their stamps vouch for them.
+        let later = Counting { ahead: Duration::from_secs(3600), ..Counting::default() };
+        let mut state = DirState::default();
+        assert_eq!(state.rescan_with(dir.path(), &later).changes.len(), 3);
+        assert_eq!(later.total(), 6, "each new file read until two reads agree");
+        assert!(state.rescan_with(dir.path(), &later).changes.is_empty());
+        assert_eq!(later.total(), 6, "nothing changed: nothing read");
+
+        let b = dir.path().join("b.yaml");
+        std::fs::write(&b, VS.replace("name: r", "name: b").replace("hosts: [a]", "hosts: [z]")).unwrap();
+        let rescan = state.rescan_with(dir.path(), &later);
+        assert_eq!(names(&rescan.changes), vec![("b".to_string(), true)]);
+        assert_eq!((later.reads(&dir.path().join("a.yaml")), later.reads(&b)), (2, 4), "b read until settled");
+
+        // Just written (within the stamp margin): a same-tick rewrite could keep the stamp, so
+        // such files are read on every scan.
+        let now = Counting::default();
+        state.rescan_with(dir.path(), &now);
+        state.rescan_with(dir.path(), &now);
+        assert_eq!(now.total(), 6);
+    }
+
+    #[test]
+    fn a_file_renamed_in_is_used_at_its_first_read() {
+        let parent = tempfile::tempdir().unwrap();
+        let root = parent.path().join("cfg");
+        std::fs::create_dir(&root).unwrap();
+        let file = root.join("vs.yaml");
+        std::fs::write(&file, VS).unwrap();
+        let mut state = DirState::default();
+        state.rescan(&root);
+        let arrivals = Arrivals::default();
+        let (tx, _rx) = mpsc::channel(1);
+        let _watch = fswatch::watch_recording(&root, tx, arrivals.clone()).unwrap();
+
+        // Written beside the directory, then renamed in: complete the moment it appears.
+        let staged = parent.path().join("vs.yaml.new");
+        std::fs::write(&staged, VS.replace("hosts: [a]", "hosts: [b]")).unwrap();
+        std::fs::rename(&staged, &file).unwrap();
+        let notified = arrivals.clone();
+        within(Duration::from_secs(10), move || {
+            while !notified.renames_only() {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        let fs = Counting::default();
+        let rescan = state.rescan_inner(&root, &fs, Some(&arrivals));
+        assert_eq!(names(&rescan.changes), vec![("r".to_string(), true)]);
+        assert_eq!(fs.reads(&file), 1, "no settle rounds for a file renamed in");
+
+        // Written in place: read until two reads agree.
+        std::fs::write(&file, VS.replace("hosts: [a]", "hosts: [c]")).unwrap();
+        let rescan = state.rescan_inner(&root, &fs, Some(&arrivals));
+        assert_eq!(names(&rescan.changes), vec![("r".to_string(), true)]);
+        assert_eq!(fs.reads(&file), 3);
     }
 }

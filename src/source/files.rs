@@ -11,12 +11,12 @@
 //! - a directory or file that cannot be used is reported with its path and why ([`ReadError`]),
 //!   and the rest of the tree is still read.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs::{FileType, Metadata, OpenOptions};
 use std::io::Read;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tracing::debug;
 
@@ -40,6 +40,11 @@ pub const SETTLE_INTERVAL: Duration = Duration::from_millis(50);
 /// How many rounds of re-reads (each [`SETTLE_INTERVAL`] apart) a changing file gets before it
 /// counts as unsettled for now (its last good state stays, and it is read again soon).
 pub const MAX_SETTLE_ROUNDS: usize = 20;
+
+/// How long before a listing a file's last change must be for its [`FileStamp`] to vouch for its
+/// content: a write within the same timestamp tick as the stat could otherwise go unnoticed
+/// (Git's "racily clean" problem). Files changed more recently are read every scan.
+pub const STAMP_MARGIN: Duration = Duration::from_secs(2);
 
 /// `O_NONBLOCK`, so that opening a FIFO that replaced a regular file after it was checked (a
 /// race) returns at once instead of waiting for a writer. Its value is the asm-generic one, which
@@ -219,6 +224,10 @@ pub(crate) trait Fs {
     fn read_dir(&self, dir: &Path, limit: usize) -> std::io::Result<Vec<std::io::Result<PathBuf>>>;
     /// [`read_config_file`].
     fn read_file(&self, path: &Path) -> Result<String, ReadError>;
+    /// The current time, to which file timestamps are compared.
+    fn now(&self) -> SystemTime {
+        SystemTime::now()
+    }
 }
 
 /// The real filesystem.
@@ -259,6 +268,36 @@ pub struct Listing {
     pub incomplete: Vec<PathBuf>,
     /// The walk stopped at [`MAX_ENTRIES`]: no file not listed can be assumed gone.
     pub truncated: bool,
+    /// The stamp of each regular file listed whose last change is at least [`STAMP_MARGIN`]
+    /// older than the listing: while it stays the same, so does the content.
+    pub stamps: HashMap<PathBuf, FileStamp>,
+}
+
+/// What `stat` says about a regular file: while all of it stays the same, the content does too
+/// (a write changes the modification and change times, a rename-in the inode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileStamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl FileStamp {
+    /// The stamp of `meta`, if its last change is at least [`STAMP_MARGIN`] before `now`.
+    fn settled(meta: &Metadata, now: SystemTime) -> Option<FileStamp> {
+        let stamp = FileStamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        };
+        let horizon = now.checked_sub(STAMP_MARGIN)?.duration_since(SystemTime::UNIX_EPOCH).ok()?;
+        let horizon = (i64::try_from(horizon.as_secs()).ok()?, i64::from(horizon.subsec_nanos()));
+        (stamp.mtime < horizon && stamp.ctime < horizon).then_some(stamp)
+    }
 }
 
 /// The (device, inode) identity of a directory, `None` when `path` is not (or no longer) one.
@@ -282,6 +321,7 @@ pub(crate) fn list_with(root: &Path, fs: &dyn Fs) -> Result<Listing, ReadError> 
         return Err(ReadError::NotRegular { kind: kind_name(root_meta.file_type()) });
     }
     let mut listing = Listing::default();
+    let now = fs.now();
     let mut visited_dirs = HashSet::from([(root_meta.dev(), root_meta.ino())]);
     let mut seen_files = HashSet::new();
     let mut entries_left = MAX_ENTRIES;
@@ -341,6 +381,9 @@ pub(crate) fn list_with(root: &Path, fs: &dyn Fs) -> Result<Listing, ReadError> 
                     if meta.is_file() && !seen_files.insert((meta.dev(), meta.ino())) {
                         debug!(file = %path.display(), "file already listed under another path; skipped");
                         continue;
+                    }
+                    if let Some(stamp) = FileStamp::settled(&meta, now).filter(|_| meta.is_file()) {
+                        listing.stamps.insert(path.clone(), stamp);
                     }
                     listing.files.push(path);
                 }

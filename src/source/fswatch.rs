@@ -3,10 +3,13 @@
 //! Signals are coalesced: the channel holds at most one pending signal, and the receiver
 //! rescans, so a burst of events costs one rescan (editors write, rename and chmod in bursts).
 
-use std::path::Path;
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use notify::{RecommendedWatcher, RecursiveMode, Watcher};
+use notify::event::{ModifyKind, RenameMode};
+use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
 /// Keeps the OS watch alive; dropping it stops the notifications.
@@ -14,26 +17,118 @@ pub struct FsWatch {
     _watcher: RecommendedWatcher,
 }
 
+/// Paths [`Arrivals`] remembers at most between two takes; past that it knows nothing for sure.
+const MAX_ARRIVALS: usize = 10_000;
+
+/// How a path changed since the last [`Arrivals::take_renamed`], as the notifications tell it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Arrival {
+    /// Renamed into place whole: written elsewhere first (an atomic replace), never half written.
+    RenamedIn,
+    /// Created, written or changed otherwise in place: it may be half written.
+    Written,
+}
+
+/// What the notifications said about each path since it was last taken, shared by the watcher's
+/// thread (which records) and the reader.
+#[derive(Debug, Clone, Default)]
+pub struct Arrivals(Arc<Mutex<ArrivalState>>);
+
+#[derive(Debug, Default)]
+struct ArrivalState {
+    paths: HashMap<PathBuf, Arrival>,
+    /// Some notification was lost or named no path (queue overflow, an error): anything may have
+    /// happened to any path.
+    unknown: bool,
+}
+
+impl Arrivals {
+    fn lock(&self) -> MutexGuard<'_, ArrivalState> {
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn record(&self, event: &notify::Result<notify::Event>) {
+        let mut state = self.lock();
+        let event = match event {
+            Ok(e) if !e.need_rescan() => e,
+            _ => {
+                state.unknown = true;
+                return;
+            }
+        };
+        let renamed_in = match event.kind {
+            EventKind::Modify(ModifyKind::Name(RenameMode::To)) => event.paths.first(),
+            EventKind::Modify(ModifyKind::Name(RenameMode::Both)) => event.paths.get(1),
+            _ => None,
+        };
+        for path in &event.paths {
+            let arrival = if Some(path) == renamed_in { Arrival::RenamedIn } else { Arrival::Written };
+            let slot = state.paths.entry(path.clone()).or_insert(arrival);
+            // Written wins: a file written to after it was renamed in may be half written.
+            if arrival == Arrival::Written {
+                *slot = Arrival::Written;
+            }
+        }
+        if state.paths.len() > MAX_ARRIVALS {
+            state.paths.clear();
+            state.unknown = true;
+        }
+    }
+
+    /// Whether something changed and every change since the last take was a whole file renamed
+    /// in: then nothing can be half written, and there is no burst to wait out.
+    pub fn renames_only(&self) -> bool {
+        let state = self.lock();
+        !state.unknown && !state.paths.is_empty() && state.paths.values().all(|a| *a == Arrival::RenamedIn)
+    }
+
+    /// The paths renamed in whole, and not changed otherwise, since the last take; forgets
+    /// everything recorded so far.
+    pub fn take_renamed(&self) -> HashSet<PathBuf> {
+        let mut state = self.lock();
+        let unknown = std::mem::take(&mut state.unknown);
+        let paths = std::mem::take(&mut state.paths);
+        if unknown {
+            return HashSet::new();
+        }
+        paths.into_iter().filter(|(_, a)| *a == Arrival::RenamedIn).map(|(p, _)| p).collect()
+    }
+}
+
 /// Watches `path` (recursively for directories) and signals on `tx` after any change.
 ///
 /// The recursive watch follows symlinked directories; notify's walk skips symlink loops.
 pub fn watch(path: &Path, tx: mpsc::Sender<()>) -> notify::Result<FsWatch> {
-    watch_with(path, RecursiveMode::Recursive, tx)
+    watch_with(path, RecursiveMode::Recursive, tx, None)
+}
+
+/// [`watch`], also recording in `arrivals` how each path changed.
+pub fn watch_recording(path: &Path, tx: mpsc::Sender<()>, arrivals: Arrivals) -> notify::Result<FsWatch> {
+    watch_with(path, RecursiveMode::Recursive, tx, Some(arrivals))
 }
 
 /// Watches only `dir` itself (its entries, not below them) and signals on `tx` after any change:
 /// for a single file in a directory that may hold anything else.
 pub fn watch_shallow(dir: &Path, tx: mpsc::Sender<()>) -> notify::Result<FsWatch> {
-    watch_with(dir, RecursiveMode::NonRecursive, tx)
+    watch_with(dir, RecursiveMode::NonRecursive, tx, None)
 }
 
-fn watch_with(path: &Path, mode: RecursiveMode, tx: mpsc::Sender<()>) -> notify::Result<FsWatch> {
+fn watch_with(
+    path: &Path,
+    mode: RecursiveMode,
+    tx: mpsc::Sender<()>,
+    arrivals: Option<Arrivals>,
+) -> notify::Result<FsWatch> {
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         let relevant = match &event {
             Ok(e) => !matches!(e.kind, notify::EventKind::Access(_)),
             Err(_) => true,
         };
         if relevant {
+            // Recorded before the signal, so the reader woken by it sees how the path changed.
+            if let Some(arrivals) = &arrivals {
+                arrivals.record(&event);
+            }
             // Full channel means a rescan is already pending: dropping the signal is the coalescing.
             let _ = tx.try_send(());
         }
@@ -52,5 +147,43 @@ pub async fn quiet(rx: &mut mpsc::Receiver<()>, quiet: Duration, max: Duration) 
             Ok(Some(())) if tokio::time::Instant::now() < deadline => {}
             _ => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use notify::event::{CreateKind, DataChange};
+    use notify::Event;
+
+    use super::*;
+
+    fn event(kind: EventKind, paths: &[&str]) -> notify::Result<Event> {
+        Ok(paths.iter().fold(Event::new(kind), |e, p| e.add_path(PathBuf::from(p))))
+    }
+
+    #[test]
+    fn only_paths_renamed_in_and_not_written_after_count_as_whole() {
+        let arrivals = Arrivals::default();
+        assert!(!arrivals.renames_only(), "nothing happened");
+        arrivals.record(&event(EventKind::Modify(ModifyKind::Name(RenameMode::To)), &["/c/a.yaml"]));
+        arrivals.record(&event(EventKind::Modify(ModifyKind::Name(RenameMode::Both)), &["/c/.b.tmp", "/c/b.yaml"]));
+        assert!(!arrivals.renames_only(), "the renamed-away path counts as written");
+        let whole = arrivals.take_renamed();
+        assert_eq!(whole, HashSet::from([PathBuf::from("/c/a.yaml"), PathBuf::from("/c/b.yaml")]));
+        assert!(arrivals.take_renamed().is_empty(), "taken");
+
+        arrivals.record(&event(EventKind::Modify(ModifyKind::Name(RenameMode::To)), &["/c/a.yaml"]));
+        assert!(arrivals.renames_only());
+        arrivals.record(&event(EventKind::Modify(ModifyKind::Data(DataChange::Any)), &["/c/a.yaml"]));
+        arrivals.record(&event(EventKind::Modify(ModifyKind::Name(RenameMode::To)), &["/c/a.yaml"]));
+        assert!(!arrivals.renames_only(), "written after the rename: maybe half written");
+        assert!(arrivals.take_renamed().is_empty());
+
+        arrivals.record(&event(EventKind::Create(CreateKind::File), &["/c/new.yaml"]));
+        assert!(arrivals.take_renamed().is_empty(), "created in place");
+        arrivals.record(&event(EventKind::Modify(ModifyKind::Name(RenameMode::To)), &["/c/a.yaml"]));
+        arrivals.record(&Err(notify::Error::generic("queue overflow")));
+        assert!(!arrivals.renames_only());
+        assert!(arrivals.take_renamed().is_empty(), "a lost notification may have been a write");
     }
 }

@@ -1,7 +1,7 @@
 //! Generated resources cached by (snapshot version, proxy view, type): a thousand identical
 //! sidecars cost one generation and one encoding per snapshot.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -10,11 +10,12 @@ use bytes::Bytes;
 use prost::Message;
 use tokio::sync::{OnceCell, Semaphore};
 
-use super::generate::{generate, Resource};
+use super::generate::{generate, generate_endpoints_of, Resource};
 use super::metrics::XdsMetrics;
 use super::proxy::ProxyView;
 use super::TypeUrl;
-use crate::snapshot::{Snapshot, Version};
+use crate::registry::{Hostname, Registry, Resolution};
+use crate::snapshot::{ChangedKey, Snapshot, Version};
 use crate::telemetry::metrics::gauge_value;
 
 /// The resources of one type for one view, with content hashes to detect real changes.
@@ -50,6 +51,28 @@ impl Generated {
         let hashes = resources.iter().map(resource_hash).collect();
         let encoded = resources.iter().map(|r| Bytes::from(r.body.encode_to_vec())).collect();
         Generated { resources, hashes, encoded }
+    }
+
+    /// This generation with `fresh` (sorted by name) in place of the resources of the same
+    /// names; `None` if some fresh resource has no counterpart (the set of names changed).
+    fn patched(&self, fresh: Vec<Resource>) -> Option<Generated> {
+        let mut out =
+            Generated { resources: self.resources.clone(), hashes: self.hashes.clone(), encoded: self.encoded.clone() };
+        for resource in fresh {
+            let i = self.find(&resource.name)?;
+            out.hashes[i] = resource_hash(&resource);
+            out.encoded[i] = Bytes::from(resource.body.encode_to_vec());
+            out.resources[i] = resource;
+        }
+        Some(out)
+    }
+
+    /// Whether `other` holds the same resources, byte for byte.
+    fn same_content(&self, other: &Generated) -> bool {
+        self.hashes == other.hashes
+            && self.resources.len() == other.resources.len()
+            && self.resources.iter().zip(&other.resources).all(|(a, b)| a.name == b.name)
+            && self.encoded == other.encoded
     }
 
     /// Bytes it holds (encoded resources and names), for the cache's budget.
@@ -88,6 +111,11 @@ type Key = (ProxyView, TypeUrl);
 
 struct Generation {
     version: Version,
+    /// The snapshot it generates from (`None` for the empty start): the next generation compares
+    /// itself with it to know which entries it can take over.
+    snapshot: Option<Arc<Snapshot>>,
+    /// The previous generation, whose entries this one takes over or compares with.
+    carry: Mutex<Option<Carry>>,
     // Held only to find, insert or evict entries, never across generation or an await.
     entries: Mutex<HashMap<Key, Arc<Entry>>>,
     bytes: AtomicUsize,
@@ -103,9 +131,84 @@ struct Resolutions {
     users: HashMap<ProxyView, usize>,
 }
 
+/// The generation before, as a new one takes over from it: its entries move out of it as this
+/// one takes them, so at most one generation's worth is kept twice, and only until every view
+/// was asked for again.
+struct Carry {
+    from: Arc<Generation>,
+    /// The types whose generations stay the same whatever the view (see [`carried_types`]).
+    types: Vec<TypeUrl>,
+    /// With CDS taken over (the same clusters): the hosts whose endpoints changed, the only ones
+    /// whose EDS resources need generating again.
+    endpoint_hosts: BTreeSet<Hostname>,
+}
+
 impl Generation {
     fn new(version: Version) -> Generation {
-        Generation { version, entries: Mutex::default(), bytes: AtomicUsize::new(0), resolved: Mutex::default() }
+        Generation {
+            version,
+            snapshot: None,
+            carry: Mutex::default(),
+            entries: Mutex::default(),
+            bytes: AtomicUsize::new(0),
+            resolved: Mutex::default(),
+        }
+    }
+
+    /// The generation of `snapshot`, taking over from `previous` what the change allows.
+    fn after(previous: &Arc<Generation>, snapshot: &Arc<Snapshot>) -> Generation {
+        // Only one generation back: the previous one's own link goes, so no chain of old
+        // generations (and their snapshots) stays alive.
+        let taken = previous.lock_carry().take();
+        drop(taken);
+        let carry = previous.snapshot.as_deref().map(|p| {
+            let types = carried_types(p, snapshot);
+            let endpoint_hosts = if types.contains(&TypeUrl::Cluster) {
+                let hosts = snapshot.changes.keys.iter().filter_map(|k| match k {
+                    ChangedKey::Endpoints(host) => Some(host.clone()),
+                    _ => None,
+                });
+                hosts.collect()
+            } else {
+                BTreeSet::new()
+            };
+            Carry { from: previous.clone(), types, endpoint_hosts }
+        });
+        Generation { snapshot: Some(snapshot.clone()), carry: Mutex::new(carry), ..Generation::new(snapshot.version) }
+    }
+
+    fn lock_carry(&self) -> MutexGuard<'_, Option<Carry>> {
+        self.carry.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Takes the previous generation's entry for `key` out of it; `carry_only`: only when this
+    /// generation takes its type over unchanged. Returns its finished generation and bytes.
+    fn take_previous(&self, key: &Key, carry_only: bool) -> Option<(Arc<Generated>, usize)> {
+        let from = {
+            let carry = self.lock_carry();
+            let carry = carry.as_ref().filter(|c| !carry_only || c.types.contains(&key.1))?;
+            carry.from.clone()
+        };
+        let entry = {
+            let mut entries = from.lock();
+            let entry = entries.remove(key)?;
+            from.bytes.fetch_sub(entry.bytes.load(Ordering::Relaxed), Ordering::Relaxed);
+            entry
+        };
+        let generated = entry.cell.get()?.clone();
+        Some((generated, entry.bytes.load(Ordering::Relaxed)))
+    }
+
+    /// For EDS of `key`'s view when the clusters stayed the same: the previous generation's EDS
+    /// (taken out of it) and the hosts whose resources must be generated again.
+    fn endpoint_base(&self, key: &Key) -> Option<(Arc<Generated>, BTreeSet<Hostname>)> {
+        let hosts = {
+            let carry = self.lock_carry();
+            let carry = carry.as_ref().filter(|c| key.1 == TypeUrl::Endpoint && c.types.contains(&TypeUrl::Cluster))?;
+            carry.endpoint_hosts.clone()
+        };
+        let (base, _) = self.take_previous(key, false)?;
+        Some((base, hosts))
     }
 
     fn lock_resolved(&self) -> MutexGuard<'_, Resolutions> {
@@ -174,6 +277,8 @@ pub struct GenerationCache {
     /// Generations running at once: each builds a whole proxy's config in memory, so a burst of
     /// new views must queue here rather than hold hundreds of them (and blocking threads) at once.
     generating: Arc<Semaphore>,
+    /// Generations run, by type in [`TypeUrl::PUSH_ORDER`] (entries taken over do not count).
+    generations: Arc<[AtomicU64; 5]>,
 }
 
 /// A connection's claim on its view: the view's entries are kept while a lease on it exists.
@@ -198,6 +303,7 @@ impl GenerationCache {
             tick: AtomicU64::new(0),
             held: Mutex::default(),
             generating: Arc::new(Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get()))),
+            generations: Arc::default(),
         }
     }
 
@@ -212,6 +318,11 @@ impl GenerationCache {
         self.current.load().bytes.load(Ordering::Relaxed)
     }
 
+    /// How many times resources of `type_url` were generated (for any view and snapshot).
+    pub fn generations(&self, type_url: TypeUrl) -> u64 {
+        self.generations[type_index(type_url)].load(Ordering::Relaxed)
+    }
+
     /// Entries (view and type) of the current generation.
     pub fn entries(&self) -> usize {
         self.current.load().lock().len()
@@ -224,8 +335,10 @@ impl GenerationCache {
         entry.last_used.store(self.tick.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
         let internal_errors = self.metrics.xds_internal_errors.clone();
         let (snapshot, task_view) = (snapshot.clone(), view.clone());
+        let (key_view, owner) = (view.clone(), generation.clone());
         let mut generated_here = false;
         let generating = self.generating.clone();
+        let generations = self.generations.clone();
         let generated = entry
             .cell
             .get_or_init(|| async {
@@ -234,16 +347,36 @@ impl GenerationCache {
                 let _permit = generating.acquire_owned().await.ok();
                 // Generation is CPU work: keep it off the async workers' hot path.
                 let started = std::time::Instant::now();
-                let generated =
-                    tokio::task::spawn_blocking(move || Generated::new(generate(type_url, &snapshot, &task_view)))
-                        .await
-                        .unwrap_or_else(|e| {
-                            tracing::error!(error = %e, "xDS generation failed");
-                            internal_errors.inc();
-                            Generated::new(Vec::new())
-                        });
+                generations[type_index(type_url)].fetch_add(1, Ordering::Relaxed);
+                let key = (key_view, type_url);
+                // An endpoint change with the same clusters: only the changed hosts' EDS resources
+                // are generated, the rest are the previous generation's.
+                let base = owner.as_ref().and_then(|g| g.endpoint_base(&key));
+                let task_base = base.clone();
+                let generated = tokio::task::spawn_blocking(move || match task_base {
+                    Some((base, hosts)) => {
+                        let fresh = generate_endpoints_of(&snapshot, &task_view, &hosts);
+                        base.patched(fresh).unwrap_or_else(|| Generated::new(generate(type_url, &snapshot, &task_view)))
+                    }
+                    None => Generated::new(generate(type_url, &snapshot, &task_view)),
+                })
+                .await
+                .unwrap_or_else(|e| {
+                    tracing::error!(error = %e, "xDS generation failed");
+                    internal_errors.inc();
+                    Generated::new(Vec::new())
+                });
                 tracing::debug!(type_url = %type_url, took_ms = started.elapsed().as_millis() as u64, resources = generated.resources.len(), "generated");
-                Arc::new(generated)
+                // The same content as the previous generation's: that one is kept, so every
+                // proxy holding it sees at once (by pointer) that nothing changed for it.
+                let before = match base {
+                    Some((base, _)) => Some(base),
+                    None => owner.as_ref().and_then(|g| g.take_previous(&key, false)).map(|(g, _)| g),
+                };
+                match before {
+                    Some(before) if before.same_content(&generated) => before,
+                    _ => Arc::new(generated),
+                }
             })
             .await
             .clone();
@@ -277,14 +410,14 @@ impl GenerationCache {
     /// uncached entry and no generation.
     fn entry(
         &self,
-        snapshot: &Snapshot,
+        snapshot: &Arc<Snapshot>,
         view: &ProxyView,
         type_url: TypeUrl,
     ) -> (Option<Arc<Generation>>, Arc<Entry>, ProxyView) {
         let version = snapshot.version;
         let mut generation = self.current.load_full();
         if generation.version < version {
-            let fresh = Arc::new(Generation::new(version));
+            let fresh = Arc::new(Generation::after(&generation, snapshot));
             let prev = self.current.compare_and_swap(&generation, fresh.clone());
             generation = if Arc::ptr_eq(&prev, &generation) { fresh } else { self.current.load_full() };
             self.report(&generation);
@@ -293,7 +426,31 @@ impl GenerationCache {
             return (None, Arc::new(Entry::default()), view.resolve(snapshot));
         }
         let view = generation.resolve(snapshot, view);
-        let entry = generation.lock().entry((view.clone(), type_url)).or_default().clone();
+        let key = (view.clone(), type_url);
+        let entry = {
+            let mut entries = generation.lock();
+            match entries.get(&key) {
+                Some(entry) => entry.clone(),
+                None => {
+                    // Under this generation's lock (the previous one's is taken inside it, never
+                    // the other way): one request takes the entry over, the others find it here.
+                    let entry = match generation.take_previous(&key, true) {
+                        Some((generated, bytes)) => {
+                            // Counted under the lock, as removals are.
+                            generation.bytes.fetch_add(bytes, Ordering::Relaxed);
+                            Arc::new(Entry {
+                                cell: OnceCell::new_with(Some(generated)),
+                                last_used: AtomicU64::new(0),
+                                bytes: AtomicUsize::new(bytes),
+                            })
+                        }
+                        None => Arc::default(),
+                    };
+                    entries.insert(key, entry.clone());
+                    entry
+                }
+            }
+        };
         (Some(generation), entry, view)
     }
 
@@ -365,6 +522,51 @@ impl GenerationCache {
     }
 }
 
+/// The position of `type_url` in [`TypeUrl::PUSH_ORDER`].
+fn type_index(type_url: TypeUrl) -> usize {
+    TypeUrl::PUSH_ORDER.iter().position(|t| *t == type_url).unwrap_or(0)
+}
+
+/// The types whose generated config `next` leaves as `previous` had it, for every view: with
+/// only endpoints changed since `previous` (its direct predecessor), every type but EDS, and CDS
+/// too unless a changed service's clusters embed endpoints (DNS resolution) or the identities
+/// its mutual TLS checks (its endpoints' service accounts) changed. This is Istio's EDS-only push:
+/// no CDS, LDS or RDS regeneration for an endpoint change.
+fn carried_types(previous: &Snapshot, next: &Snapshot) -> Vec<TypeUrl> {
+    if previous.version.next() != next.version || !next.changes.endpoints_only() {
+        return Vec::new();
+    }
+    let mut types = vec![TypeUrl::Listener, TypeUrl::Route, TypeUrl::Secret];
+    let clusters_unchanged = next.changes.keys.iter().all(|key| match key {
+        ChangedKey::Endpoints(host) => {
+            clusters_ignore_endpoints(&previous.registry, &next.registry, |k| &k.hostname == host)
+        }
+        // A Pod reaches config through the proxy's view (its labels), which keys the entries.
+        _ => true,
+    });
+    if clusters_unchanged {
+        types.push(TypeUrl::Cluster);
+    }
+    types
+}
+
+/// Whether the clusters of the services `selected` are the same in both registries whatever
+/// their endpoints: none resolves by DNS, and their endpoints' service accounts are the same.
+fn clusters_ignore_endpoints(
+    previous: &Registry,
+    next: &Registry,
+    selected: impl Fn(&crate::registry::ServiceKey) -> bool,
+) -> bool {
+    let accounts = |registry: &Registry, key| -> BTreeSet<Arc<str>> {
+        let endpoints = registry.endpoints.get(key).map(|e| e.as_slice()).unwrap_or_default();
+        endpoints.iter().map(|e| e.service_account.clone()).collect()
+    };
+    next.services.iter().chain(&previous.services).filter(|(key, _)| selected(key)).all(|(key, service)| {
+        matches!(service.resolution, Resolution::Static | Resolution::Passthrough)
+            && accounts(previous, key) == accounts(next, key)
+    })
+}
+
 impl Drop for ViewLease {
     fn drop(&mut self) {
         self.cache.release(&self.view);
@@ -373,6 +575,8 @@ impl Drop for ViewLease {
 
 #[cfg(test)]
 mod tests {
+    use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+
     use super::*;
     use crate::xds::generate::testing::{sidecar, sidecar_at, snapshot};
 
@@ -380,6 +584,11 @@ mod tests {
 kind: ServiceEntry
 metadata: {name: a, namespace: default}
 spec: {hosts: [a.example.com], location: MESH_INTERNAL, resolution: STATIC, ports: [{number: 80, name: http}], endpoints: [{address: 10.0.0.1}]}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: b, namespace: other}
+spec: {hosts: [b.example.com], location: MESH_INTERNAL, resolution: STATIC, ports: [{number: 80, name: http}], endpoints: [{address: 10.0.1.1}]}
 ";
 
     #[tokio::test]
@@ -456,5 +665,81 @@ spec: {hosts: [a.example.com], location: MESH_INTERNAL, resolution: STATIC, port
         assert_eq!(cache.entries(), 1, "still used by the other proxy without instances");
         drop(leases.next());
         assert_eq!(cache.entries(), 0);
+    }
+
+    /// Snapshots built as ingest builds them, one per YAML state, each with its change set.
+    fn snapshots(states: &[&str]) -> Vec<Arc<Snapshot>> {
+        let mut builder = crate::ingest::SnapshotBuilder::default();
+        let mut seq = 0;
+        states
+            .iter()
+            .map(|yaml| {
+                let objects = crate::config::parse::parse_file("t.yaml", yaml)
+                    .into_iter()
+                    .map(|d| match d {
+                        crate::config::parse::Document::Valid(o) => {
+                            (o.key.clone(), Some(Arc::new(o) as crate::config::ValidConfig))
+                        }
+                        other => panic!("{other:?}"),
+                    })
+                    .collect();
+                let changes = builder.apply(vec![crate::source::SourceEvent::Config(objects)]);
+                seq += 1;
+                builder.build(Version::new(1, seq), changes)
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn an_endpoint_change_regenerates_only_endpoints() {
+        let moved = MESH.replace("10.0.0.1", "10.0.0.9");
+        let with_account = moved.replace("{address: 10.0.0.9}", "{address: 10.0.0.9, serviceAccount: sa}");
+        let new_port = with_account.replace("number: 80", "number: 81");
+        let snaps = snapshots(&[MESH, &moved, &with_account, &new_port]);
+        assert!(snaps[1].changes.endpoints_only() && snaps[2].changes.endpoints_only());
+        let cache = Arc::new(GenerationCache::default());
+        let view = sidecar("default", &[]);
+        let _lease = cache.hold(&view);
+        let all = [TypeUrl::Cluster, TypeUrl::Endpoint, TypeUrl::Listener, TypeUrl::Route];
+        let mut generations = Vec::new();
+        for snap in &snaps {
+            let mut of_snapshot = Vec::new();
+            for t in all {
+                of_snapshot.push(cache.get(snap, &view, t).await);
+            }
+            generations.push(of_snapshot);
+        }
+        let reused = |from: usize, to: usize| -> Vec<bool> {
+            (0..all.len()).map(|t| Arc::ptr_eq(&generations[from][t], &generations[to][t])).collect()
+        };
+        // Only the endpoints moved: CDS, LDS and RDS are the previous generation's.
+        assert_eq!(reused(0, 1), [true, false, true, true]);
+        let eds = &generations[1][1];
+        let cla: ClusterLoadAssignment = prost::Message::decode(eds.resources[0].body.value.as_slice()).unwrap();
+        assert!(format!("{cla:?}").contains("10.0.0.9"), "{cla:?}");
+        // 4 snapshots: EDS generated for each; CDS again for the new service account (the
+        // identities clusters check) and the port change; LDS and RDS only for the port change.
+        let counts: Vec<u64> = all.iter().map(|t| cache.generations(*t)).collect();
+        assert_eq!(counts, [3, 4, 2, 2]);
+        // EDS patched with the changed hosts' resources is what a full generation gives.
+        for (snap, of_snapshot) in snaps.iter().zip(&generations) {
+            for (t, cached) in all.iter().zip(of_snapshot) {
+                assert_eq!(cached.encoded, Generated::new(generate(*t, snap, &view)).encoded, "{t}");
+            }
+        }
+        assert!(cache.bytes() > 0 && cache.entries() == all.len());
+    }
+
+    #[tokio::test]
+    async fn a_skipped_snapshot_takes_nothing_over() {
+        let moved = MESH.replace("10.0.0.1", "10.0.0.9");
+        let snaps = snapshots(&[MESH, &moved, &MESH.replace("10.0.0.1", "10.0.0.8")]);
+        let cache = GenerationCache::default();
+        let view = sidecar("default", &[]);
+        let first = cache.get(&snaps[0], &view, TypeUrl::Listener).await;
+        // The frontend never saw snapshot 2: snapshot 3's change set does not cover the step.
+        let third = cache.get(&snaps[2], &view, TypeUrl::Listener).await;
+        assert_eq!(cache.generations(TypeUrl::Listener), 2, "generated again");
+        assert!(Arc::ptr_eq(&first, &third), "the same content: the generation held before is kept");
     }
 }

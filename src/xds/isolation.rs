@@ -74,6 +74,11 @@ impl Holding {
         }
     }
 
+    /// Whether this is all of `generated` (as selected by some names), not a composition.
+    pub fn is_whole_of(&self, generated: &Arc<Generated>) -> bool {
+        matches!(self, Holding::Whole { generated: g, .. } if Arc::ptr_eq(g, generated))
+    }
+
     /// The resource named `name`, if carried.
     pub fn get(&self, name: &str) -> Option<Piece> {
         match self {
@@ -180,6 +185,12 @@ impl Isolation {
     /// The rejected resources, by name.
     pub fn rejected(&self) -> &BTreeMap<String, Rejected> {
         &self.rejected
+    }
+
+    /// Whether nothing is set aside or being bisected: [`Isolation::compose`] then gives the
+    /// whole generation.
+    pub fn is_clean(&self) -> bool {
+        self.rejected.is_empty() && self.bisect.is_none()
     }
 
     /// What to send for `generated` under `names`: everything, except rejected versions and

@@ -14,14 +14,19 @@ use super::proto::{resource, socket_address, u32_value};
 use super::scope::Scope;
 use super::traffic_policy::Policy;
 use super::Resource;
-use crate::registry::{Endpoint, EndpointHealth, Resolution};
+use crate::registry::{Endpoint, EndpointHealth, Resolution, Service};
 
 /// Every load assignment the proxy's EDS clusters need, including empty ones: Envoy keeps an EDS
 /// cluster warming until its assignment arrives.
 pub(super) fn load_assignments(scope: &Scope<'_>) -> Vec<Resource> {
+    load_assignments_where(scope, |_| true)
+}
+
+/// [`load_assignments`] of the clusters of the services `wanted` accepts.
+pub(super) fn load_assignments_where(scope: &Scope<'_>, wanted: impl Fn(&Service) -> bool) -> Vec<Resource> {
     outbound_clusters(scope)
         .iter()
-        .filter(|c| c.service.resolution == Resolution::Static)
+        .filter(|c| c.service.resolution == Resolution::Static && wanted(c.service))
         .map(|c| resource(c.name.clone(), assignment(scope, c, is_ip_or_socket)))
         .collect()
 }

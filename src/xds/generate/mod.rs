@@ -90,3 +90,18 @@ pub fn generate(type_url: TypeUrl, snapshot: &Snapshot, view: &ProxyView) -> Vec
     resources.dedup_by(|a, b| a.name == b.name);
     resources
 }
+
+/// The EDS resources of `view` for the services named in `hosts` only: what an endpoint change
+/// of those hosts can change, when the view's clusters stayed the same.
+pub fn generate_endpoints_of(
+    snapshot: &Snapshot,
+    view: &ProxyView,
+    hosts: &std::collections::BTreeSet<crate::registry::Hostname>,
+) -> Vec<Resource> {
+    let view = &view.resolve(snapshot);
+    let scope = scope::Scope::new(snapshot, view);
+    let mut resources = endpoint::load_assignments_where(&scope, |service| hosts.contains(&service.hostname));
+    resources.sort_by(|a, b| a.name.cmp(&b.name));
+    resources.dedup_by(|a, b| a.name == b.name);
+    resources
+}
