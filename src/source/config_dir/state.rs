@@ -1,0 +1,470 @@
+//! The directory's state between scans: per file what it held, per key the version served, and
+//! what is wrong; one rescan turns a new listing into keyed changes.
+
+use std::collections::btree_map::Entry;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tracing::{debug, info, warn};
+
+use crate::config::parse::Document;
+use crate::config::{ConfigError, ConfigKey, FieldError, IgnoredObject, ValidConfig};
+use crate::source::files::{
+    dir_identity, list_with, parse_documents, FileStamp, Fs, ReadError, RealFs, MAX_SETTLE_ROUNDS, SETTLE_INTERVAL,
+};
+use crate::source::fswatch::Arrivals;
+
+/// Equal reads a changed file needs before its content is used.
+const SETTLE_READS: usize = 2;
+
+/// Equal reads (about 250 ms) a file that had objects needs when it turns empty or disappears
+/// before its objects are deleted: a truncate-then-write may pause between the two.
+const EMPTY_SETTLE_READS: usize = 6;
+
+/// One valid object of a file, and which document of the file it is.
+#[derive(Debug, Clone)]
+struct Placed {
+    /// 1-based document index.
+    document: usize,
+    config: ValidConfig,
+}
+
+/// What one file contributed at its last successful read.
+#[derive(Debug, Clone, Default)]
+struct FileState {
+    content_hash: u64,
+    /// The file's stamp when the content was read, if it vouches for the content.
+    stamp: Option<FileStamp>,
+    objects: BTreeMap<ConfigKey, Placed>,
+    errors: Vec<ConfigError>,
+    ignored: Vec<IgnoredObject>,
+}
+
+/// A file or directory that could not be read at the last scan.
+#[derive(Debug, Clone, PartialEq)]
+struct Problem {
+    /// [`ReadError::reason`].
+    reason: &'static str,
+    error: ConfigError,
+}
+
+impl Problem {
+    fn new(path: &Path, error: &ReadError) -> Problem {
+        Problem { reason: error.reason(), error: error.to_config_error(path) }
+    }
+}
+
+/// The merged state of a config directory.
+#[derive(Debug, Default)]
+pub struct DirState {
+    files: BTreeMap<PathBuf, FileState>,
+    pub(super) merged: BTreeMap<ConfigKey, ValidConfig>,
+    problems: Vec<Problem>,
+    root_missing: bool,
+    pub(super) errors: Arc<Vec<ConfigError>>,
+    ignored: Arc<Vec<IgnoredObject>>,
+}
+
+/// Changes found by one rescan.
+#[derive(Debug, Default)]
+pub struct Rescan {
+    /// Keyed changes (`None`: deleted).
+    pub changes: Vec<(ConfigKey, Option<ValidConfig>)>,
+    /// Whether the error or ignored lists changed.
+    pub status_changed: bool,
+    /// Some file kept changing and was not used yet: rescan soon.
+    pub unsettled: bool,
+    /// The directory's (device, inode), `None` while it is missing.
+    pub root: Option<(u64, u64)>,
+}
+
+/// One read of a file, compared with the next one to tell whether it is still being written.
+enum Read {
+    Text {
+        text: String,
+        hash: u64,
+    },
+    Failed(ReadError),
+    /// The same content as the last one used (the text is not kept: only changed files' are).
+    Unchanged,
+}
+
+impl Read {
+    fn new(result: Result<String, ReadError>) -> Read {
+        match result {
+            Ok(text) => {
+                let hash = content_hash(&text);
+                Read::Text { text, hash }
+            }
+            Err(e) => Read::Failed(e),
+        }
+    }
+
+    fn same_as(&self, other: &Read) -> bool {
+        match (self, other) {
+            (Read::Text { hash: a, text: ta }, Read::Text { hash: b, text: tb }) => a == b && ta.len() == tb.len(),
+            (Read::Failed(a), Read::Failed(b)) => a.to_string() == b.to_string(),
+            (Read::Unchanged, Read::Unchanged) => true,
+            _ => false,
+        }
+    }
+
+    /// Whether using this read would delete objects the file has now (it is gone or blank).
+    fn drops_objects_of(&self, previous: Option<&FileState>) -> bool {
+        let had_objects = previous.is_some_and(|p| !p.objects.is_empty());
+        had_objects
+            && match self {
+                Read::Text { text, .. } => text.trim().is_empty(),
+                Read::Failed(e) => matches!(e, ReadError::Vanished),
+                Read::Unchanged => false,
+            }
+    }
+}
+
+/// What settling the reads of the changed files came to.
+enum Settled {
+    /// Reads to use, and files that kept changing.
+    Done { reads: Vec<(PathBuf, Read)>, unsettled: Vec<PathBuf> },
+    /// The directory disappeared meanwhile.
+    RootGone,
+    /// The directory was replaced by another one meanwhile.
+    RootReplaced((u64, u64)),
+}
+
+impl DirState {
+    /// Re-reads changed files under `root` and returns what changed. Blocking: it reads files and
+    /// waits for changing ones to settle (about a second at most); run it on the blocking pool.
+    pub fn rescan(&mut self, root: &Path) -> Rescan {
+        self.rescan_with(root, &RealFs)
+    }
+
+    /// [`DirState::rescan`] after the notifications recorded in `arrivals`: a file they say was
+    /// renamed in whole is used at its first read.
+    pub fn rescan_after(&mut self, root: &Path, arrivals: &Arrivals) -> Rescan {
+        self.rescan_inner(root, &RealFs, Some(arrivals))
+    }
+
+    pub(crate) fn rescan_with(&mut self, root: &Path, fs: &dyn Fs) -> Rescan {
+        self.rescan_inner(root, fs, None)
+    }
+
+    fn rescan_inner(&mut self, root: &Path, fs: &dyn Fs, arrivals: Option<&Arrivals>) -> Rescan {
+        let Some(root_id) = dir_identity(root) else { return self.root_missing(root) };
+        let listing = match list_with(root, fs) {
+            Ok(listing) => listing,
+            Err(_) => return self.root_missing(root),
+        };
+        let listed: BTreeSet<&PathBuf> = listing.files.iter().collect();
+        let mut candidates = listing.files.clone();
+        let mut kept = Vec::new();
+        for path in self.files.keys().filter(|p| !listed.contains(p)) {
+            // Not listed: gone, unless the listing could not see it (unreadable directory, limits).
+            if listing.truncated || listing.incomplete.iter().any(|dir| path.starts_with(dir)) {
+                kept.push(path.clone());
+            } else {
+                candidates.push(path.clone());
+            }
+        }
+        let (reads, unsettled) = match settle(&self.files, root, root_id, fs, candidates, &listing.stamps, arrivals) {
+            Settled::Done { reads, unsettled } => (reads, unsettled),
+            Settled::RootGone => return self.root_missing(root),
+            Settled::RootReplaced(id) => {
+                debug!(dir = %root.display(), "config directory replaced during the scan; scanning again");
+                return Rescan { unsettled: true, root: Some(id), ..Rescan::default() };
+            }
+        };
+        if self.root_missing {
+            info!(dir = %root.display(), "config directory is back");
+        }
+        let mut previous = std::mem::take(&mut self.files);
+        let mut files = BTreeMap::new();
+        let mut problems: Vec<Problem> = listing.problems.iter().map(|(path, e)| Problem::new(path, e)).collect();
+        for path in &unsettled {
+            warn!(file = %path.display(), "config file keeps changing; its last state stays until it settles");
+        }
+        for path in kept.into_iter().chain(unsettled.iter().cloned()) {
+            if let Some(state) = previous.remove(&path) {
+                files.insert(path, state);
+            }
+        }
+        for (path, read) in reads {
+            let prev = previous.remove(&path);
+            // The stamp listed before the read: if the file changed since, the next one differs.
+            let stamp = listing.stamps.get(&path).copied();
+            match read {
+                Read::Text { text, hash } => {
+                    let mut state = match prev {
+                        Some(prev) if prev.content_hash == hash => prev,
+                        prev => parse(&path, &text, hash, prev.unwrap_or_default()),
+                    };
+                    state.stamp = stamp;
+                    files.insert(path, state);
+                }
+                Read::Unchanged => {
+                    if let Some(mut prev) = prev {
+                        prev.stamp = stamp;
+                        files.insert(path, prev);
+                    }
+                }
+                Read::Failed(ReadError::Vanished) => {
+                    if prev.is_some() {
+                        info!(file = %path.display(), "config file removed");
+                    }
+                }
+                Read::Failed(e) => {
+                    // Unusable now: what it contributed before stays.
+                    problems.push(Problem::new(&path, &e));
+                    if let Some(prev) = prev {
+                        files.insert(path, prev);
+                    }
+                }
+            }
+        }
+        self.files = files;
+        self.root_missing = false;
+        self.set_problems(problems);
+        let mut rescan = self.merge();
+        rescan.unsettled = !unsettled.is_empty();
+        rescan.root = Some(root_id);
+        rescan
+    }
+
+    /// The directory is gone (or no longer a directory): an outage, not a deletion.
+    fn root_missing(&mut self, root: &Path) -> Rescan {
+        if !self.root_missing {
+            warn!(dir = %root.display(), files = self.files.len(), objects = self.merged.len(), "config directory is missing; serving the last config read until it is back");
+        }
+        self.root_missing = true;
+        self.set_problems(vec![Problem::new(root, &ReadError::RootMissing)]);
+        let mut rescan = self.merge();
+        rescan.root = None;
+        rescan
+    }
+
+    /// Replaces the current read problems, logging each one once when it appears.
+    fn set_problems(&mut self, problems: Vec<Problem>) {
+        for problem in problems.iter().filter(|p| !self.problems.contains(p)) {
+            warn!(file = %problem.error.file, reason = problem.reason, error = %problem.error.error.reason, "cannot use config file or directory; what it contributed before stays");
+        }
+        for problem in self.problems.iter().filter(|p| !problems.contains(p)) {
+            info!(file = %problem.error.file, reason = problem.reason, "config file or directory readable again");
+        }
+        self.problems = problems;
+    }
+
+    fn merge(&mut self) -> Rescan {
+        let mut merged: BTreeMap<ConfigKey, ValidConfig> = BTreeMap::new();
+        let mut errors: Vec<ConfigError> = self.problems.iter().map(|p| p.error.clone()).collect();
+        let mut ignored = Vec::new();
+        // Files in path order: the first definition of a key wins, deterministically.
+        let mut owner: BTreeMap<&ConfigKey, (&Path, usize)> = BTreeMap::new();
+        for (path, state) in &self.files {
+            errors.extend(state.errors.iter().cloned());
+            ignored.extend(state.ignored.iter().cloned());
+            for (key, placed) in &state.objects {
+                if let Some((first, first_document)) = owner.get(key) {
+                    let served = format!("{} document {first_document}", first.display());
+                    errors.push(duplicate(&path.display().to_string(), placed.document, key, &served));
+                    continue;
+                }
+                owner.insert(key, (path, placed.document));
+                merged.insert(key.clone(), placed.config.clone());
+            }
+        }
+        let mut changes = Vec::new();
+        for (key, obj) in &merged {
+            // Unchanged files keep their objects' `Arc`s: the pointer says "same" without a deep
+            // comparison of every object on every scan.
+            if self.merged.get(key).is_none_or(|old| !Arc::ptr_eq(old, obj) && old != obj) {
+                changes.push((key.clone(), Some(obj.clone())));
+            }
+        }
+        for key in self.merged.keys() {
+            if !merged.contains_key(key) {
+                changes.push((key.clone(), None));
+            }
+        }
+        let status_changed = *self.errors != errors || *self.ignored != ignored;
+        self.merged = merged;
+        if status_changed {
+            self.errors = Arc::new(errors);
+            self.ignored = Arc::new(ignored);
+        }
+        Rescan { changes, status_changed, ..Rescan::default() }
+    }
+
+    /// Current rejected documents, and the files and directories that cannot be read.
+    pub fn errors(&self) -> Arc<Vec<ConfigError>> {
+        self.errors.clone()
+    }
+
+    /// Current ignored documents.
+    pub fn ignored(&self) -> Arc<Vec<IgnoredObject>> {
+        self.ignored.clone()
+    }
+
+    /// How many files and directories cannot be read now, by [`ReadError::reason`].
+    pub fn problem_counts(&self) -> BTreeMap<&'static str, usize> {
+        let mut counts = BTreeMap::new();
+        for problem in &self.problems {
+            *counts.entry(problem.reason).or_insert(0) += 1;
+        }
+        counts
+    }
+}
+
+/// Reads each candidate until two reads [`SETTLE_INTERVAL`] apart agree ([`EMPTY_SETTLE_READS`]
+/// when the read would delete objects), for at most [`MAX_SETTLE_ROUNDS`] rounds. A file whose
+/// first read equals what was used before needs no second read; one whose stamp is the one its
+/// content was read at is not read at all; one that `arrivals` says was renamed in whole (and
+/// that deletes nothing) is used at its first read.
+fn settle(
+    previous: &BTreeMap<PathBuf, FileState>,
+    root: &Path,
+    root_id: (u64, u64),
+    fs: &dyn Fs,
+    candidates: Vec<PathBuf>,
+    stamps: &HashMap<PathBuf, FileStamp>,
+    arrivals: Option<&Arrivals>,
+) -> Settled {
+    let mut reads = Vec::new();
+    // Per changing file: its last read and how many reads in a row were equal to it.
+    let mut pending: BTreeMap<PathBuf, (Read, usize)> = BTreeMap::new();
+    for path in candidates {
+        let prev_stamp = previous.get(&path).and_then(|p| p.stamp);
+        if prev_stamp.is_some() && prev_stamp.as_ref() == stamps.get(&path) {
+            reads.push((path, Read::Unchanged));
+            continue;
+        }
+        let read = Read::new(fs.read_file(&path));
+        match (&read, previous.get(&path)) {
+            (Read::Text { hash, .. }, Some(prev)) if prev.content_hash == *hash => reads.push((path, Read::Unchanged)),
+            // Never seen and already gone: nothing to settle.
+            (Read::Failed(ReadError::Vanished), None) => reads.push((path, read)),
+            _ => {
+                pending.insert(path, (read, 1));
+            }
+        }
+    }
+    // Taken after the first reads: a write in place notified before them disqualifies the file.
+    let renamed: HashSet<PathBuf> = arrivals.map(Arrivals::take_renamed).unwrap_or_default();
+    let whole: Vec<PathBuf> = pending
+        .iter()
+        .filter(|(path, (read, _))| {
+            renamed.contains(*path) && matches!(read, Read::Text { .. }) && !read.drops_objects_of(previous.get(*path))
+        })
+        .map(|(path, _)| path.clone())
+        .collect();
+    for path in whole {
+        if let Some((read, _)) = pending.remove(&path) {
+            reads.push((path, read));
+        }
+    }
+    let mut rounds = 0;
+    while !pending.is_empty() && rounds < MAX_SETTLE_ROUNDS {
+        std::thread::sleep(SETTLE_INTERVAL);
+        rounds += 1;
+        // Files vanishing because the whole directory is going away (`rm -rf`) are no deletion.
+        match dir_identity(root) {
+            None => return Settled::RootGone,
+            Some(id) if id != root_id => return Settled::RootReplaced(id),
+            Some(_) => {}
+        }
+        let mut done = Vec::new();
+        for (path, (last, equal_reads)) in pending.iter_mut() {
+            let read = Read::new(fs.read_file(path));
+            *equal_reads = if read.same_as(last) { *equal_reads + 1 } else { 1 };
+            *last = read;
+            let needed = if last.drops_objects_of(previous.get(path)) { EMPTY_SETTLE_READS } else { SETTLE_READS };
+            if *equal_reads >= needed {
+                done.push(path.clone());
+            }
+        }
+        for path in done {
+            if let Some((read, _)) = pending.remove(&path) {
+                reads.push((path, read));
+            }
+        }
+    }
+    Settled::Done { reads, unsettled: pending.into_keys().collect() }
+}
+
+/// An object defined again at `file` document `document`, ignored because `served` defines it.
+fn duplicate(file: &str, document: usize, key: &ConfigKey, served: &str) -> ConfigError {
+    ConfigError {
+        file: file.to_string(),
+        document,
+        object: Some(key.clone()),
+        error: FieldError::new(
+            "metadata.name",
+            format!("duplicate of {key}, which {served} defines and is served (the first in path order); ignored"),
+        ),
+        policy_selector: None,
+    }
+}
+
+/// Parses a file's new text; invalid documents keep the previous valid version of their object.
+fn parse(path: &Path, text: &str, hash: u64, previous: FileState) -> FileState {
+    let shown = path.display().to_string();
+    let mut state = FileState { content_hash: hash, ..Default::default() };
+    let mut rejected = Vec::new();
+    let mut unidentified_failure = false;
+    for (document, doc) in parse_documents(&shown, text) {
+        match doc {
+            Document::Valid(obj) => match state.objects.entry(obj.key.clone()) {
+                Entry::Occupied(first) => {
+                    let served = format!("{shown} document {}", first.get().document);
+                    state.errors.push(duplicate(&shown, document, &obj.key, &served));
+                }
+                Entry::Vacant(slot) => {
+                    slot.insert(Placed { document, config: Arc::new(obj) });
+                }
+            },
+            Document::Ignored { document, api_version, kind, name } => {
+                debug!(file = %shown, document, kind = %kind, name = %name, "ignoring object of a kind meshpilot does not serve");
+                state.ignored.push(IgnoredObject { file: shown.clone(), document, api_version, kind, name });
+            }
+            Document::Invalid(err) => {
+                match &err.object {
+                    Some(key) => rejected.push((err.document, key.clone())),
+                    None => unidentified_failure = true,
+                }
+                state.errors.push(err);
+            }
+        }
+    }
+    for err in &state.errors {
+        let Some(key) = &err.object else { continue };
+        if !rejected.iter().any(|(document, k)| *document == err.document && k == key) {
+            continue; // a duplicate, reported as such
+        }
+        let kept = match previous.objects.get(key) {
+            Some(old) if !state.objects.contains_key(key) => {
+                state.objects.insert(key.clone(), Placed { document: err.document, config: old.config.clone() });
+                true
+            }
+            _ => false,
+        };
+        warn!(file = %err.file, document = err.document, object = %key, field = %err.error.field, reason = %err.error.reason, last_valid_version_kept = kept, "invalid config rejected");
+    }
+    if unidentified_failure {
+        // A document we cannot even identify may be any of the file's previous objects: keep those
+        // not accounted for by the rest of the file.
+        for err in state.errors.iter().filter(|e| e.object.is_none()) {
+            warn!(file = %err.file, document = err.document, field = %err.error.field, reason = %err.error.reason, "invalid config rejected; the file's previous objects not in it stay");
+        }
+        for (key, old) in previous.objects {
+            state.objects.entry(key).or_insert(old);
+        }
+    }
+    state
+}
+
+fn content_hash(text: &str) -> u64 {
+    xxhash_rust::xxh64::xxh64(text.as_bytes(), 0)
+}
+
+#[cfg(test)]
+#[path = "tests.rs"]
+mod tests;
