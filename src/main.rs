@@ -189,6 +189,10 @@ struct StandaloneArgs {
     /// Longest debounce delay (Istio's PILOT_DEBOUNCE_MAX).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     debounce_max: Duration,
+    /// Push a change that follows a quiet period of --debounce-after at once; bursts are still
+    /// debounced (`=false`: Istio's trailing edge only).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    debounce_leading_edge: bool,
     /// What the xDS server admits at once.
     #[command(flatten)]
     admission: AdmissionArgs,
@@ -428,6 +432,9 @@ struct IngestArgs {
     /// Longest debounce delay.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     debounce_max: Duration,
+    /// Push a change that follows a quiet period of --debounce-after at once (`=false`: trailing edge only).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    debounce_leading_edge: bool,
     /// Istio's validating webhook (every node serves it; the leader keeps its caBundle).
     #[command(flatten)]
     webhook: WebhookArgs,
@@ -556,7 +563,11 @@ fn run_ingest(args: IngestArgs) -> anyhow::Result<()> {
         admin_addr: args.admin_addr,
         id,
         lease_ttl: Duration::from_secs(args.lease_ttl.max(2)),
-        debounce: DebounceSettings { after: args.debounce_after, max: args.debounce_max },
+        debounce: DebounceSettings {
+            after: args.debounce_after,
+            max: args.debounce_max,
+            leading_edge: args.debounce_leading_edge,
+        },
         security: meshpilot::app::security::SecuritySettings {
             plugin_dir: args.cacerts_dir,
             root_dir: args.ca_dir,
@@ -609,7 +620,11 @@ fn run_standalone(args: StandaloneArgs) -> anyhow::Result<()> {
         plaintext_xds: !args.security.no_plaintext_xds,
         security,
         sources: args.sources.settings(),
-        debounce: DebounceSettings { after: args.debounce_after, max: args.debounce_max },
+        debounce: DebounceSettings {
+            after: args.debounce_after,
+            max: args.debounce_max,
+            leading_edge: args.debounce_leading_edge,
+        },
         xds_addr: args.xds_addr,
         admin_addr: args.admin_addr,
         admission: args.admission.settings(),

@@ -101,7 +101,11 @@ impl Server {
         let (xds, admin) = (free_addr(), free_addr());
         let settings = StandaloneSettings {
             sources: SourceSettings::config_dir(dir),
-            debounce: DebounceSettings { after: Duration::from_millis(50), max: Duration::from_secs(1) },
+            debounce: DebounceSettings {
+                after: Duration::from_millis(50),
+                max: Duration::from_secs(1),
+                leading_edge: true,
+            },
             xds_addr: xds,
             admin_addr: admin,
             admission: Default::default(),

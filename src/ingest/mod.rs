@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use tracing::{info, warn, Instrument};
 
 pub use builder::SnapshotBuilder;
-pub use debounce::{next_batch, DebounceSettings};
+pub use debounce::{DebounceSettings, Debouncer};
 pub use metrics::IngestMetrics;
 
 use crate::drain::DrainWatcher;
@@ -33,6 +33,14 @@ pub enum IngestEvent {
     Source(SourceEvent),
     /// A new leader term: the next snapshot starts it (version `(term, 1)`, a full snapshot).
     Term(u64),
+}
+
+impl IngestEvent {
+    /// Whether a source sends this just before the change it goes with (a trace, a status), so
+    /// a leading-edge batch waits for that change rather than leaving it to the next batch.
+    pub fn announces_more(&self) -> bool {
+        matches!(self, IngestEvent::Source(SourceEvent::Cause(_) | SourceEvent::Status { .. }))
+    }
 }
 
 impl From<SourceEvent> for IngestEvent {
@@ -69,9 +77,10 @@ pub async fn run(
     let mut ready = Some(settings.ready);
     let mut version = Version::new(settings.term, 0);
     let mut causes = Vec::new();
+    let mut debouncer = Debouncer::new(settings.debounce);
     loop {
         let batch = tokio::select! {
-            batch = next_batch(&mut events, settings.debounce) => match batch {
+            batch = debouncer.next_batch(&mut events, IngestEvent::announces_more) => match batch {
                 Some(batch) => batch,
                 None => return,
             },

@@ -56,7 +56,8 @@ pub enum SourceEvent {
     Config(Vec<(ConfigKey, Option<ValidConfig>)>),
     /// Kubernetes registry objects changed: `Some` is the new version, `None` a deletion.
     Kube(Vec<(KubeKey, Option<Arc<KubeObject>>)>),
-    /// The current list of rejected and ignored documents of one config source.
+    /// The current list of rejected and ignored documents of one config source (sent before the
+    /// changes found with it: ingest's leading edge waits for them).
     Status {
         /// The source whose lists these are (each source's replace only its own).
         source: SourceId,

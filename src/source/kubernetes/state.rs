@@ -141,6 +141,11 @@ impl KubeState {
             }
         }
         let mut out = Outcome::default();
+        // The status first: ingest's leading edge waits for what follows a status.
+        if self.status_dirty {
+            self.status_dirty = false;
+            out.events.push(self.status());
+        }
         if let Some(m) = mesh {
             out.events.push(SourceEvent::Mesh(m));
         }
@@ -149,10 +154,6 @@ impl KubeState {
         }
         if !kube.is_empty() {
             out.events.push(SourceEvent::Kube(kube));
-        }
-        if self.status_dirty {
-            self.status_dirty = false;
-            out.events.push(self.status());
         }
         if !self.init_done && self.pending.is_empty() {
             self.init_done = true;
