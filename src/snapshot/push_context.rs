@@ -232,6 +232,11 @@ impl Snapshot {
             .collect()
     }
 
+    /// The qualified hosts of the DestinationRule `key`, if this snapshot holds it.
+    pub fn destination_rule_hosts(&self, key: &ConfigKey) -> Option<&[Hostname]> {
+        self.destination_rules.iter().find(|ix| ix.config.key == *key).map(|ix| ix.hosts.as_slice())
+    }
+
     /// The DestinationRule that applies to `host` for a proxy in `namespace`, using Istio's
     /// lookup order: the proxy's namespace, then the service's namespace, then the root
     /// namespace; within one, the most specific host wins.

@@ -10,10 +10,11 @@ use bytes::Bytes;
 use prost::Message;
 use tokio::sync::{OnceCell, Semaphore};
 
-use super::generate::{generate, generate_endpoints_of, Resource};
+use super::generate::{depends_on, generate, generate_endpoints_of, Resource};
 use super::metrics::XdsMetrics;
 use super::proxy::ProxyView;
 use super::TypeUrl;
+use crate::config::{ConfigKey, Kind};
 use crate::registry::{Hostname, Registry, Resolution};
 use crate::snapshot::{ChangedKey, Snapshot, Version};
 use crate::telemetry::metrics::gauge_value;
@@ -141,6 +142,17 @@ struct Carry {
     /// With CDS taken over (the same clusters): the hosts whose endpoints changed, the only ones
     /// whose EDS resources need generating again.
     endpoint_hosts: BTreeSet<Hostname>,
+    /// A change made only of VirtualServices and DestinationRules: views that depend on none of
+    /// them keep every resource.
+    routing: Option<RoutingChange>,
+}
+
+/// The objects of a routing-only change, and which views it leaves as they were.
+struct RoutingChange {
+    previous: Arc<Snapshot>,
+    keys: Arc<[ConfigKey]>,
+    /// Per resolved view: whether it depends on none of `keys`, in either snapshot.
+    kept: HashMap<ProxyView, bool>,
 }
 
 impl Generation {
@@ -161,7 +173,7 @@ impl Generation {
         // generations (and their snapshots) stays alive.
         let taken = previous.lock_carry().take();
         drop(taken);
-        let carry = previous.snapshot.as_deref().map(|p| {
+        let carry = previous.snapshot.as_ref().map(|p| {
             let types = carried_types(p, snapshot);
             let endpoint_hosts = if types.contains(&TypeUrl::Cluster) {
                 let hosts = snapshot.changes.keys.iter().filter_map(|k| match k {
@@ -172,9 +184,35 @@ impl Generation {
             } else {
                 BTreeSet::new()
             };
-            Carry { from: previous.clone(), types, endpoint_hosts }
+            let routing =
+                routing_keys(p, snapshot).map(|keys| RoutingChange { previous: p.clone(), keys, kept: HashMap::new() });
+            Carry { from: previous.clone(), types, endpoint_hosts, routing }
         });
         Generation { snapshot: Some(snapshot.clone()), carry: Mutex::new(carry), ..Generation::new(snapshot.version) }
+    }
+
+    /// Whether `view` (resolved) depends on none of the objects of a routing-only change, so
+    /// every resource it had in the previous generation is still right. Decided once per view.
+    fn keeps_view(&self, view: &ProxyView) -> bool {
+        let (previous, keys) = {
+            let carry = self.lock_carry();
+            let Some(routing) = carry.as_ref().and_then(|c| c.routing.as_ref()) else {
+                return false;
+            };
+            if let Some(&kept) = routing.kept.get(view) {
+                return kept;
+            }
+            (routing.previous.clone(), routing.keys.clone())
+        };
+        let Some(next) = self.snapshot.as_deref() else {
+            return false;
+        };
+        // Scopes are resolved outside the lock: other views' lookups go on meanwhile.
+        let kept = !keys.iter().any(|key| depends_on(&previous, view, key) || depends_on(next, view, key));
+        if let Some(routing) = self.lock_carry().as_mut().and_then(|c| c.routing.as_mut()) {
+            routing.kept.insert(view.clone(), kept);
+        }
+        kept
     }
 
     fn lock_carry(&self) -> MutexGuard<'_, Option<Carry>> {
@@ -426,6 +464,7 @@ impl GenerationCache {
             return (None, Arc::new(Entry::default()), view.resolve(snapshot));
         }
         let view = generation.resolve(snapshot, view);
+        let whole_view = generation.keeps_view(&view);
         let key = (view.clone(), type_url);
         let entry = {
             let mut entries = generation.lock();
@@ -434,7 +473,7 @@ impl GenerationCache {
                 None => {
                     // Under this generation's lock (the previous one's is taken inside it, never
                     // the other way): one request takes the entry over, the others find it here.
-                    let entry = match generation.take_previous(&key, true) {
+                    let entry = match generation.take_previous(&key, !whole_view) {
                         Some((generated, bytes)) => {
                             // Counted under the lock, as removals are.
                             generation.bytes.fetch_add(bytes, Ordering::Relaxed);
@@ -532,6 +571,21 @@ fn type_index(type_url: TypeUrl) -> usize {
 /// too unless a changed service's clusters embed endpoints (DNS resolution) or the identities
 /// its mutual TLS checks (its endpoints' service accounts) changed. This is Istio's EDS-only push:
 /// no CDS, LDS or RDS regeneration for an endpoint change.
+/// The objects of a change from `previous` to `next` when it holds only VirtualServices and
+/// DestinationRules (their effect is narrowed per view by [`depends_on`]).
+fn routing_keys(previous: &Snapshot, next: &Snapshot) -> Option<Arc<[ConfigKey]>> {
+    if previous.version.next() != next.version || next.changes.full || next.changes.keys.is_empty() {
+        return None;
+    }
+    let routing = |key: &ChangedKey| match key {
+        ChangedKey::Config(key) if matches!(key.kind, Kind::VirtualService | Kind::DestinationRule) => {
+            Some(key.clone())
+        }
+        _ => None,
+    };
+    next.changes.keys.iter().map(routing).collect()
+}
+
 fn carried_types(previous: &Snapshot, next: &Snapshot) -> Vec<TypeUrl> {
     if previous.version.next() != next.version || !next.changes.endpoints_only() {
         return Vec::new();
@@ -728,6 +782,47 @@ spec: {hosts: [b.example.com], location: MESH_INTERNAL, resolution: STATIC, port
             }
         }
         assert!(cache.bytes() > 0 && cache.entries() == all.len());
+    }
+
+    #[tokio::test]
+    async fn a_routing_change_regenerates_only_the_views_that_read_it() {
+        let scoped = format!(
+            "{MESH}---\napiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata: {{name: default, namespace: default}}\n\
+             spec: {{egress: [{{hosts: [\"./*\"]}}]}}\n"
+        );
+        let vs = |timeout: &str| {
+            format!(
+                "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {{name: b, namespace: other}}\n\
+                 spec: {{hosts: [b.example.com], http: [{{timeout: {timeout}, route: [{{destination: {{host: b.example.com}}}}]}}]}}\n"
+            )
+        };
+        let dr = "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: b, namespace: other}\n\
+             spec: {host: b.example.com, trafficPolicy: {connectionPool: {tcp: {maxConnections: 7}}}}\n";
+        // Each step applies only the objects it names, as a source sends what changed.
+        let snaps = snapshots(&[&format!("{scoped}---\n{}", vs("1s")), &vs("2s"), dr]);
+        let cache = Arc::new(GenerationCache::default());
+        let (outside, inside) = (sidecar("default", &[]), sidecar("other", &[]));
+        let _leases = (cache.hold(&outside), cache.hold(&inside));
+        let all = [TypeUrl::Cluster, TypeUrl::Endpoint, TypeUrl::Listener, TypeUrl::Route];
+        let mut got = Vec::new();
+        for snap in &snaps {
+            let mut of_snapshot = Vec::new();
+            for view in [&outside, &inside] {
+                for t in all {
+                    let generated = cache.get(snap, view, t).await;
+                    assert_eq!(generated.encoded, Generated::new(generate(t, snap, view)).encoded, "{view} {t}");
+                    of_snapshot.push(generated);
+                }
+            }
+            got.push(of_snapshot);
+        }
+        // 2 views x 4 types at first, then again only for the view that imports `other`.
+        assert_eq!(all.iter().map(|t| cache.generations(*t)).sum::<u64>(), 8 + 4 + 4);
+        let kept =
+            |from: usize| -> Vec<bool> { (0..8).map(|i| Arc::ptr_eq(&got[from][i], &got[from + 1][i])).collect() };
+        // The timeout edit changes the importing view's routes only; the rule, its clusters.
+        assert_eq!(kept(0), [true, true, true, true, true, true, true, false]);
+        assert_eq!(kept(1), [true, true, true, true, false, true, true, true]);
     }
 
     #[tokio::test]

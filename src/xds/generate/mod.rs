@@ -12,6 +12,7 @@
 mod authz;
 mod auto_mtls;
 mod cluster;
+mod dependency;
 mod destination;
 mod endpoint;
 mod gateway;
@@ -48,6 +49,8 @@ mod golden;
 pub(crate) mod testing;
 
 use envoy_types::pb::google::protobuf::Any;
+
+pub use dependency::depends_on;
 
 use super::proxy::{ProxyKind, ProxyView};
 use super::TypeUrl;
