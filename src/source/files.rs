@@ -251,7 +251,7 @@ pub fn is_config_file(path: &Path) -> bool {
 
 /// Hidden names are skipped: editors keep swap files there, and Kubernetes ConfigMap mounts keep
 /// `..data` style copies of every file.
-fn is_hidden(path: &Path) -> bool {
+pub(crate) fn is_hidden(path: &Path) -> bool {
     path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.'))
 }
 

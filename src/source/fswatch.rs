@@ -61,7 +61,9 @@ impl Arrivals {
             EventKind::Modify(ModifyKind::Name(RenameMode::Both)) => event.paths.get(1),
             _ => None,
         };
-        for path in &event.paths {
+        // Hidden names are never read as config: an editor's or writer's temp file beside the
+        // target (written, then renamed over it) says nothing about the target.
+        for path in event.paths.iter().filter(|p| !super::files::is_hidden(p)) {
             let arrival = if Some(path) == renamed_in { Arrival::RenamedIn } else { Arrival::Written };
             let slot = state.paths.entry(path.clone()).or_insert(arrival);
             // Written wins: a file written to after it was renamed in may be half written.
@@ -167,9 +169,11 @@ mod tests {
         assert!(!arrivals.renames_only(), "nothing happened");
         arrivals.record(&event(EventKind::Modify(ModifyKind::Name(RenameMode::To)), &["/c/a.yaml"]));
         arrivals.record(&event(EventKind::Modify(ModifyKind::Name(RenameMode::Both)), &["/c/.b.tmp", "/c/b.yaml"]));
-        assert!(!arrivals.renames_only(), "the renamed-away path counts as written");
+        assert!(arrivals.renames_only(), "a hidden temp file renamed over its target is not config");
+        arrivals.record(&event(EventKind::Modify(ModifyKind::Name(RenameMode::Both)), &["/c/d.yaml", "/c/e.yaml"]));
+        assert!(!arrivals.renames_only(), "the renamed-away config file counts as written");
         let whole = arrivals.take_renamed();
-        assert_eq!(whole, HashSet::from([PathBuf::from("/c/a.yaml"), PathBuf::from("/c/b.yaml")]));
+        assert_eq!(whole, HashSet::from(["/c/a.yaml", "/c/b.yaml", "/c/e.yaml"].map(PathBuf::from)));
         assert!(arrivals.take_renamed().is_empty(), "taken");
 
         arrivals.record(&event(EventKind::Modify(ModifyKind::Name(RenameMode::To)), &["/c/a.yaml"]));

@@ -357,9 +357,24 @@ fn a_file_renamed_in_is_used_at_its_first_read() {
     assert_eq!(names(&rescan.changes), vec![("r".to_string(), true)]);
     assert_eq!(fs.reads(&file), 1, "no settle rounds for a file renamed in");
 
+    // Written to a hidden temp file beside it (as editors and `meshpilot load` do), then renamed
+    // over it: just as whole.
+    let temp = root.join(".vs.yaml.tmp");
+    std::fs::write(&temp, VS.replace("hosts: [a]", "hosts: [d]")).unwrap();
+    std::fs::rename(&temp, &file).unwrap();
+    let notified = arrivals.clone();
+    within(Duration::from_secs(10), move || {
+        while !notified.renames_only() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    });
+    let rescan = state.rescan_inner(&root, &fs, Some(&arrivals));
+    assert_eq!(names(&rescan.changes), vec![("r".to_string(), true)]);
+    assert_eq!(fs.reads(&file), 2, "read once more, without settle rounds");
+
     // Written in place: read until two reads agree.
     std::fs::write(&file, VS.replace("hosts: [a]", "hosts: [c]")).unwrap();
     let rescan = state.rescan_inner(&root, &fs, Some(&arrivals));
     assert_eq!(names(&rescan.changes), vec![("r".to_string(), true)]);
-    assert_eq!(fs.reads(&file), 3);
+    assert_eq!(fs.reads(&file), 4);
 }
