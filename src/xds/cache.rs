@@ -10,7 +10,7 @@ use bytes::Bytes;
 use prost::Message;
 use tokio::sync::{OnceCell, Semaphore};
 
-use super::generate::{depends_on, generate, generate_endpoints_of, Resource};
+use super::generate::{changed_types, generate, generate_endpoints_of, Resource};
 use super::metrics::XdsMetrics;
 use super::proxy::ProxyView;
 use super::TypeUrl;
@@ -151,8 +151,8 @@ struct Carry {
 struct RoutingChange {
     previous: Arc<Snapshot>,
     keys: Arc<[ConfigKey]>,
-    /// Per resolved view: whether it depends on none of `keys`, in either snapshot.
-    kept: HashMap<ProxyView, bool>,
+    /// Per resolved view: the types the change may alter for it (none: it reads none of `keys`).
+    changed: HashMap<ProxyView, Arc<[TypeUrl]>>,
 }
 
 impl Generation {
@@ -184,23 +184,26 @@ impl Generation {
             } else {
                 BTreeSet::new()
             };
-            let routing =
-                routing_keys(p, snapshot).map(|keys| RoutingChange { previous: p.clone(), keys, kept: HashMap::new() });
+            let routing = routing_keys(p, snapshot).map(|keys| RoutingChange {
+                previous: p.clone(),
+                keys,
+                changed: HashMap::new(),
+            });
             Carry { from: previous.clone(), types, endpoint_hosts, routing }
         });
         Generation { snapshot: Some(snapshot.clone()), carry: Mutex::new(carry), ..Generation::new(snapshot.version) }
     }
 
-    /// Whether `view` (resolved) depends on none of the objects of a routing-only change, so
-    /// every resource it had in the previous generation is still right. Decided once per view.
-    fn keeps_view(&self, view: &ProxyView) -> bool {
+    /// Whether a routing-only change leaves `type_url` of `view` (resolved) as the previous
+    /// generation had it. Decided once per view.
+    fn routing_keeps(&self, view: &ProxyView, type_url: TypeUrl) -> bool {
         let (previous, keys) = {
             let carry = self.lock_carry();
             let Some(routing) = carry.as_ref().and_then(|c| c.routing.as_ref()) else {
                 return false;
             };
-            if let Some(&kept) = routing.kept.get(view) {
-                return kept;
+            if let Some(changed) = routing.changed.get(view) {
+                return !changed.contains(&type_url);
             }
             (routing.previous.clone(), routing.keys.clone())
         };
@@ -208,11 +211,12 @@ impl Generation {
             return false;
         };
         // Scopes are resolved outside the lock: other views' lookups go on meanwhile.
-        let kept = !keys.iter().any(|key| depends_on(&previous, view, key) || depends_on(next, view, key));
+        let changed: Arc<[TypeUrl]> = changed_types(&previous, next, view, &keys).into();
+        let keeps = !changed.contains(&type_url);
         if let Some(routing) = self.lock_carry().as_mut().and_then(|c| c.routing.as_mut()) {
-            routing.kept.insert(view.clone(), kept);
+            routing.changed.insert(view.clone(), changed);
         }
-        kept
+        keeps
     }
 
     fn lock_carry(&self) -> MutexGuard<'_, Option<Carry>> {
@@ -464,7 +468,7 @@ impl GenerationCache {
             return (None, Arc::new(Entry::default()), view.resolve(snapshot));
         }
         let view = generation.resolve(snapshot, view);
-        let whole_view = generation.keeps_view(&view);
+        let unchanged = generation.routing_keeps(&view, type_url);
         let key = (view.clone(), type_url);
         let entry = {
             let mut entries = generation.lock();
@@ -473,7 +477,7 @@ impl GenerationCache {
                 None => {
                     // Under this generation's lock (the previous one's is taken inside it, never
                     // the other way): one request takes the entry over, the others find it here.
-                    let entry = match generation.take_previous(&key, !whole_view) {
+                    let entry = match generation.take_previous(&key, !unchanged) {
                         Some((generated, bytes)) => {
                             // Counted under the lock, as removals are.
                             generation.bytes.fetch_add(bytes, Ordering::Relaxed);
@@ -816,8 +820,9 @@ spec: {hosts: [b.example.com], location: MESH_INTERNAL, resolution: STATIC, port
             }
             got.push(of_snapshot);
         }
-        // 2 views x 4 types at first, then again only for the view that imports `other`.
-        assert_eq!(all.iter().map(|t| cache.generations(*t)).sum::<u64>(), 8 + 4 + 4);
+        // 2 views x 4 types at first; then, only for the view that imports `other`, its routes
+        // (the edit keeps the VirtualService's hosts and destinations), then all 4 for the rule.
+        assert_eq!(all.iter().map(|t| cache.generations(*t)).collect::<Vec<_>>(), [3, 3, 3, 4]);
         let kept =
             |from: usize| -> Vec<bool> { (0..8).map(|i| Arc::ptr_eq(&got[from][i], &got[from + 1][i])).collect() };
         // The timeout edit changes the importing view's routes only; the rule, its clusters.

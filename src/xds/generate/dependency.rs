@@ -3,11 +3,58 @@
 //! it was, so the cache keeps them instead of generating them again: a VirtualService edit costs
 //! the views that import it, not the whole mesh (Istio's `SidecarScope.DependsOnConfig`).
 
-use super::scope::Scope;
-use crate::config::{ConfigKey, Kind};
+use std::collections::BTreeSet;
+
+use super::scope::{destination_hosts, Scope};
+use crate::config::api::VirtualService;
+use crate::config::{ConfigKey, Kind, Spec};
 use crate::registry::host_matches;
 use crate::snapshot::Snapshot;
 use crate::xds::proxy::{ProxyKind, ProxyView};
+use crate::xds::TypeUrl;
+
+/// The resource types of `view` that changing the objects `keys` (from `previous` to `next`)
+/// may alter, in push order; none when the view reads none of them.
+pub fn changed_types(previous: &Snapshot, next: &Snapshot, view: &ProxyView, keys: &[ConfigKey]) -> Vec<TypeUrl> {
+    let mut changed = BTreeSet::new();
+    for key in keys {
+        if !depends_on(previous, view, key) && !depends_on(next, view, key) {
+            continue;
+        }
+        if view.kind == ProxyKind::Sidecar && changes_routes_only(previous, next, key) {
+            changed.insert(TypeUrl::Route);
+        } else {
+            return TypeUrl::PUSH_ORDER.to_vec();
+        }
+    }
+    TypeUrl::PUSH_ORDER.into_iter().filter(|t| changed.contains(t)).collect()
+}
+
+/// Whether a sidecar reads the change of VirtualService `key` in its routes only: the same hosts,
+/// gateways and visibility (so the same proxies import it), HTTP rules only (listeners read TCP
+/// and TLS rules), and the same destinations (which add clusters to a Sidecar's scope).
+fn changes_routes_only(previous: &Snapshot, next: &Snapshot, key: &ConfigKey) -> bool {
+    fn virtual_service<'a>(s: &'a Snapshot, key: &ConfigKey) -> Option<&'a VirtualService> {
+        match s.configs.get(key).map(|c| &c.spec) {
+            Some(Spec::VirtualService(vs)) => Some(vs),
+            _ => None,
+        }
+    }
+    let (Some(a), Some(b)) = (virtual_service(previous, key), virtual_service(next, key)) else {
+        return false;
+    };
+    let http_only = |vs: &VirtualService| vs.tcp.is_empty() && vs.tls.is_empty();
+    let destinations = |vs: &VirtualService, s: &Snapshot| -> BTreeSet<_> {
+        destination_hosts(vs, &key.namespace, &s.mesh.domain).into_iter().collect()
+    };
+    a.hosts == b.hosts
+        && a.gateways == b.gateways
+        && a.export_to == b.export_to
+        && http_only(a)
+        && http_only(b)
+        && previous.mesh.domain == next.mesh.domain
+        && destinations(a, previous) == destinations(b, next)
+}
 
 /// Whether `view`'s resources in `snapshot` may read the object `key` (true when unsure).
 pub fn depends_on(snapshot: &Snapshot, view: &ProxyView, key: &ConfigKey) -> bool {
@@ -109,5 +156,34 @@ spec:
         assert!(depends_on(&s, &open, &key(Kind::DestinationRule, "c", "zed")));
         // Kinds it does not narrow count as read.
         assert!(depends_on(&s, &scoped, &key(Kind::Sidecar, "c", "default")));
+    }
+
+    #[test]
+    fn an_http_edit_with_the_same_hosts_and_destinations_changes_routes_only() {
+        let base = [service("ex", "a"), service("why", "b"), service("zed", "c")].concat();
+        let vs = |http: &str, tcp: &str| {
+            format!(
+                "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {{name: ex, namespace: a}}\n\
+                 spec: {{hosts: [ex], http: [{http}], tcp: [{tcp}]}}\n"
+            )
+        };
+        let at = |vs: String| snapshot(&format!("{base}{vs}"));
+        let before = at(vs("{timeout: 1s, route: [{destination: {host: why.b.svc.cluster.local}}]}", ""));
+        let view = sidecar("a", &[]);
+        let keys = [key(Kind::VirtualService, "a", "ex")];
+        let retimed = at(vs("{timeout: 2s, route: [{destination: {host: why.b.svc.cluster.local}}]}", ""));
+        assert_eq!(changed_types(&before, &retimed, &view, &keys), [TypeUrl::Route]);
+        // Another destination is another cluster in a scoped view; TCP rules shape listeners.
+        let elsewhere = at(vs("{route: [{destination: {host: zed.c.svc.cluster.local}}]}", ""));
+        assert_eq!(changed_types(&before, &elsewhere, &view, &keys), TypeUrl::PUSH_ORDER);
+        let tcp = at(vs(
+            "{timeout: 1s, route: [{destination: {host: why.b.svc.cluster.local}}]}",
+            "{route: [{destination: {host: why.b.svc.cluster.local}}]}",
+        ));
+        assert_eq!(changed_types(&before, &tcp, &view, &keys), TypeUrl::PUSH_ORDER);
+        // A view that imports neither version changes not at all.
+        let scoped = snapshot(&format!("{base}{SCOPED}"));
+        let unrelated = [key(Kind::VirtualService, "b", "why")];
+        assert!(changed_types(&scoped, &scoped, &sidecar("a", &[]), &unrelated).is_empty());
     }
 }
