@@ -251,8 +251,14 @@ pub fn is_config_file(path: &Path) -> bool {
 
 /// Hidden names are skipped: editors keep swap files there, and Kubernetes ConfigMap mounts keep
 /// `..data` style copies of every file.
-pub(crate) fn is_hidden(path: &Path) -> bool {
+fn is_hidden(path: &Path) -> bool {
     path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.'))
+}
+
+/// A writer's temp or swap file (`.name...`): hidden, and not one of Kubernetes' `..data` links,
+/// whose swap is how a mounted ConfigMap changes.
+pub(crate) fn is_temp_file(path: &Path) -> bool {
+    path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.') && !n.starts_with(".."))
 }
 
 /// The config files of a tree, and what could not be read of it.

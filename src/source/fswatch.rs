@@ -12,6 +12,8 @@ use notify::event::{ModifyKind, RenameMode};
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
+use super::files::is_temp_file;
+
 /// Keeps the OS watch alive; dropping it stops the notifications.
 pub struct FsWatch {
     _watcher: RecommendedWatcher,
@@ -61,9 +63,9 @@ impl Arrivals {
             EventKind::Modify(ModifyKind::Name(RenameMode::Both)) => event.paths.get(1),
             _ => None,
         };
-        // Hidden names are never read as config: an editor's or writer's temp file beside the
-        // target (written, then renamed over it) says nothing about the target.
-        for path in event.paths.iter().filter(|p| !super::files::is_hidden(p)) {
+        // A writer's temp file beside the target (written, then renamed over it) is never read
+        // as config and says nothing about the target.
+        for path in event.paths.iter().filter(|p| !is_temp_file(p)) {
             let arrival = if Some(path) == renamed_in { Arrival::RenamedIn } else { Arrival::Written };
             let slot = state.paths.entry(path.clone()).or_insert(arrival);
             // Written wins: a file written to after it was renamed in may be half written.
@@ -126,7 +128,11 @@ fn watch_with(
             Ok(e) => !matches!(e.kind, notify::EventKind::Access(_)),
             Err(_) => true,
         };
-        if relevant {
+        // A recording watch is not woken by temp files alone: the rename that follows them is the
+        // change, and waking early would wait out a settle period for nothing.
+        let temp_only = arrivals.is_some()
+            && matches!(&event, Ok(e) if !e.paths.is_empty() && e.paths.iter().all(|p| is_temp_file(p)));
+        if relevant && !temp_only {
             // Recorded before the signal, so the reader woken by it sees how the path changed.
             if let Some(arrivals) = &arrivals {
                 arrivals.record(&event);
@@ -172,8 +178,10 @@ mod tests {
         assert!(arrivals.renames_only(), "a hidden temp file renamed over its target is not config");
         arrivals.record(&event(EventKind::Modify(ModifyKind::Name(RenameMode::Both)), &["/c/d.yaml", "/c/e.yaml"]));
         assert!(!arrivals.renames_only(), "the renamed-away config file counts as written");
+        arrivals.record(&event(EventKind::Modify(ModifyKind::Name(RenameMode::Both)), &["/c/..data_tmp", "/c/..data"]));
+        assert!(arrivals.lock().paths.contains_key(Path::new("/c/..data_tmp")), "a ConfigMap's swap is a change");
         let whole = arrivals.take_renamed();
-        assert_eq!(whole, HashSet::from(["/c/a.yaml", "/c/b.yaml", "/c/e.yaml"].map(PathBuf::from)));
+        assert_eq!(whole, HashSet::from(["/c/a.yaml", "/c/b.yaml", "/c/e.yaml", "/c/..data"].map(PathBuf::from)));
         assert!(arrivals.take_renamed().is_empty(), "taken");
 
         arrivals.record(&event(EventKind::Modify(ModifyKind::Name(RenameMode::To)), &["/c/a.yaml"]));
