@@ -86,6 +86,14 @@ impl Arrivals {
         !state.unknown && !state.paths.is_empty() && state.paths.values().all(|a| *a == Arrival::RenamedIn)
     }
 
+    /// When every change since the last take was a whole file renamed in: those paths (without
+    /// forgetting them).
+    pub fn renamed_only(&self) -> Option<Vec<PathBuf>> {
+        let state = self.lock();
+        let whole = !state.unknown && !state.paths.is_empty() && state.paths.values().all(|a| *a == Arrival::RenamedIn);
+        whole.then(|| state.paths.keys().cloned().collect())
+    }
+
     /// The paths renamed in whole, and not changed otherwise, since the last take; forgets
     /// everything recorded so far.
     pub fn take_renamed(&self) -> HashSet<PathBuf> {

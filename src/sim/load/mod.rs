@@ -134,6 +134,8 @@ pub async fn run(settings: &LoadSettings) -> Result<LoadReport, LoadError> {
     let mut phase_reports = Vec::new();
     for phase in &phases {
         board.begin_phase(&phase.name);
+        // Logged with its time, to line up with the server's logs.
+        info!(phase = %phase.name, "phase started");
         let t0 = Instant::now();
         let error = phase.action.perform().await.err().map(|e| {
             warn!(phase = %phase.name, error = %e, "phase action failed");

@@ -272,6 +272,7 @@ fn an_unreadable_subdirectory_keeps_its_objects_and_does_not_freeze_the_rest() {
 #[derive(Default)]
 struct Counting {
     reads: std::sync::Mutex<HashMap<PathBuf, usize>>,
+    listings: std::sync::atomic::AtomicUsize,
     ahead: Duration,
 }
 
@@ -287,6 +288,7 @@ impl Counting {
 
 impl Fs for Counting {
     fn read_dir(&self, dir: &Path, limit: usize) -> std::io::Result<Vec<std::io::Result<PathBuf>>> {
+        self.listings.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         RealFs.read_dir(dir, limit)
     }
 
@@ -377,4 +379,46 @@ fn a_file_renamed_in_is_used_at_its_first_read() {
     let rescan = state.rescan_inner(&root, &fs, Some(&arrivals));
     assert_eq!(names(&rescan.changes), vec![("r".to_string(), true)]);
     assert_eq!(fs.reads(&file), 4);
+}
+
+#[test]
+fn files_renamed_in_are_read_without_listing_the_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    let file = root.join("vs.yaml");
+    std::fs::write(&file, VS).unwrap();
+    std::fs::create_dir(root.join("sub")).unwrap();
+    let mut state = DirState::default();
+    state.rescan(&root);
+    let arrivals = Arrivals::default();
+    let (tx, _rx) = mpsc::channel(1);
+    let _watch = fswatch::watch_recording(&root, tx, arrivals.clone()).unwrap();
+    let rename_in = |path: &Path, content: &str| {
+        let temp = path.with_file_name(".staged.tmp");
+        std::fs::write(&temp, content).unwrap();
+        std::fs::rename(&temp, path).unwrap();
+        let notified = arrivals.clone();
+        within(Duration::from_secs(10), move || {
+            while !notified.renames_only() {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+    };
+
+    // An edit of a known file, and a new file directly in the directory: read, never listed.
+    let fs = Counting::default();
+    rename_in(&file, &VS.replace("hosts: [a]", "hosts: [b]"));
+    let rescan = state.rescan_renamed(&root, &fs, &arrivals).expect("renamed in only");
+    assert_eq!(names(&rescan.changes), vec![("r".to_string(), true)]);
+    rename_in(&root.join("new.yaml"), &VS.replace("{name: r}", "{name: new}"));
+    let rescan = state.rescan_renamed(&root, &fs, &arrivals).expect("renamed in only");
+    assert_eq!(names(&rescan.changes), vec![("new".to_string(), true)]);
+    assert_eq!((fs.reads(&file), fs.listings.load(std::sync::atomic::Ordering::Relaxed)), (1, 0));
+    assert!(state.rescan_renamed(&root, &fs, &arrivals).is_none(), "nothing recorded since");
+
+    // A file the listing might not reach (below the root, never read) takes a full rescan.
+    rename_in(&root.join("sub/deep.yaml"), &VS.replace("{name: r}", "{name: deep}"));
+    assert!(state.rescan_renamed(&root, &fs, &arrivals).is_none());
+    let rescan = state.rescan_after(&root, &arrivals);
+    assert_eq!(names(&rescan.changes), vec![("deep".to_string(), true)]);
 }
