@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpSocket};
-use tokio_stream::wrappers::TcpListenerStream;
 use tracing::info;
 
 use super::security::Security;
@@ -17,7 +16,7 @@ use crate::drain::DrainWatcher;
 use crate::replication::SnapshotServer;
 use crate::security::ca::service::CaService;
 use crate::security::tls;
-use crate::xds::server::AdsServer;
+use crate::xds::server::{accept_nodelay, AdsServer};
 
 /// Why a listener could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -83,7 +82,7 @@ pub async fn serve_xds(listener: TcpListener, ads: AdsServer, drain: DrainWatche
     tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .add_service(ads.into_service())
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move { drain.draining().await })
+        .serve_with_incoming_shutdown(accept_nodelay(listener), async move { drain.draining().await })
         .await
         .map_err(|source| ServeError::Grpc { what: "xDS server", addr, source })
 }
@@ -152,7 +151,7 @@ pub async fn serve_snapshots(
         }
         None => {
             info!(%addr, "snapshot server listening");
-            builder.serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop).await
+            builder.serve_with_incoming_shutdown(accept_nodelay(listener), stop).await
         }
     };
     served.map_err(|source| ServeError::Grpc { what: "snapshot server", addr, source })

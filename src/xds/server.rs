@@ -2,6 +2,10 @@
 
 use std::sync::Arc;
 
+use tokio::net::{TcpListener, TcpStream};
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::{Stream, StreamExt};
+
 use super::admission::{Admission, AdmissionSettings};
 use super::cache::{GenerationCache, DEFAULT_BUDGET_BYTES};
 use super::metrics::XdsMetrics;
@@ -54,4 +58,16 @@ impl AdsServer {
     pub fn cache(&self) -> Arc<GenerationCache> {
         self.ctx.cache.clone()
     }
+}
+
+/// The connections `listener` accepts, with Nagle's algorithm off (as gRPC-Go and Envoy set it):
+/// otherwise the last segment of a response waits for the client's delayed ACK, up to 40 ms.
+pub fn accept_nodelay(listener: TcpListener) -> impl Stream<Item = std::io::Result<TcpStream>> {
+    TcpListenerStream::new(listener).map(|accepted| {
+        accepted.inspect(|tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "could not set TCP_NODELAY");
+            }
+        })
+    })
 }

@@ -15,12 +15,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio::net::{TcpListener, TcpSocket};
-use tokio_stream::wrappers::TcpListenerStream;
 use tracing::info;
 
 use self::streams::Replay;
 use crate::drain::DrainWatcher;
 use crate::sim::capture::{Capture, CaptureError};
+use crate::xds::server::accept_nodelay;
 
 /// Listen backlog: every simulated proxy of a run connects at once.
 const LISTEN_BACKLOG: u32 = 65_535;
@@ -72,7 +72,7 @@ pub async fn run(settings: ReplaySettings, drain: DrainWatcher) -> Result<(), Re
     let grpc_drain = drain.clone();
     let grpc = tonic::transport::Server::builder()
         .add_routes(routes)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(xds), async move { grpc_drain.draining().await });
+        .serve_with_incoming_shutdown(accept_nodelay(xds), async move { grpc_drain.draining().await });
     let admin_drain = drain.clone();
     let admin = axum::serve(admin, admin::router(replay.clone()))
         .with_graceful_shutdown(async move { admin_drain.draining().await });
