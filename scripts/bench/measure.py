@@ -124,11 +124,11 @@ class Sampler:
 
 
 class PhaseHook:
-    """HTTP server the load client's phase actions post to (`POST /phase/NAME`): it samples the
-    processes, performs the phase (a callable per phase name), answers 200 once done (500 on
-    failure), and only then scrapes the metrics, so that the client's phase time does not include
-    the scrapes. The scrape still sees the counters as before the edit: every server waits a
-    debounce (100 ms) after a change before it builds."""
+    """HTTP server the load client posts to around each phase: `POST /prepare/NAME` samples the
+    processes and scrapes the metrics ('before NAME') before the phase's clock starts; `POST
+    /phase/NAME`, the phase's action, performs the edit (a callable per phase name) and answers
+    200 once done (500 on failure). Neither the sampling nor the scrapes are in the measured
+    time, and every scrape is before its edit (meshpilot builds at once after a change)."""
 
     def __init__(self, sampler, actions):
         """actions: {phase name: callable()} that performs the phase's edit."""
@@ -136,7 +136,7 @@ class PhaseHook:
         self.actions = actions
         self.errors = []
         self.done = []
-        self.pending = None
+        self.prepared = set()
         hook = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -144,14 +144,13 @@ class PhaseHook:
                 length = int(self.headers.get("Content-Length") or 0)
                 if length:
                     self.rfile.read(length)
-                name = self.path.rsplit("/", 1)[-1]
-                status, body = hook.run(name)
+                kind, _, name = self.path.strip("/").partition("/")
+                status, body = hook.prepare(name) if kind == "prepare" else hook.run(name)
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
                 self.wfile.flush()
-                hook.finish()
 
             def log_message(self, *args):
                 pass
@@ -165,13 +164,27 @@ class PhaseHook:
         """The URL a phase's action posts to."""
         return f"http://127.0.0.1:{self.port}/phase/{name}"
 
+    def prepare_url(self, name):
+        """The URL a phase posts to before its clock starts."""
+        return f"http://127.0.0.1:{self.port}/prepare/{name}"
+
+    def prepare(self, name):
+        """Samples ('before NAME'), metrics included; (status, body bytes)."""
+        if name not in self.actions:
+            self.errors.append(f"unknown phase {name}")
+            return 404, b"unknown phase\n"
+        self.sampler.take(f"before {name}")
+        self.prepared.add(name)
+        return 200, b"ok\n"
+
     def run(self, name):
-        """Samples ('before NAME') and performs the phase; (status, body bytes)."""
+        """Performs the phase (sampling first if no prepare came); (status, body bytes)."""
         action = self.actions.get(name)
         if action is None:
             self.errors.append(f"unknown phase {name}")
             return 404, b"unknown phase\n"
-        self.pending = self.sampler.take(f"before {name}", metrics=False)
+        if name not in self.prepared:
+            self.sampler.take(f"before {name}")
         try:
             action()
         except Exception as e:  # reported, and the client sees the 500
@@ -179,12 +192,6 @@ class PhaseHook:
             return 500, f"{e}\n".encode()
         self.done.append(name)
         return 200, b"ok\n"
-
-    def finish(self):
-        """Scrapes the metrics of the sample the last run() took."""
-        if self.pending is not None:
-            self.sampler.fill_metrics(self.pending)
-            self.pending = None
 
     def close(self):
         """Stops the server."""

@@ -19,10 +19,13 @@ from report import checks, figures, git_state, machine, utc_now
 TARGETS = ("meshpilot", "limit", "istiod", "split")
 
 
-def phases_file(path, names, url_of):
-    """Writes the load client's phases file: each phase posts to url_of(name)."""
+def phases_file(path, names, hook):
+    """Writes the load client's phases file: each phase first posts to the hook's prepare URL
+    (the bench samples there, before the phase's clock starts), then its action posts to the
+    hook's phase URL (the edit)."""
+    phases = [{"name": n, "prepare": hook.prepare_url(n), "action": {"post": hook.url(n)}} for n in names]
     with open(path, "w") as f:
-        json.dump({"phases": [{"name": n, "action": {"post": url_of(n)}} for n in names]}, f, indent=1)
+        json.dump({"phases": phases}, f, indent=1)
 
 
 def direct_phases_file(path, mesh, post_base):
@@ -56,7 +59,7 @@ def run_client(opts, flags, running, workdir, phase_names, hook, sampler, mesh, 
     --phases, performed by the bench after it). Returns (report, client log path, exit code)."""
     phases_path = os.path.join(workdir, "phases.json")
     if opts.phase_actions == "hook":
-        phases_file(phases_path, phase_names, hook.url)
+        phases_file(phases_path, phase_names, hook)
     else:
         direct_phases_file(phases_path, mesh, running.phase_post)
     json_out = os.path.join(workdir, "load.json")
@@ -76,7 +79,6 @@ def run_client(opts, flags, running, workdir, phase_names, hook, sampler, mesh, 
         sampler.take("after initial")  # ends 'initial' before the first edit
         for name in phase_names:
             status, body = hook.run(name)
-            hook.finish()
             if status != 200:
                 raise StepError(f"phase {name}: {body.decode().strip()}")
             time.sleep(opts.settle + 1.0)

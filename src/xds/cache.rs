@@ -373,8 +373,12 @@ impl GenerationCache {
     /// The resources of `type_url` for `view` in `snapshot`, generated at most once.
     pub async fn get(&self, snapshot: &Arc<Snapshot>, view: &ProxyView, type_url: TypeUrl) -> Arc<Generated> {
         let (generation, entry, view) = self.entry(snapshot, view, type_url);
-        let view = &view;
         entry.last_used.store(self.tick.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+        // Most lookups, by every proxy on every push: nothing to generate or copy.
+        if let Some(generated) = entry.cell.get() {
+            return generated.clone();
+        }
+        let view = &view;
         let internal_errors = self.metrics.xds_internal_errors.clone();
         let (snapshot, task_view) = (snapshot.clone(), view.clone());
         let (key_view, owner) = (view.clone(), generation.clone());
@@ -467,9 +471,14 @@ impl GenerationCache {
         if generation.version != version {
             return (None, Arc::new(Entry::default()), view.resolve(snapshot));
         }
-        let view = generation.resolve(snapshot, view);
-        let unchanged = generation.routing_keeps(&view, type_url);
-        let key = (view.clone(), type_url);
+        let key = (generation.resolve(snapshot, view), type_url);
+        let found = generation.lock().get(&key).cloned();
+        if let Some(entry) = found {
+            return (Some(generation), entry, key.0);
+        }
+        // The entry's first lookup in this generation: whether the previous generation's may be
+        // taken over is decided outside the lock.
+        let unchanged = generation.routing_keeps(&key.0, type_url);
         let entry = {
             let mut entries = generation.lock();
             match entries.get(&key) {
@@ -489,12 +498,12 @@ impl GenerationCache {
                         }
                         None => Arc::default(),
                     };
-                    entries.insert(key, entry.clone());
+                    entries.insert(key.clone(), entry.clone());
                     entry
                 }
             }
         };
-        (Some(generation), entry, view)
+        (Some(generation), entry, key.0)
     }
 
     /// Drops least recently used entries (never `keep`) until the generation fits the budget.

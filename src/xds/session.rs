@@ -126,7 +126,7 @@ impl<R> Session<R> {
             self.view = view;
         }
         let published = proxy.clone();
-        self.registration.update(|s| s.proxy = published);
+        self.registration.update(|s| s.proxy = Arc::new(published));
         self.proxy = proxy;
     }
 
@@ -135,6 +135,11 @@ impl<R> Session<R> {
         let snapshot = self.snapshot.clone()?;
         let generated = self.ctx.cache.get(&snapshot, &self.view, type_url).await;
         Some((snapshot, generated))
+    }
+
+    /// Generates (or finds) the resources of `type_url` for this proxy's view in `snapshot`.
+    pub async fn warm(&self, snapshot: &Arc<Snapshot>, type_url: TypeUrl) {
+        self.ctx.cache.get(snapshot, &self.view, type_url).await;
     }
 
     /// A fresh nonce for a response computed from `snapshot` (`VERSION-SEQ`).
@@ -272,11 +277,11 @@ impl<R> Session<R> {
                 s.pushes += 1;
             }
         });
+        let age = SystemTime::now().duration_since(snapshot.built_at).unwrap_or_default();
+        debug!(version = %snapshot.version, pushed, queued_us = queued_at.elapsed().as_micros() as u64, age_us = age.as_micros() as u64, "snapshot handled");
         if pushed {
             self.ctx.metrics.proxy_queue_time.observe(queued_at.elapsed().as_secs_f64());
-            if let Ok(age) = SystemTime::now().duration_since(snapshot.built_at) {
-                self.ctx.metrics.proxy_convergence_time.observe(age.as_secs_f64());
-            }
+            self.ctx.metrics.proxy_convergence_time.observe(age.as_secs_f64());
         }
     }
 

@@ -67,8 +67,8 @@ pub enum Transport {
 pub struct ConnectionStatus {
     /// Connection id (unique within this process).
     pub connection_id: String,
-    /// The proxy.
-    pub proxy: Proxy,
+    /// The proxy (shared: every push publishes a new status, which must not copy it).
+    pub proxy: Arc<Proxy>,
     /// When it connected.
     pub connected_at: SystemTime,
     /// Snapshot version the proxy's config was last computed from.
@@ -114,7 +114,7 @@ impl ConnectionRegistry {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let status = Arc::new(ArcSwap::from_pointee(ConnectionStatus {
             connection_id: format!("{}-{id}", proxy.id),
-            proxy,
+            proxy: Arc::new(proxy),
             connected_at: SystemTime::now(),
             snapshot_version: String::new(),
             pushes: 0,

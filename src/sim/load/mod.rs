@@ -133,11 +133,16 @@ pub async fn run(settings: &LoadSettings) -> Result<LoadReport, LoadError> {
 
     let mut phase_reports = Vec::new();
     for phase in &phases {
+        let prepared = phase.prepare().await;
         board.begin_phase(&phase.name);
         // Logged with its time, to line up with the server's logs.
         info!(phase = %phase.name, "phase started");
         let t0 = Instant::now();
-        let error = phase.action.perform().await.err().map(|e| {
+        let performed = match prepared {
+            Ok(()) => phase.action.perform().await,
+            Err(e) => Err(e),
+        };
+        let error = performed.err().map(|e| {
             warn!(phase = %phase.name, error = %e, "phase action failed");
             e.to_string()
         });

@@ -24,8 +24,22 @@ pub struct PhaseFile {
 pub struct Phase {
     /// Its name in the report and the capture.
     pub name: String,
+    /// A URL to POST (2xx required) before the phase's clock starts: a benchmark samples the
+    /// servers there, and that time is not the push's.
+    #[serde(default)]
+    pub prepare: Option<String>,
     /// What starts it.
     pub action: Action,
+}
+
+impl Phase {
+    /// POSTs to `prepare`, if given.
+    pub async fn prepare(&self) -> Result<(), PhaseError> {
+        match &self.prepare {
+            Some(url) => post(url).await,
+            None => Ok(()),
+        }
+    }
 }
 
 /// What a phase does at its start: the writes first, then the POST.
@@ -196,9 +210,14 @@ mod tests {
     fn parses_both_actions() {
         let text = br#"{"phases": [
             {"name": "vs-edit", "action": {"write": [{"path": "/tmp/x/vs.yaml", "content": "a: b"}]}},
-            {"name": "ep-change", "action": {"post": "http://127.0.0.1:1/phase/ep-change"}}]}"#;
+            {"name": "ep-change", "prepare": "http://127.0.0.1:1/prepare/ep-change",
+             "action": {"post": "http://127.0.0.1:1/phase/ep-change"}}]}"#;
         let f = PhaseFile::parse(text).expect("valid");
         assert_eq!(f.phases.len(), 2);
+        assert_eq!(
+            (f.phases[0].prepare.as_deref(), f.phases[1].prepare.as_deref()),
+            (None, Some("http://127.0.0.1:1/prepare/ep-change"))
+        );
         assert_eq!(f.phases[0].action.write[0].path, PathBuf::from("/tmp/x/vs.yaml"));
         assert_eq!(f.phases[1].action.post.as_deref(), Some("http://127.0.0.1:1/phase/ep-change"));
     }

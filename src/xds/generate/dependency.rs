@@ -64,13 +64,13 @@ pub fn depends_on(snapshot: &Snapshot, view: &ProxyView, key: &ConfigKey) -> boo
         return true;
     }
     let view = &view.resolve(snapshot);
-    let scope = Scope::new(snapshot, view);
     match key.kind {
         // Sidecars read VirtualServices only through what their egress listeners import.
-        Kind::VirtualService => scope
-            .all_imports()
-            .into_iter()
-            .any(|imports| scope.mesh_virtual_services(imports).iter().any(|(ix, _)| ix.config.key == *key)),
+        Kind::VirtualService => {
+            let scope = Scope::without_services(snapshot, view);
+            let imported = |imports| scope.mesh_virtual_services(imports).iter().any(|(ix, _)| ix.config.key == *key);
+            scope.all_imports().into_iter().any(imported)
+        }
         // Rules are read for the services the proxy has clusters (or routes) for and for its
         // inbound services; a rule whose hosts match none of them is read by nothing here.
         Kind::DestinationRule => {
@@ -78,6 +78,7 @@ pub fn depends_on(snapshot: &Snapshot, view: &ProxyView, key: &ConfigKey) -> boo
                 return false;
             };
             let matches = |host: &str| hosts.iter().any(|h| host_matches(h.as_str(), host));
+            let scope = Scope::new(snapshot, view);
             scope.cluster_services().iter().any(|s| matches(s.hostname.as_str()))
                 || view.inbound.iter().any(|p| matches(p.service.hostname.as_str()))
         }

@@ -77,6 +77,13 @@ pub(super) struct Scope<'a> {
 impl<'a> Scope<'a> {
     /// Resolves a view.
     pub(super) fn new(snapshot: &'a Snapshot, view: &'a ProxyView) -> Self {
+        let visible = snapshot.services_visible_to(&view.namespace);
+        Scope { visible, ..Scope::without_services(snapshot, view) }
+    }
+
+    /// A scope that lists no services (walking the registry is most of a scope's cost): only
+    /// for lookups that read none, such as which VirtualServices a view imports.
+    pub(super) fn without_services(snapshot: &'a Snapshot, view: &'a ProxyView) -> Self {
         let sidecar = match view.kind {
             ProxyKind::Sidecar => snapshot.sidecar_for(&view.namespace, &view.labels).map(|(_, s)| s),
             ProxyKind::Router => None,
@@ -85,8 +92,7 @@ impl<'a> Scope<'a> {
             .and_then(|s| s.outbound_traffic_policy.as_ref())
             .and_then(|p| p.mode)
             .unwrap_or(snapshot.mesh.outbound_traffic_policy.mode);
-        let visible = snapshot.services_visible_to(&view.namespace);
-        Scope { snapshot, view, sidecar, outbound_mode, visible }
+        Scope { snapshot, view, sidecar, outbound_mode, visible: Vec::new() }
     }
 
     /// The proxy's namespace.
