@@ -8,6 +8,7 @@ import re
 import subprocess
 import threading
 import time
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from procs import free_port, get
@@ -144,7 +145,8 @@ class PhaseHook:
                 length = int(self.headers.get("Content-Length") or 0)
                 if length:
                     self.rfile.read(length)
-                kind, _, name = self.path.strip("/").partition("/")
+                # The client may send the absolute form (`http://host:port/prepare/NAME`).
+                kind, _, name = urllib.parse.urlsplit(self.path).path.strip("/").partition("/")
                 status, body = hook.prepare(name) if kind == "prepare" else hook.run(name)
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(body)))
