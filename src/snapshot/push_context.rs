@@ -103,6 +103,7 @@ impl Snapshot {
                 .collect()
         };
         let mut virtual_services = Vec::new();
+        // Filled in config key order (kind, namespace, name): `destination_rules_in` relies on it.
         let mut destination_rules = Vec::new();
         for config in configs.values() {
             let ns = config.key.namespace.as_str();
@@ -232,6 +233,15 @@ impl Snapshot {
             .collect()
     }
 
+    /// The DestinationRules of `namespace`: rules are kept in config key order, so a
+    /// namespace's are one run of them, found by binary search rather than a scan per lookup.
+    fn destination_rules_in(&self, namespace: &str) -> &[Indexed<DestinationRule>] {
+        let rules = self.destination_rules.as_slice();
+        let start = rules.partition_point(|ix| ix.config.key.namespace.as_str() < namespace);
+        let len = rules[start..].partition_point(|ix| ix.config.key.namespace == namespace);
+        &rules[start..start + len]
+    }
+
     /// The qualified hosts of the DestinationRule `key`, if this snapshot holds it.
     pub fn destination_rule_hosts(&self, key: &ConfigKey) -> Option<&[Hostname]> {
         self.destination_rules.iter().find(|ix| ix.config.key == *key).map(|ix| ix.hosts.as_slice())
@@ -243,9 +253,8 @@ impl Snapshot {
     pub fn destination_rule_for(&self, namespace: &str, service: &Service) -> Option<&DestinationRule> {
         let host = &service.hostname;
         let candidates = |ns: &str| {
-            self.destination_rules
+            self.destination_rules_in(ns)
                 .iter()
-                .filter(move |ix| ix.config.key.namespace == ns)
                 .filter(|ix| ix.hosts.iter().any(|h| host_matches(h.as_str(), host.as_str())))
                 .min_by_key(|ix| ix.hosts.first().map(|h| (h.is_wildcard(), usize::MAX - h.as_str().len())))
         };
@@ -349,6 +358,35 @@ pub fn qualify_gateway(reference: &str, namespace: &str) -> String {
 mod tests {
     use super::*;
     use crate::config::parse::{parse_file, Document};
+
+    #[test]
+    fn a_namespaces_destination_rules_are_found_among_others() {
+        let rule = |ns: &str, name: &str| {
+            format!("apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {{name: {name}, namespace: {ns}}}\nspec: {{host: {name}}}\n---\n")
+        };
+        let yaml: String = [("b", "r1"), ("a", "r2"), ("c", "r3"), ("b", "r4"), ("bb", "r5")]
+            .iter()
+            .map(|(ns, n)| rule(ns, n))
+            .collect();
+        let mut state = SourceState::default();
+        for doc in parse_file("t.yaml", &yaml) {
+            let Document::Valid(o) = doc else { panic!("{doc:?}") };
+            state.configs.insert(o.key.clone(), Arc::new(o));
+        }
+        let snap = Snapshot::build(Version::new(1, 1), ChangeSet::full(), &state);
+        let names =
+            |ns: &str| snap.destination_rules_in(ns).iter().map(|ix| ix.config.key.name.clone()).collect::<Vec<_>>();
+        assert_eq!(
+            (names("a"), names("b"), names("bb"), names("c")),
+            (
+                vec!["r2".to_string()],
+                vec!["r1".to_string(), "r4".to_string()],
+                vec!["r5".to_string()],
+                vec!["r3".to_string()]
+            )
+        );
+        assert!(names("none").is_empty() && names("").is_empty());
+    }
 
     #[test]
     fn short_hosts_are_qualified_with_the_dns_domain_not_the_trust_domain() {
