@@ -49,13 +49,16 @@ async fn config_change_reaches_every_proxy() {
     c.wait_converged(v1).await;
     eprintln!("{} simulated proxies and 2 Envoys on {v1} at {:?}", c.sims.len(), t0.elapsed());
 
-    // Every simulated proxy received the new endpoint (EDS) and route (RDS) versions.
+    // Every simulated proxy received the new endpoint (EDS) and route (RDS) versions. The
+    // services are written before the routes, and each write may be its own snapshot: the routes
+    // change in `v1` (the first snapshot holding them), the endpoints in `v1` or one before it,
+    // and a proxy is sent a type only in a snapshot that changes it.
     for s in &c.sims {
         let state = s.proxy.state();
-        for t in [TypeUrl::Endpoint, TypeUrl::Route] {
-            let acked = state.types[&t].acked_version.parse::<Version>().ok();
-            assert!(acked.is_some_and(|a| a >= v1), "{}: {t:?} acked {acked:?}, want {v1}", s.spec.node_id);
-        }
+        let acked = |t: TypeUrl| state.types[&t].acked_version.parse::<Version>().ok();
+        let (eds, rds) = (acked(TypeUrl::Endpoint), acked(TypeUrl::Route));
+        assert!(eds.is_some_and(|a| a > v0), "{}: EDS acked {eds:?}, want after {v0}", s.spec.node_id);
+        assert!(rds.is_some_and(|a| a >= v1), "{}: RDS acked {rds:?}, want {v1}", s.spec.node_id);
     }
     let route_port = c.files.sidecar_port.to_string();
     for (envoy, route) in [(&c.gateway, format!("http.{}", c.files.gw_port)), (&c.sidecar, route_port)] {
