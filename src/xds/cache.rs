@@ -108,7 +108,10 @@ struct Entry {
     bytes: AtomicUsize,
 }
 
-type Key = (ProxyView, TypeUrl);
+/// A view resolved against a generation's snapshot, shared by every entry and lookup of it.
+type Resolved = Arc<ProxyView>;
+
+type Key = (Resolved, TypeUrl);
 
 struct Generation {
     version: Version,
@@ -128,8 +131,8 @@ struct Generation {
 /// Which resolved view each connection view maps to, and how many map to each resolved view.
 #[derive(Default)]
 struct Resolutions {
-    of: HashMap<ProxyView, ProxyView>,
-    users: HashMap<ProxyView, usize>,
+    of: HashMap<ProxyView, Resolved>,
+    users: HashMap<Resolved, usize>,
 }
 
 /// The generation before, as a new one takes over from it: its entries move out of it as this
@@ -152,7 +155,7 @@ struct RoutingChange {
     previous: Arc<Snapshot>,
     keys: Arc<[ConfigKey]>,
     /// Per resolved view: the types the change may alter for it (none: it reads none of `keys`).
-    changed: HashMap<ProxyView, Arc<[TypeUrl]>>,
+    changed: HashMap<Resolved, Arc<[TypeUrl]>>,
 }
 
 impl Generation {
@@ -196,13 +199,13 @@ impl Generation {
 
     /// Whether a routing-only change leaves `type_url` of `view` (resolved) as the previous
     /// generation had it. Decided once per view.
-    fn routing_keeps(&self, view: &ProxyView, type_url: TypeUrl) -> bool {
+    fn routing_keeps(&self, view: &Resolved, type_url: TypeUrl) -> bool {
         let (previous, keys) = {
             let carry = self.lock_carry();
             let Some(routing) = carry.as_ref().and_then(|c| c.routing.as_ref()) else {
                 return false;
             };
-            if let Some(changed) = routing.changed.get(view) {
+            if let Some(changed) = routing.changed.get(&**view) {
                 return !changed.contains(&type_url);
             }
             (routing.previous.clone(), routing.keys.clone())
@@ -258,12 +261,12 @@ impl Generation {
     }
 
     /// The resolved form of `view` in `snapshot` (this generation's), computed once per view.
-    fn resolve(&self, snapshot: &Snapshot, view: &ProxyView) -> ProxyView {
+    fn resolve(&self, snapshot: &Snapshot, view: &ProxyView) -> Resolved {
         if let Some(resolved) = self.lock_resolved().of.get(view) {
             return resolved.clone();
         }
         // Resolved outside the lock: the first inbound lookup of a snapshot builds its IP index.
-        let resolved = view.resolve(snapshot);
+        let resolved = Arc::new(view.resolve(snapshot));
         let mut r = self.lock_resolved();
         if !r.of.contains_key(view) {
             r.of.insert(view.clone(), resolved.clone());
@@ -273,7 +276,7 @@ impl Generation {
     }
 
     /// Forgets `view`; returns its resolved view if no other view maps to it any more.
-    fn forget(&self, view: &ProxyView) -> Option<ProxyView> {
+    fn forget(&self, view: &ProxyView) -> Option<Resolved> {
         let mut r = self.lock_resolved();
         let resolved = r.of.remove(view)?;
         let users = r.users.get_mut(&resolved)?;
@@ -380,8 +383,8 @@ impl GenerationCache {
         }
         let view = &view;
         let internal_errors = self.metrics.xds_internal_errors.clone();
-        let (snapshot, task_view) = (snapshot.clone(), view.clone());
-        let (key_view, owner) = (view.clone(), generation.clone());
+        let (snapshot, task_view) = (snapshot.clone(), Arc::clone(view));
+        let (key_view, owner) = (Arc::clone(view), generation.clone());
         let mut generated_here = false;
         let generating = self.generating.clone();
         let generations = self.generations.clone();
@@ -459,7 +462,7 @@ impl GenerationCache {
         snapshot: &Arc<Snapshot>,
         view: &ProxyView,
         type_url: TypeUrl,
-    ) -> (Option<Arc<Generation>>, Arc<Entry>, ProxyView) {
+    ) -> (Option<Arc<Generation>>, Arc<Entry>, Resolved) {
         let version = snapshot.version;
         let mut generation = self.current.load_full();
         if generation.version < version {
@@ -469,7 +472,7 @@ impl GenerationCache {
             self.report(&generation);
         }
         if generation.version != version {
-            return (None, Arc::new(Entry::default()), view.resolve(snapshot));
+            return (None, Arc::new(Entry::default()), Arc::new(view.resolve(snapshot)));
         }
         let key = (generation.resolve(snapshot, view), type_url);
         let found = generation.lock().get(&key).cloned();
@@ -700,8 +703,10 @@ spec: {hosts: [b.example.com], location: MESH_INTERNAL, resolution: STATIC, port
         cache.get(&snap, &views[3], TypeUrl::Cluster).await;
         assert_eq!(cache.entries(), 3);
         assert!(cache.bytes() <= one * 3 + one / 2);
-        let cached: Vec<bool> =
-            views.iter().map(|v| cache.current.load().lock().contains_key(&(v.clone(), TypeUrl::Cluster))).collect();
+        let cached: Vec<bool> = views
+            .iter()
+            .map(|v| cache.current.load().lock().contains_key(&(Arc::new(v.clone()), TypeUrl::Cluster)))
+            .collect();
         assert_eq!(cached, [true, false, true, true, false]);
     }
 
