@@ -34,7 +34,7 @@ pub async fn configz(State(state): State<AdminState>) -> Response {
 fn rejected_resources(connections: &[std::sync::Arc<crate::xds::status::ConnectionStatus>]) -> Vec<Value> {
     let mut out = Vec::new();
     for c in connections {
-        for (type_url, status) in &c.types {
+        for (type_url, status) in c.types.iter() {
             for (name, r) in &status.rejected {
                 out.push(json!({"proxy": c.proxy.id, "type": type_url.short(), "name": name, "message": r.message}));
             }

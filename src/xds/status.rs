@@ -77,8 +77,8 @@ pub struct ConnectionStatus {
     pub pushes: u64,
     /// The ADS protocol of the stream.
     pub transport: Transport,
-    /// Per type.
-    pub types: BTreeMap<TypeUrl, TypeStatus>,
+    /// Per type (shared, copied only when a type's status changes, not on every push).
+    pub types: Arc<BTreeMap<TypeUrl, TypeStatus>>,
 }
 
 /// Registry of live connections. The lock is taken on connect and disconnect only; each
@@ -119,7 +119,7 @@ impl ConnectionRegistry {
             snapshot_version: String::new(),
             pushes: 0,
             transport: Transport::StateOfTheWorld,
-            types: BTreeMap::new(),
+            types: Arc::default(),
         }));
         self.metrics.proxy_connected(&status.load().proxy.istio_version);
         self.lock().insert(id, status.clone());

@@ -232,14 +232,6 @@ where
                 },
                 snap = snapshots.next() => match snap {
                     Some(s) => {
-                        // Generation is awaited before taking a push slot: slots bound responses
-                        // being composed and sent, and a proxy waiting for its view's generation
-                        // must not keep one from a proxy that is ready to send.
-                        let watched: Vec<TypeUrl> =
-                            TypeUrl::PUSH_ORDER.into_iter().filter(|t| protocol.watches(*t)).collect();
-                        for type_url in watched {
-                            session.warm(&s, type_url).await;
-                        }
                         let _slot = ctx.admission.push_permit().await;
                         push_snapshot(&mut protocol, &mut session, s).await?
                     }
