@@ -89,18 +89,10 @@ pub fn depends_on(snapshot: &Snapshot, view: &ProxyView, key: &ConfigKey) -> boo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::xds::generate::testing::{sidecar, snapshot};
+    use crate::xds::generate::testing::{service_entry as service, sidecar, snapshot};
 
     fn key(kind: Kind, namespace: &str, name: &str) -> ConfigKey {
         ConfigKey { kind, namespace: namespace.into(), name: name.into() }
-    }
-
-    fn service(name: &str, ns: &str) -> String {
-        format!(
-            "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  \
-             hosts: [{name}.{ns}.svc.cluster.local]\n  location: MESH_INTERNAL\n  resolution: STATIC\n  \
-             ports: [{{number: 80, name: http}}]\n---\n"
-        )
     }
 
     const SCOPED: &str = r#"

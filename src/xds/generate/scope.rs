@@ -192,16 +192,8 @@ pub(super) fn destination_hosts(vs: &VirtualService, vs_ns: &str, domain: &str) 
 
 #[cfg(test)]
 mod tests {
-    use crate::xds::generate::testing::{names, sidecar, snapshot};
+    use crate::xds::generate::testing::{names, service_entry as service, sidecar, snapshot};
     use crate::xds::TypeUrl;
-
-    fn service(name: &str, ns: &str) -> String {
-        format!(
-            "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  \
-             hosts: [{name}.{ns}.svc.cluster.local]\n  location: MESH_INTERNAL\n  resolution: STATIC\n  \
-             ports: [{{number: 80, name: http}}]\n---\n"
-        )
-    }
 
     const SIDECAR: &str = r#"
 apiVersion: networking.istio.io/v1

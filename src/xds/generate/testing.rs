@@ -14,6 +14,16 @@ use crate::snapshot::{ChangeSet, Snapshot, SourceState, Version};
 use crate::xds::proxy::{Interception, ProxyKind, ProxyView};
 use crate::xds::TypeUrl;
 
+/// A MESH_INTERNAL, STATIC ServiceEntry `name.ns.svc.cluster.local` with port 80 (http), as a
+/// YAML document ending in `---`.
+pub(crate) fn service_entry(name: &str, ns: &str) -> String {
+    format!(
+        "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  \
+         hosts: [{name}.{ns}.svc.cluster.local]\n  location: MESH_INTERNAL\n  resolution: STATIC\n  \
+         ports: [{{number: 80, name: http}}]\n---\n"
+    )
+}
+
 /// A snapshot of the objects in `yaml` (which must all be valid).
 pub(crate) fn snapshot(yaml: &str) -> Snapshot {
     let mut state = SourceState::default();
