@@ -582,13 +582,8 @@ fn type_index(type_url: TypeUrl) -> usize {
     TypeUrl::PUSH_ORDER.iter().position(|t| *t == type_url).unwrap_or(0)
 }
 
-/// The types whose generated config `next` leaves as `previous` had it, for every view: with
-/// only endpoints changed since `previous` (its direct predecessor), every type but EDS, and CDS
-/// too unless a changed service's clusters embed endpoints (DNS resolution) or the identities
-/// its mutual TLS checks (its endpoints' service accounts) changed. This is Istio's EDS-only push:
-/// no CDS, LDS or RDS regeneration for an endpoint change.
 /// The objects of a change from `previous` to `next` when it holds only VirtualServices and
-/// DestinationRules (their effect is narrowed per view by [`depends_on`]).
+/// DestinationRules (their effect is narrowed per view by [`changed_types`]).
 fn routing_keys(previous: &Snapshot, next: &Snapshot) -> Option<Arc<[ConfigKey]>> {
     if previous.version.next() != next.version || next.changes.full || next.changes.keys.is_empty() {
         return None;
@@ -602,6 +597,11 @@ fn routing_keys(previous: &Snapshot, next: &Snapshot) -> Option<Arc<[ConfigKey]>
     next.changes.keys.iter().map(routing).collect()
 }
 
+/// The types whose generated config `next` leaves as `previous` had it, for every view: with
+/// only endpoints changed since `previous` (its direct predecessor), every type but EDS, and CDS
+/// too unless a changed service's clusters embed endpoints (DNS resolution) or the identities
+/// its mutual TLS checks (its endpoints' service accounts) changed. This is Istio's EDS-only push:
+/// no CDS, LDS or RDS regeneration for an endpoint change.
 fn carried_types(previous: &Snapshot, next: &Snapshot) -> Vec<TypeUrl> {
     if previous.version.next() != next.version || !next.changes.endpoints_only() {
         return Vec::new();
