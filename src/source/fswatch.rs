@@ -44,6 +44,13 @@ struct ArrivalState {
     unknown: bool,
 }
 
+impl ArrivalState {
+    /// Something changed, and every change was a whole file renamed in.
+    fn renames_only(&self) -> bool {
+        !self.unknown && !self.paths.is_empty() && self.paths.values().all(|a| *a == Arrival::RenamedIn)
+    }
+}
+
 impl Arrivals {
     fn lock(&self) -> MutexGuard<'_, ArrivalState> {
         self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -82,16 +89,14 @@ impl Arrivals {
     /// Whether something changed and every change since the last take was a whole file renamed
     /// in: then nothing can be half written, and there is no burst to wait out.
     pub fn renames_only(&self) -> bool {
-        let state = self.lock();
-        !state.unknown && !state.paths.is_empty() && state.paths.values().all(|a| *a == Arrival::RenamedIn)
+        self.lock().renames_only()
     }
 
     /// When every change since the last take was a whole file renamed in: those paths (without
     /// forgetting them).
     pub fn renamed_only(&self) -> Option<Vec<PathBuf>> {
         let state = self.lock();
-        let whole = !state.unknown && !state.paths.is_empty() && state.paths.values().all(|a| *a == Arrival::RenamedIn);
-        whole.then(|| state.paths.keys().cloned().collect())
+        state.renames_only().then(|| state.paths.keys().cloned().collect())
     }
 
     /// The paths renamed in whole, and not changed otherwise, since the last take; forgets

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use prost::Message;
 use tokio::sync::{OnceCell, Semaphore};
 
-use super::generate::{changed_types, generate, generate_endpoints_of, Resource};
+use super::generate::{changed_types, generate, generate_endpoints_of, Resource, RoutingEdit};
 use super::metrics::XdsMetrics;
 use super::proxy::ProxyView;
 use super::TypeUrl;
@@ -150,11 +150,11 @@ struct Carry {
     routing: Option<RoutingChange>,
 }
 
-/// The objects of a routing-only change, and which views it leaves as they were.
+/// The edits of a routing-only change, and which views it leaves as they were.
 struct RoutingChange {
     previous: Arc<Snapshot>,
-    keys: Arc<[ConfigKey]>,
-    /// Per resolved view: the types the change may alter for it (none: it reads none of `keys`).
+    edits: Arc<[RoutingEdit]>,
+    /// Per resolved view: the types the change may alter for it (none: it reads none of the edited objects).
     changed: HashMap<Resolved, Arc<[TypeUrl]>>,
 }
 
@@ -187,9 +187,9 @@ impl Generation {
             } else {
                 BTreeSet::new()
             };
-            let routing = routing_keys(p, snapshot).map(|keys| RoutingChange {
+            let routing = routing_edits(p, snapshot).map(|edits| RoutingChange {
                 previous: p.clone(),
-                keys,
+                edits,
                 changed: HashMap::new(),
             });
             Carry { from: previous.clone(), types, endpoint_hosts, routing }
@@ -200,7 +200,7 @@ impl Generation {
     /// Whether a routing-only change leaves `type_url` of `view` (resolved) as the previous
     /// generation had it. Decided once per view.
     fn routing_keeps(&self, view: &Resolved, type_url: TypeUrl) -> bool {
-        let (previous, keys) = {
+        let (previous, edits) = {
             let carry = self.lock_carry();
             let Some(routing) = carry.as_ref().and_then(|c| c.routing.as_ref()) else {
                 return false;
@@ -208,13 +208,13 @@ impl Generation {
             if let Some(changed) = routing.changed.get(&**view) {
                 return !changed.contains(&type_url);
             }
-            (routing.previous.clone(), routing.keys.clone())
+            (routing.previous.clone(), routing.edits.clone())
         };
         let Some(next) = self.snapshot.as_deref() else {
             return false;
         };
         // Scopes are resolved outside the lock: other views' lookups go on meanwhile.
-        let changed: Arc<[TypeUrl]> = changed_types(&previous, next, view, &keys).into();
+        let changed: Arc<[TypeUrl]> = changed_types(&previous, next, view, &edits).into();
         let keeps = !changed.contains(&type_url);
         if let Some(routing) = self.lock_carry().as_mut().and_then(|c| c.routing.as_mut()) {
             routing.changed.insert(view.clone(), changed);
@@ -582,19 +582,22 @@ fn type_index(type_url: TypeUrl) -> usize {
     TypeUrl::PUSH_ORDER.iter().position(|t| *t == type_url).unwrap_or(0)
 }
 
-/// The objects of a change from `previous` to `next` when it holds only VirtualServices and
+/// The edits of a change from `previous` to `next` when it holds only VirtualServices and
 /// DestinationRules (their effect is narrowed per view by [`changed_types`]).
-fn routing_keys(previous: &Snapshot, next: &Snapshot) -> Option<Arc<[ConfigKey]>> {
+fn routing_edits(previous: &Snapshot, next: &Snapshot) -> Option<Arc<[RoutingEdit]>> {
     if previous.version.next() != next.version || next.changes.full || next.changes.keys.is_empty() {
         return None;
     }
-    let routing = |key: &ChangedKey| match key {
-        ChangedKey::Config(key) if matches!(key.kind, Kind::VirtualService | Kind::DestinationRule) => {
-            Some(key.clone())
-        }
-        _ => None,
-    };
-    next.changes.keys.iter().map(routing).collect()
+    let keys: Option<Vec<&ConfigKey>> = next
+        .changes
+        .keys
+        .iter()
+        .map(|key| match key {
+            ChangedKey::Config(key) if matches!(key.kind, Kind::VirtualService | Kind::DestinationRule) => Some(key),
+            _ => None,
+        })
+        .collect();
+    Some(keys?.into_iter().map(|key| RoutingEdit::new(previous, next, key.clone())).collect())
 }
 
 /// The types whose generated config `next` leaves as `previous` had it, for every view: with

@@ -151,7 +151,8 @@ impl DirState {
 
     /// When only whole files were renamed in, each a file already read or a config file directly
     /// in `root`: reads just those, without listing the tree (a thousand-file directory costs a
-    /// thousand `stat`s per listing). `None` (nothing changed) where a full rescan is needed.
+    /// thousand `stat`s per listing). `None`, with nothing read into the state, where a full
+    /// rescan is needed.
     fn rescan_renamed(&mut self, root: &Path, fs: &dyn Fs, arrivals: &Arrivals) -> Option<Rescan> {
         let paths = arrivals.renamed_only()?;
         let listed = |p: &PathBuf| {
@@ -180,12 +181,10 @@ impl DirState {
         self.set_problems(problems);
         for (path, read) in reads {
             let Read::Text { text, hash } = read else { continue };
-            let state = match self.files.remove(&path) {
-                Some(prev) if prev.content_hash == hash => prev,
-                prev => parse(&path, &text, hash, prev.unwrap_or_default()),
-            };
+            let prev = self.files.remove(&path);
             // No stamp: the next full rescan reads the file once more to vouch for it.
-            self.files.insert(path, FileState { stamp: None, ..state });
+            let state = FileState { stamp: None, ..reparsed(&path, &text, hash, prev) };
+            self.files.insert(path, state);
         }
         let mut rescan = self.merge();
         rescan.root = Some(root_id);
@@ -241,11 +240,7 @@ impl DirState {
             let stamp = listing.stamps.get(&path).copied();
             match read {
                 Read::Text { text, hash } => {
-                    let mut state = match prev {
-                        Some(prev) if prev.content_hash == hash => prev,
-                        prev => parse(&path, &text, hash, prev.unwrap_or_default()),
-                    };
-                    state.stamp = stamp;
+                    let state = FileState { stamp, ..reparsed(&path, &text, hash, prev) };
                     files.insert(path, state);
                 }
                 Read::Unchanged => {
@@ -448,6 +443,14 @@ fn duplicate(file: &str, document: usize, key: &ConfigKey, served: &str) -> Conf
             format!("duplicate of {key}, which {served} defines and is served (the first in path order); ignored"),
         ),
         policy_selector: None,
+    }
+}
+
+/// The file's state for content `text`: the previous one when the content is the same, else parsed.
+fn reparsed(path: &Path, text: &str, hash: u64, previous: Option<FileState>) -> FileState {
+    match previous {
+        Some(previous) if previous.content_hash == hash => previous,
+        previous => parse(path, text, hash, previous.unwrap_or_default()),
     }
 }
 

@@ -13,15 +13,30 @@ use crate::snapshot::Snapshot;
 use crate::xds::proxy::{ProxyKind, ProxyView};
 use crate::xds::TypeUrl;
 
-/// The resource types of `view` that changing the objects `keys` (from `previous` to `next`)
-/// may alter, in push order; none when the view reads none of them.
-pub fn changed_types(previous: &Snapshot, next: &Snapshot, view: &ProxyView, keys: &[ConfigKey]) -> Vec<TypeUrl> {
+/// One changed VirtualService or DestinationRule, with whether a sidecar reading it sees the
+/// change in its routes only: decided once per change, not once per view.
+pub struct RoutingEdit {
+    key: ConfigKey,
+    routes_only: bool,
+}
+
+impl RoutingEdit {
+    /// The change of the object `key` from `previous` to `next`.
+    pub fn new(previous: &Snapshot, next: &Snapshot, key: ConfigKey) -> Self {
+        let routes_only = changes_routes_only(previous, next, &key);
+        RoutingEdit { key, routes_only }
+    }
+}
+
+/// The resource types of `view` that the `edits` (from `previous` to `next`) may alter, in push
+/// order; none when the view reads none of the edited objects.
+pub fn changed_types(previous: &Snapshot, next: &Snapshot, view: &ProxyView, edits: &[RoutingEdit]) -> Vec<TypeUrl> {
     let mut changed = BTreeSet::new();
-    for key in keys {
+    for RoutingEdit { key, routes_only } in edits {
         if !depends_on(previous, view, key) && !depends_on(next, view, key) {
             continue;
         }
-        if view.kind == ProxyKind::Sidecar && changes_routes_only(previous, next, key) {
+        if view.kind == ProxyKind::Sidecar && *routes_only {
             changed.insert(TypeUrl::Route);
         } else {
             return TypeUrl::PUSH_ORDER.to_vec();
@@ -163,20 +178,23 @@ spec:
         let at = |vs: String| snapshot(&format!("{base}{vs}"));
         let before = at(vs("{timeout: 1s, route: [{destination: {host: why.b.svc.cluster.local}}]}", ""));
         let view = sidecar("a", &[]);
-        let keys = [key(Kind::VirtualService, "a", "ex")];
+        let changed = |after: &Snapshot| {
+            let edits = [RoutingEdit::new(&before, after, key(Kind::VirtualService, "a", "ex"))];
+            changed_types(&before, after, &view, &edits)
+        };
         let retimed = at(vs("{timeout: 2s, route: [{destination: {host: why.b.svc.cluster.local}}]}", ""));
-        assert_eq!(changed_types(&before, &retimed, &view, &keys), [TypeUrl::Route]);
+        assert_eq!(changed(&retimed), [TypeUrl::Route]);
         // Another destination is another cluster in a scoped view; TCP rules shape listeners.
         let elsewhere = at(vs("{route: [{destination: {host: zed.c.svc.cluster.local}}]}", ""));
-        assert_eq!(changed_types(&before, &elsewhere, &view, &keys), TypeUrl::PUSH_ORDER);
+        assert_eq!(changed(&elsewhere), TypeUrl::PUSH_ORDER);
         let tcp = at(vs(
             "{timeout: 1s, route: [{destination: {host: why.b.svc.cluster.local}}]}",
             "{route: [{destination: {host: why.b.svc.cluster.local}}]}",
         ));
-        assert_eq!(changed_types(&before, &tcp, &view, &keys), TypeUrl::PUSH_ORDER);
+        assert_eq!(changed(&tcp), TypeUrl::PUSH_ORDER);
         // A view that imports neither version changes not at all.
         let scoped = snapshot(&format!("{base}{SCOPED}"));
-        let unrelated = [key(Kind::VirtualService, "b", "why")];
+        let unrelated = [RoutingEdit::new(&scoped, &scoped, key(Kind::VirtualService, "b", "why"))];
         assert!(changed_types(&scoped, &scoped, &sidecar("a", &[]), &unrelated).is_empty());
     }
 }

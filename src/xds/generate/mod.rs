@@ -50,7 +50,7 @@ pub(crate) mod testing;
 
 use envoy_types::pb::google::protobuf::Any;
 
-pub use dependency::changed_types;
+pub use dependency::{changed_types, RoutingEdit};
 
 use super::proxy::{ProxyKind, ProxyView};
 use super::TypeUrl;
