@@ -107,17 +107,12 @@ class Sampler:
         self.metrics_urls = metrics_urls
         self.samples = []
 
-    def take(self, label, metrics=True):
-        """Records a sample now, labelled label; its metrics later (fill_metrics) if not now."""
+    def take(self, label):
+        """Records a sample now, labelled label: every process, and every metrics URL scraped."""
         sample = {"label": label, "t": time.monotonic(), "procs": sample_procs(self.procs), "metrics": {}}
-        self.samples.append(sample)
-        if metrics:
-            self.fill_metrics(sample)
-        return sample
-
-    def fill_metrics(self, sample):
-        """Scrapes every metrics URL into sample."""
         sample["metrics"] = {role: scrape(url) for role, url in self.metrics_urls.items()}
+        self.samples.append(sample)
+        return sample
 
     def get(self, label):
         """The sample with that label, or None."""

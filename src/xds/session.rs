@@ -272,11 +272,13 @@ impl<R> Session<R> {
                 s.pushes += 1;
             }
         });
-        let age = SystemTime::now().duration_since(snapshot.built_at).unwrap_or_default();
-        debug!(version = %snapshot.version, pushed, queued_us = queued_at.elapsed().as_micros() as u64, age_us = age.as_micros() as u64, "snapshot handled");
+        // Only evaluated with debug logs on: every stream passes here on every snapshot.
+        debug!(version = %snapshot.version, pushed, queued_us = queued_at.elapsed().as_micros() as u64, "snapshot handled");
         if pushed {
             self.ctx.metrics.proxy_queue_time.observe(queued_at.elapsed().as_secs_f64());
-            self.ctx.metrics.proxy_convergence_time.observe(age.as_secs_f64());
+            if let Ok(age) = SystemTime::now().duration_since(snapshot.built_at) {
+                self.ctx.metrics.proxy_convergence_time.observe(age.as_secs_f64());
+            }
         }
     }
 
