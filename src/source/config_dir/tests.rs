@@ -384,7 +384,8 @@ fn a_file_renamed_in_is_used_at_its_first_read() {
 #[test]
 fn files_renamed_in_are_read_without_listing_the_tree() {
     let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().to_path_buf();
+    let root = dir.path().join("config");
+    std::fs::create_dir(&root).unwrap();
     let file = root.join("vs.yaml");
     std::fs::write(&file, VS).unwrap();
     std::fs::create_dir(root.join("sub")).unwrap();
@@ -393,8 +394,11 @@ fn files_renamed_in_are_read_without_listing_the_tree() {
     let arrivals = Arrivals::default();
     let (tx, _rx) = mpsc::channel(1);
     let _watch = fswatch::watch_recording(&root, tx, arrivals.clone()).unwrap();
+    // Staged outside the watched tree: a rename inside it is notified twice (the target, then
+    // the pair), and the second notification could land after the rescan took the first.
+    let staging = dir.path().join("staging.tmp");
     let rename_in = |path: &Path, content: &str| {
-        let temp = path.with_file_name(".staged.tmp");
+        let temp = staging.clone();
         std::fs::write(&temp, content).unwrap();
         std::fs::rename(&temp, path).unwrap();
         let notified = arrivals.clone();
