@@ -169,7 +169,7 @@ impl<R> Session<R> {
             message: message.clone(),
             at: SystemTime::now(),
         };
-        self.registration.update(|s| Arc::make_mut(&mut s.types).entry(type_url).or_default().last_nack = Some(nack));
+        self.registration.update(|s| s.type_mut(type_url).last_nack = Some(nack));
         let outcome = isolation.on_nack(sent, &message);
         self.set_rejected(type_url, isolation.rejected().clone());
         match outcome {
@@ -201,7 +201,7 @@ impl<R> Session<R> {
         // The rejection stays on show while resources it named are still held back.
         let settled = isolation.rejected().is_empty();
         self.registration.update(|s| {
-            let t = Arc::make_mut(&mut s.types).entry(type_url).or_default();
+            let t = s.type_mut(type_url);
             t.acked_version = version;
             t.acked_nonce = nonce;
             t.acked_at = Some(SystemTime::now());
@@ -217,7 +217,7 @@ impl<R> Session<R> {
         let before = self.rejected_counts.insert(type_url, rejected.len()).unwrap_or(0);
         let gauge = self.ctx.metrics.rejected_resources.with_label_values(&[type_url.short()]);
         gauge.add(gauge_value(rejected.len()) - gauge_value(before));
-        self.registration.update(|s| Arc::make_mut(&mut s.types).entry(type_url).or_default().rejected = rejected);
+        self.registration.update(|s| s.type_mut(type_url).rejected = rejected);
     }
 
     /// Sends `response`, described by `out`, and records it.
@@ -253,7 +253,7 @@ impl<R> Session<R> {
             debug!(proxy = %self.proxy.id, %type_url, version = %out.version, nonce = %out.nonce, resources = out.count, bytes = out.bytes, trace_id, "pushed");
         }
         self.registration.update(|s| {
-            let t = Arc::make_mut(&mut s.types).entry(type_url).or_default();
+            let t = s.type_mut(type_url);
             t.sent_version = out.version;
             t.sent_nonce = out.nonce;
             t.sent_at = Some(SystemTime::now());

@@ -81,6 +81,13 @@ pub struct ConnectionStatus {
     pub types: Arc<BTreeMap<TypeUrl, TypeStatus>>,
 }
 
+impl ConnectionStatus {
+    /// The status of `type_url`, to change (the shared map is copied first if another status holds it).
+    pub fn type_mut(&mut self, type_url: TypeUrl) -> &mut TypeStatus {
+        Arc::make_mut(&mut self.types).entry(type_url).or_default()
+    }
+}
+
 /// Registry of live connections. The lock is taken on connect and disconnect only; each
 /// connection publishes its own status through an `ArcSwap`.
 #[derive(Default)]
