@@ -10,7 +10,7 @@ use bytes::Bytes;
 use prost::Message;
 use tokio::sync::{OnceCell, Semaphore};
 
-use super::generate::{changed_types, generate, generate_endpoints_of, Resource, RoutingEdit};
+use super::generate::{changed_types, generate, generate_endpoints_of, generate_routes_of, Resource, RoutingEdit};
 use super::metrics::XdsMetrics;
 use super::proxy::ProxyView;
 use super::TypeUrl;
@@ -150,6 +150,25 @@ struct Carry {
     routing: Option<RoutingChange>,
 }
 
+/// What a generation regenerates of the previous one's resources, the rest being kept.
+enum Patch {
+    /// EDS with the same clusters: the resources of the hosts whose endpoints changed.
+    Endpoints(BTreeSet<Hostname>),
+    /// RDS after edits of these VirtualServices that changed only their HTTP routes.
+    Routes(Vec<ConfigKey>),
+}
+
+impl Patch {
+    /// `base` patched for `view` in `snapshot`; `None` when it must be generated whole.
+    fn apply(&self, base: &Generated, snapshot: &Snapshot, view: &ProxyView) -> Option<Generated> {
+        let fresh = match self {
+            Patch::Endpoints(hosts) => generate_endpoints_of(snapshot, view, hosts),
+            Patch::Routes(edited) => generate_routes_of(snapshot, view, edited, &base.resources)?,
+        };
+        base.patched(fresh)
+    }
+}
+
 /// The edits of a routing-only change, and which views it leaves as they were.
 struct RoutingChange {
     previous: Arc<Snapshot>,
@@ -244,16 +263,30 @@ impl Generation {
         Some((generated, entry.bytes.load(Ordering::Relaxed)))
     }
 
-    /// For EDS of `key`'s view when the clusters stayed the same: the previous generation's EDS
-    /// (taken out of it) and the hosts whose resources must be generated again.
-    fn endpoint_base(&self, key: &Key) -> Option<(Arc<Generated>, BTreeSet<Hostname>)> {
-        let hosts = {
+    /// The previous generation's resources of `key` (taken out of it) and what to generate
+    /// again to patch them, when the change allows: EDS with the same clusters, and RDS of a
+    /// view whose routes alone the change alters.
+    fn patch_base(&self, key: &Key) -> Option<(Arc<Generated>, Patch)> {
+        let patch = {
             let carry = self.lock_carry();
-            let carry = carry.as_ref().filter(|c| key.1 == TypeUrl::Endpoint && c.types.contains(&TypeUrl::Cluster))?;
-            carry.endpoint_hosts.clone()
+            let carry = carry.as_ref()?;
+            match key.1 {
+                TypeUrl::Endpoint if carry.types.contains(&TypeUrl::Cluster) => {
+                    Patch::Endpoints(carry.endpoint_hosts.clone())
+                }
+                TypeUrl::Route => {
+                    let routing = carry.routing.as_ref()?;
+                    // Decided by `routing_keeps` at the entry's first lookup.
+                    if **routing.changed.get(&key.0)? != [TypeUrl::Route] {
+                        return None;
+                    }
+                    Patch::Routes(routing.edits.iter().filter_map(RoutingEdit::routes_only).cloned().collect())
+                }
+                _ => return None,
+            }
         };
         let (base, _) = self.take_previous(key, false)?;
-        Some((base, hosts))
+        Some((base, patch))
     }
 
     fn lock_resolved(&self) -> MutexGuard<'_, Resolutions> {
@@ -324,6 +357,8 @@ pub struct GenerationCache {
     generating: Arc<Semaphore>,
     /// Generations run, by type in [`TypeUrl::PUSH_ORDER`] (entries taken over do not count).
     generations: Arc<[AtomicU64; 5]>,
+    /// Of those, the ones that patched the previous generation's resources.
+    patches: Arc<[AtomicU64; 5]>,
 }
 
 /// A connection's claim on its view: the view's entries are kept while a lease on it exists.
@@ -349,6 +384,7 @@ impl GenerationCache {
             held: Mutex::default(),
             generating: Arc::new(Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get()))),
             generations: Arc::default(),
+            patches: Arc::default(),
         }
     }
 
@@ -366,6 +402,11 @@ impl GenerationCache {
     /// How many times resources of `type_url` were generated (for any view and snapshot).
     pub fn generations(&self, type_url: TypeUrl) -> u64 {
         self.generations[type_index(type_url)].load(Ordering::Relaxed)
+    }
+
+    /// How many of the generations of `type_url` patched the previous generation's resources.
+    pub fn patches(&self, type_url: TypeUrl) -> u64 {
+        self.patches[type_index(type_url)].load(Ordering::Relaxed)
     }
 
     /// Entries (view and type) of the current generation.
@@ -387,7 +428,7 @@ impl GenerationCache {
         let (key_view, owner) = (Arc::clone(view), generation.clone());
         let mut generated_here = false;
         let generating = self.generating.clone();
-        let generations = self.generations.clone();
+        let (generations, patches) = (self.generations.clone(), self.patches.clone());
         let generated = entry
             .cell
             .get_or_init(|| async {
@@ -398,30 +439,31 @@ impl GenerationCache {
                 let started = std::time::Instant::now();
                 generations[type_index(type_url)].fetch_add(1, Ordering::Relaxed);
                 let key = (key_view, type_url);
-                // An endpoint change with the same clusters: only the changed hosts' EDS resources
-                // are generated, the rest are the previous generation's.
-                let base = owner.as_ref().and_then(|g| g.endpoint_base(&key));
-                let task_base = base.clone();
-                let generated = tokio::task::spawn_blocking(move || match task_base {
-                    Some((base, hosts)) => {
-                        let fresh = generate_endpoints_of(&snapshot, &task_view, &hosts);
-                        base.patched(fresh).unwrap_or_else(|| Generated::new(generate(type_url, &snapshot, &task_view)))
-                    }
-                    None => Generated::new(generate(type_url, &snapshot, &task_view)),
+                // An endpoint change with the same clusters, or route edits: only what changed is
+                // generated, the rest is the previous generation's.
+                let base = owner.as_ref().and_then(|g| g.patch_base(&key));
+                let previous = base.as_ref().map(|(base, _)| base.clone());
+                let generated = tokio::task::spawn_blocking(move || {
+                    let patched = base.and_then(|(base, patch)| patch.apply(&base, &snapshot, &task_view));
+                    let patched_here = patched.is_some();
+                    let generated =
+                        patched.unwrap_or_else(|| Generated::new(generate(type_url, &snapshot, &task_view)));
+                    (generated, patched_here)
                 })
                 .await
                 .unwrap_or_else(|e| {
                     tracing::error!(error = %e, "xDS generation failed");
                     internal_errors.inc();
-                    Generated::new(Vec::new())
+                    (Generated::new(Vec::new()), false)
                 });
-                tracing::debug!(type_url = %type_url, took_ms = started.elapsed().as_millis() as u64, resources = generated.resources.len(), "generated");
+                let (generated, patched) = generated;
+                if patched {
+                    patches[type_index(type_url)].fetch_add(1, Ordering::Relaxed);
+                }
+                tracing::debug!(type_url = %type_url, took_ms = started.elapsed().as_millis() as u64, resources = generated.resources.len(), patched, "generated");
                 // The same content as the previous generation's: that one is kept, so every
                 // proxy holding it sees at once (by pointer) that nothing changed for it.
-                let before = match base {
-                    Some((base, _)) => Some(base),
-                    None => owner.as_ref().and_then(|g| g.take_previous(&key, false)).map(|(g, _)| g),
-                };
+                let before = previous.or_else(|| owner.as_ref().and_then(|g| g.take_previous(&key, false)).map(|(g, _)| g));
                 match before {
                     Some(before) if before.same_content(&generated) => before,
                     _ => Arc::new(generated),
@@ -796,6 +838,7 @@ spec: {hosts: [b.example.com], location: MESH_INTERNAL, resolution: STATIC, port
         // identities clusters check) and the port change; LDS and RDS only for the port change.
         let counts: Vec<u64> = all.iter().map(|t| cache.generations(*t)).collect();
         assert_eq!(counts, [3, 4, 2, 2]);
+        assert_eq!(all.iter().map(|t| cache.patches(*t)).collect::<Vec<_>>(), [0, 1, 0, 0], "EDS of the first move");
         // EDS patched with the changed hosts' resources is what a full generation gives.
         for (snap, of_snapshot) in snaps.iter().zip(&generations) {
             for (t, cached) in all.iter().zip(of_snapshot) {
@@ -840,6 +883,8 @@ spec: {hosts: [b.example.com], location: MESH_INTERNAL, resolution: STATIC, port
         // 2 views x 4 types at first; then, only for the view that imports `other`, its routes
         // (the edit keeps the VirtualService's hosts and destinations), then all 4 for the rule.
         assert_eq!(all.iter().map(|t| cache.generations(*t)).collect::<Vec<_>>(), [3, 3, 3, 4]);
+        // The timeout edit's routes were patched from the previous ones, not generated whole.
+        assert_eq!(all.iter().map(|t| cache.patches(*t)).collect::<Vec<_>>(), [0, 0, 0, 1]);
         let kept =
             |from: usize| -> Vec<bool> { (0..8).map(|i| Arc::ptr_eq(&got[from][i], &got[from + 1][i])).collect() };
         // The timeout edit changes the importing view's routes only; the rule, its clusters.

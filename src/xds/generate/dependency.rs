@@ -26,6 +26,11 @@ impl RoutingEdit {
         let routes_only = changes_routes_only(previous, next, &key);
         RoutingEdit { key, routes_only }
     }
+
+    /// The VirtualService edited, when a sidecar reading it sees the change in its routes only.
+    pub fn routes_only(&self) -> Option<&ConfigKey> {
+        self.routes_only.then_some(&self.key)
+    }
 }
 
 /// The resource types of `view` that the `edits` (from `previous` to `next`) may alter, in push

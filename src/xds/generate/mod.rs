@@ -32,6 +32,7 @@ mod names;
 mod network_filter;
 mod proto;
 mod route;
+mod route_splice;
 mod scope;
 mod sds;
 mod secret;
@@ -92,6 +93,25 @@ pub fn generate(type_url: TypeUrl, snapshot: &Snapshot, view: &ProxyView) -> Vec
     resources.sort_by(|a, b| a.name.cmp(&b.name));
     resources.dedup_by(|a, b| a.name == b.name);
     resources
+}
+
+/// The RDS resources of `view` that VirtualService edits changing only HTTP routes (`edited`)
+/// alter, patched from `previous` (the view's RDS before them, sorted by name); `None` when
+/// they must be generated whole.
+pub fn generate_routes_of(
+    snapshot: &Snapshot,
+    view: &ProxyView,
+    edited: &[crate::config::ConfigKey],
+    previous: &[Resource],
+) -> Option<Vec<Resource>> {
+    if view.kind != ProxyKind::Sidecar {
+        return None;
+    }
+    let view = &view.resolve(snapshot);
+    let scope = scope::Scope::new(snapshot, view);
+    let mut resources = route::patched_route_configs(&scope, edited, previous)?;
+    resources.sort_by(|a, b| a.name.cmp(&b.name));
+    Some(resources)
 }
 
 /// The EDS resources of `view` for the services named in `hosts` only: what an endpoint change

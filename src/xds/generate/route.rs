@@ -6,18 +6,21 @@
 //! ports where the VirtualService also routes a service) and, beyond Istio, on ports of explicit
 //! Sidecar egress listeners, whose hosts the user imported on purpose.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use envoy_types::pb::envoy::config::route::v3::{Route, RouteConfiguration, VirtualHost};
+use envoy_types::pb::google::protobuf::Any;
 
 use super::http_match::RouteContext;
 use super::http_route::{default_route, virtual_service_routes};
 use super::listener::{outbound_plan, services_on_port, ListenerProtocol, OutboundListener};
 use super::names::domain_name;
 use super::proto::{bool_value, resource, u32_value};
+use super::route_splice::replace_routes;
 use super::scope::{Scope, VsRef};
 use super::virtual_host::{catch_all, host_domains, service_domains, VirtualHosts};
 use super::Resource;
+use crate::config::ConfigKey;
 use crate::registry::{host_matches, Service};
 
 /// Envoy's limit for direct response bodies is 4 KiB; Istio raises it to 1 MiB.
@@ -32,15 +35,87 @@ pub(super) fn route_configs(scope: &Scope<'_>) -> Vec<Resource> {
         .collect()
 }
 
-fn route_config(scope: &Scope<'_>, l: &OutboundListener<'_>) -> RouteConfiguration {
-    let port = l.port;
-    let ctx = RouteContext {
+/// The route configurations that `edited` VirtualServices, each changed in its HTTP routes only
+/// (the same hosts and destinations), alter: `previous` (this view's route configurations before
+/// the edit) with the routes of the virtual hosts those VirtualServices route replaced. `None`
+/// when an edit may add or drop virtual hosts: then the view's routes are generated whole.
+pub(super) fn patched_route_configs(
+    scope: &Scope<'_>,
+    edited: &[ConfigKey],
+    previous: &[Resource],
+) -> Option<Vec<Resource>> {
+    let mut out = Vec::new();
+    for l in
+        outbound_plan(scope).iter().filter(|l| matches!(l.protocol, ListenerProtocol::Http | ListenerProtocol::Auto))
+    {
+        let routes = edited_virtual_hosts(scope, l, edited)?;
+        if routes.is_empty() {
+            continue;
+        }
+        let name = l.port.to_string();
+        let before = previous.iter().find(|r| r.name == name)?;
+        let value = match replace_routes(&before.body.value, &routes) {
+            Ok(value) => value,
+            Err(error) => {
+                tracing::debug!(%error, route_config = %name, "route configuration generated whole");
+                return None;
+            }
+        };
+        out.push(Resource { name, body: Any { type_url: before.body.type_url.clone(), value } });
+    }
+    Some(out)
+}
+
+/// The routes of the virtual hosts of listener `l` that the `edited` VirtualServices route, by
+/// virtual host name; `None` when an edit may add or drop virtual hosts here.
+fn edited_virtual_hosts(
+    scope: &Scope<'_>,
+    l: &OutboundListener<'_>,
+    edited: &[ConfigKey],
+) -> Option<HashMap<String, Vec<Route>>> {
+    let vss = scope.mesh_virtual_services(l.imports);
+    let mut out = HashMap::new();
+    let mut services = None;
+    for (i, vs) in vss.iter().enumerate().filter(|(_, (ix, _))| edited.contains(&ix.config.key)) {
+        let services = services.get_or_insert_with(|| services_on_port(scope, l));
+        let claimed: Vec<&Service> =
+            services.iter().map(|(s, _)| &***s).filter(|s| claiming_virtual_service(&vss, s) == Some(i)).collect();
+        let other_hosts =
+            vs.0.hosts.iter().any(|h| !services.iter().any(|(s, _)| host_matches(h.as_str(), s.hostname.as_str())));
+        // Hosts that are no service get virtual hosts of their own here, which the edit may add
+        // or drop (they depend on whether its routes are empty).
+        if other_hosts && (l.port == 80 || l.explicit || !claimed.is_empty()) {
+            return None;
+        }
+        if claimed.is_empty() {
+            continue;
+        }
+        let routes = virtual_service_routes(scope, *vs, &route_context(scope, l.port));
+        // Its services fall back to their default routes, which they may not have had before.
+        if routes.is_empty() {
+            return None;
+        }
+        for svc in claimed {
+            out.insert(domain_name(svc.hostname.as_str(), l.port), routes.clone());
+        }
+    }
+    Some(out)
+}
+
+/// How a sidecar's outbound routes on `port` match requests.
+fn route_context<'a>(scope: &'a Scope<'_>, port: u16) -> RouteContext<'a> {
+    RouteContext {
         listen_port: port,
         gateway: "mesh",
         tls: false,
         labels: &scope.view.labels,
         namespace: scope.namespace(),
-    };
+    }
+}
+
+fn route_config(scope: &Scope<'_>, l: &OutboundListener<'_>) -> RouteConfiguration {
+    let port = l.port;
+    let ctx = route_context(scope, port);
     let services = services_on_port(scope, l);
     let vss = scope.mesh_virtual_services(l.imports);
     let vs_routes: Vec<Vec<Route>> = vss.iter().map(|vs| virtual_service_routes(scope, *vs, &ctx)).collect();
@@ -113,8 +188,12 @@ mod tests {
     use envoy_types::pb::envoy::config::route::v3::{route, route_action::ClusterSpecifier};
 
     use super::*;
+    use crate::config::Kind;
     use crate::xds::generate::names::{ALLOW_ANY_VHOST, BLOCK_ALL_VHOST, PASSTHROUGH_CLUSTER};
-    use crate::xds::generate::testing::{find, route_action, sidecar, testdata_snapshot, vhost};
+    use crate::xds::generate::testing::{
+        find, route_action, service_entry, sidecar, snapshot, testdata_snapshot, vhost,
+    };
+    use crate::xds::generate::{generate, generate_routes_of};
     use crate::xds::TypeUrl;
 
     fn bookinfo(ns: &str, name: &str) -> RouteConfiguration {
@@ -200,5 +279,57 @@ mod tests {
         all.sort();
         all.dedup();
         assert_eq!(all.len(), n);
+    }
+
+    /// A mesh of services a, b and c in `shop`, with VirtualService `vs` (hosts `hosts`, one
+    /// HTTP rule `rule`).
+    fn edited(hosts: &str, rule: &str) -> crate::snapshot::Snapshot {
+        let services = ["a", "b", "c"].map(|n| service_entry(n, "shop")).concat();
+        snapshot(&format!(
+            "{services}apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {{name: vs, namespace: shop}}\n\
+             spec: {{hosts: [{hosts}], http: [{rule}]}}\n"
+        ))
+    }
+
+    fn patched(before: &crate::snapshot::Snapshot, after: &crate::snapshot::Snapshot) -> Option<Vec<Resource>> {
+        let view = sidecar("shop", &[]);
+        let key = ConfigKey { kind: Kind::VirtualService, namespace: "shop".into(), name: "vs".into() };
+        generate_routes_of(after, &view, &[key], &generate(TypeUrl::Route, before, &view))
+    }
+
+    #[test]
+    fn a_route_edit_patches_what_generation_gives() {
+        let to = |host: &str, timeout: &str| {
+            format!("{{timeout: {timeout}, route: [{{destination: {{host: {host}.shop.svc.cluster.local}}}}]}}")
+        };
+        let before = edited("b.shop.svc.cluster.local", &to("b", "1s"));
+        let after = edited("b.shop.svc.cluster.local", &to("b", "3s"));
+        let view = sidecar("shop", &[]);
+        let whole = generate(TypeUrl::Route, &after, &view);
+        let fresh = patched(&before, &after).expect("patched");
+        assert_eq!(fresh.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["80"]);
+        assert_eq!(fresh[0], whole[whole.iter().position(|r| r.name == "80").expect("80")]);
+        let rc: RouteConfiguration = prost::Message::decode(fresh[0].body.value.as_slice()).expect("decodes");
+        let timeout = route_action(&vhost(&rc, "b.shop.svc.cluster.local:80").routes[0]).timeout;
+        assert_eq!(timeout.map(|t| t.seconds), Some(3));
+        // From the default route to the VirtualService's, as when a rule starts matching.
+        let unrouted = edited("b.shop.svc.cluster.local", "{match: [{port: 9}], route: [{destination: {host: b}}]}");
+        assert_eq!(patched(&unrouted, &after).expect("patched")[0], fresh[0]);
+    }
+
+    #[test]
+    fn an_edit_that_may_add_or_drop_virtual_hosts_is_generated_whole() {
+        let rule = "{route: [{destination: {host: b.shop.svc.cluster.local}}]}";
+        let before = edited("b.shop.svc.cluster.local", rule);
+        // The rule stops matching port 80: b's virtual host takes its default route.
+        let unrouted = edited("b.shop.svc.cluster.local", "{match: [{port: 9}], route: [{destination: {host: b}}]}");
+        assert_eq!(patched(&before, &unrouted), None);
+        // A host that is no service has a virtual host of its own on port 80.
+        let before = edited("\"b.shop.svc.cluster.local\", ext.example", rule);
+        assert_eq!(patched(&before, &before), None);
+        // Not in the previous configuration at all.
+        let view = sidecar("shop", &[]);
+        let key = ConfigKey { kind: Kind::VirtualService, namespace: "shop".into(), name: "vs".into() };
+        assert_eq!(generate_routes_of(&before, &view, &[key], &[]), None);
     }
 }
