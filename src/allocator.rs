@@ -65,8 +65,9 @@ const MI_OPTION_PURGE_DELAY: c_int = 15;
 /// pushes, and kept 3.5 KB of RSS per pod after the watch burst of 10,000 pods this way
 /// (`benches/kube_source.rs`; 1.1 KB with this set).
 pub fn purge_freed_pages_at_once() {
+    let delay = std::env::var("MESHPILOT_PURGE_DELAY_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     // SAFETY: setting an option is a plain store in mimalloc's option table.
-    unsafe { mi_option_set(MI_OPTION_PURGE_DELAY, 0) }
+    unsafe { mi_option_set(MI_OPTION_PURGE_DELAY, delay) }
 }
 
 #[cfg(test)]

@@ -7,12 +7,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use prost::Message;
 use tokio::sync::{OnceCell, Semaphore};
 
 use super::generate::{changed_types, generate, generate_endpoints_of, generate_routes_of, Resource, RoutingEdit};
 use super::metrics::XdsMetrics;
 use super::proxy::ProxyView;
+use super::response::resources_field;
 use super::TypeUrl;
 use crate::config::{ConfigKey, Kind};
 use crate::registry::{Hostname, Registry, Resolution};
@@ -26,9 +26,12 @@ pub struct Generated {
     pub resources: Vec<Resource>,
     /// Hash of each resource's encoded bytes, parallel to `resources`.
     pub hashes: Vec<u64>,
-    /// Each resource encoded as the `Any` it is sent as, parallel to `resources`: every
-    /// response carrying it copies these bytes, never re-encodes the resource.
+    /// Each resource encoded as the `Any` it is sent as, parallel to `resources`: a slice of
+    /// `field`, which responses carrying only some resources copy.
     pub encoded: Vec<Bytes>,
+    /// All resources laid out as a state-of-the-world response's `resources` field: a response
+    /// carrying them all sends this buffer as it is.
+    pub field: Bytes,
 }
 
 impl Generated {
@@ -50,22 +53,25 @@ impl Generated {
     fn new(mut resources: Vec<Resource>) -> Generated {
         resources.sort_by(|a, b| a.name.cmp(&b.name));
         let hashes = resources.iter().map(resource_hash).collect();
-        let encoded = resources.iter().map(|r| Bytes::from(r.body.encode_to_vec())).collect();
-        Generated { resources, hashes, encoded }
+        Generated::laid_out(resources, hashes)
+    }
+
+    /// Sorted resources and their hashes, encoded.
+    fn laid_out(resources: Vec<Resource>, hashes: Vec<u64>) -> Generated {
+        let (field, encoded) = resources_field(resources.iter().map(|r| &r.body));
+        Generated { resources, hashes, encoded, field }
     }
 
     /// This generation with `fresh` (sorted by name) in place of the resources of the same
     /// names; `None` if some fresh resource has no counterpart (the set of names changed).
     fn patched(&self, fresh: Vec<Resource>) -> Option<Generated> {
-        let mut out =
-            Generated { resources: self.resources.clone(), hashes: self.hashes.clone(), encoded: self.encoded.clone() };
+        let (mut resources, mut hashes) = (self.resources.clone(), self.hashes.clone());
         for resource in fresh {
             let i = self.find(&resource.name)?;
-            out.hashes[i] = resource_hash(&resource);
-            out.encoded[i] = Bytes::from(resource.body.encode_to_vec());
-            out.resources[i] = resource;
+            hashes[i] = resource_hash(&resource);
+            resources[i] = resource;
         }
-        Some(out)
+        Some(Generated::laid_out(resources, hashes))
     }
 
     /// Whether `other` holds the same resources, byte for byte.
@@ -80,7 +86,7 @@ impl Generated {
     pub fn bytes(&self) -> usize {
         self.resources.iter().map(|r| r.body.value.len() + r.body.type_url.len() + r.name.len() * 2).sum::<usize>()
             + self.hashes.len() * 8
-            + self.encoded.iter().map(Bytes::len).sum::<usize>()
+            + self.field.len()
     }
 }
 

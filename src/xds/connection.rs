@@ -15,7 +15,7 @@ use super::debug::DebugResource;
 use super::isolation::{Holding, Isolation};
 use super::limits;
 use super::names::NameSet;
-use super::response::Encoded;
+use super::response::{resources_field_of, Encoded};
 use super::session::{Outgoing, Session};
 use super::status::Transport;
 use super::stream::{over_limit, Protocol, StreamEnd};
@@ -189,7 +189,7 @@ impl StateOfTheWorld {
             self.clusters_changed = changed.iter().map(|p| p.name().to_string()).collect();
         }
         let rebuilt = &self.clusters_changed;
-        let resources: Vec<Bytes> = match (&watch.base, force || !type_url.is_named()) {
+        let (resources, field) = match (&watch.base, force || !type_url.is_named()) {
             (Some(base), false) => {
                 let changed = changes::updated(&holding, |name| {
                     let held = base.get(name).map(|p| p.hash());
@@ -199,9 +199,11 @@ impl StateOfTheWorld {
                     // Only removals: Envoy keeps named resources a response leaves out anyway.
                     return Ok(false);
                 }
-                changed.iter().map(|p| p.encoded().clone()).collect()
+                let resources: Vec<Bytes> = changed.iter().map(|p| p.encoded().clone()).collect();
+                let field = resources_field_of(&resources);
+                (resources, field)
             }
-            _ => holding.encoded(),
+            _ => (holding.encoded(), holding.resources_field()),
         };
         if type_url == TypeUrl::Secret && resources.is_empty() {
             // Envoy refuses an SDS response without the secret it asked for; a secret this proxy
@@ -211,7 +213,7 @@ impl StateOfTheWorld {
         }
         let nonce = session.next_nonce(&snapshot);
         let version = snapshot.version.to_string();
-        let response = Encoded::sotw(&version, type_url.as_str(), &nonce, &resources);
+        let response = Encoded::sotw(&version, type_url.as_str(), &nonce, field);
         let bytes = resources.iter().map(|r| r.len()).sum();
         let count = resources.len();
         watch.base = type_url.is_named().then(|| holding.clone());

@@ -16,6 +16,7 @@ use envoy_types::pb::google::protobuf::Any;
 
 use super::cache::Generated;
 use super::names::NameSet;
+use super::response::resources_field_of;
 
 /// One resource of a generation, shared: the generation and an index into it.
 #[derive(Debug, Clone)]
@@ -101,6 +102,17 @@ impl Holding {
             }
             Holding::Pieces(pieces) => pieces.iter().map(|p| p.encoded().clone()).collect(),
         }
+    }
+
+    /// The carried resources laid out as a response's `resources` field: the generation's own
+    /// buffer, shared, when all of it is carried; else the carried ones copied.
+    pub fn resources_field(&self) -> Bytes {
+        if let Holding::Whole { generated, names } = self {
+            if names.is_none() || generated.select_indices(names.as_ref()).len() == generated.encoded.len() {
+                return generated.field.clone();
+            }
+        }
+        resources_field_of(&self.encoded())
     }
 
     /// A hash of the carried resources, to tell whether a response would change anything.

@@ -2,9 +2,10 @@
 //!
 //! A sidecar's CDS or EDS of a large mesh is a megabyte; a thousand sidecars getting it through
 //! prost messages cost a copy of every resource into each response's `Any` and another when
-//! the message is encoded. Here the cache holds each resource encoded once (as the `Any` it is
-//! sent as), and a response is its header fields followed by those bytes, written into one
-//! buffer of exactly the response's size: the gRPC frame HTTP/2 sends as it is.
+//! the message is encoded. Here the cache holds a generation's resources encoded once, laid out
+//! as the `resources` field of a response, and a response is a small head (the gRPC prefix and
+//! the other fields) followed by that shared buffer: HTTP/2 sends both as they are, so the
+//! thousand responses of one generation copy nothing.
 
 use std::marker::PhantomData;
 
@@ -30,8 +31,17 @@ const RESOURCE_NAME: u32 = 3;
 /// A response as one encoded gRPC message of type `M`.
 #[derive(Debug, Clone)]
 pub struct Encoded<M> {
-    frame: Result<Bytes, Status>,
+    frame: Result<Frame, Status>,
     _message: PhantomData<fn() -> M>,
+}
+
+/// One gRPC message as it goes on the wire, in two parts: HTTP/2 sends them back to back.
+#[derive(Debug, Clone)]
+pub struct Frame {
+    /// The gRPC prefix and the message's fields other than its resources.
+    pub head: Bytes,
+    /// The resources field (often shared by every response of one generation), or nothing.
+    pub body: Bytes,
 }
 
 /// A response that can be put on the wire as it is.
@@ -40,7 +50,7 @@ pub trait Framed {
     type Message: Message + Default;
 
     /// The gRPC frame (prefix and message), or the status ending the stream instead.
-    fn frame(&self) -> Result<Bytes, Status>;
+    fn frame(&self) -> Result<Frame, Status>;
 
     /// The message, decoded again (debugging and tests).
     fn decode(&self) -> Result<Self::Message, Status>;
@@ -49,31 +59,57 @@ pub trait Framed {
 impl<M: Message + Default> Framed for Encoded<M> {
     type Message = M;
 
-    fn frame(&self) -> Result<Bytes, Status> {
+    fn frame(&self) -> Result<Frame, Status> {
         self.frame.clone()
     }
 
     fn decode(&self) -> Result<M, Status> {
         let frame = self.frame.as_ref().map_err(Clone::clone)?;
-        M::decode(&frame[GRPC_PREFIX..]).map_err(|e| Status::internal(format!("response does not decode: {e}")))
+        let message = [&frame.head[GRPC_PREFIX..], &frame.body[..]].concat();
+        M::decode(message.as_slice()).map_err(|e| Status::internal(format!("response does not decode: {e}")))
     }
 }
 
+/// Messages laid out as the repeated `resources` field of a state-of-the-world response, and
+/// each message's encoding as a slice of it: a response carries the field as it is, and the
+/// slices serve responses carrying only some of them.
+pub fn resources_field<'a, M: Message + 'a>(messages: impl Iterator<Item = &'a M> + Clone) -> (Bytes, Vec<Bytes>) {
+    let len = messages.clone().map(|m| field_len(RESOURCES, m.encoded_len())).sum();
+    let mut buf = BytesMut::with_capacity(len);
+    let mut ranges = Vec::new();
+    for m in messages {
+        encode_key(RESOURCES, WireType::LengthDelimited, &mut buf);
+        encode_varint(m.encoded_len() as u64, &mut buf);
+        let start = buf.len();
+        m.encode_raw(&mut buf);
+        ranges.push(start..buf.len());
+    }
+    let field = buf.freeze();
+    let each = ranges.into_iter().map(|r| field.slice(r)).collect();
+    (field, each)
+}
+
+/// Encoded messages (each an `Any`) laid out as the `resources` field, copied into one buffer.
+pub fn resources_field_of(resources: &[Bytes]) -> Bytes {
+    let len = resources.iter().map(|r| field_len(RESOURCES, r.len())).sum();
+    let mut buf = BytesMut::with_capacity(len);
+    for r in resources {
+        put_field(&mut buf, RESOURCES, r);
+    }
+    buf.freeze()
+}
+
 impl Encoded<DiscoveryResponse> {
-    /// A state-of-the-world response carrying `resources` (each an encoded `Any`).
-    pub fn sotw(version: &str, type_url: &str, nonce: &str, resources: &[Bytes]) -> Self {
+    /// A state-of-the-world response carrying `resources`, the `resources` field as laid out by
+    /// [`resources_field`] or [`resources_field_of`] (shared, not copied).
+    pub fn sotw(version: &str, type_url: &str, nonce: &str, resources: Bytes) -> Self {
         let header = DiscoveryResponse {
             version_info: version.to_string(),
             type_url: type_url.to_string(),
             nonce: nonce.to_string(),
             ..Default::default()
         };
-        let body: usize = resources.iter().map(|r| field_len(RESOURCES, r.len())).sum();
-        Encoded::build(&header, body, |buf| {
-            for r in resources {
-                put_field(buf, RESOURCES, r);
-            }
-        })
+        Encoded::build(&header, resources.len(), |_| {}).with_body(resources)
     }
 }
 
@@ -146,8 +182,15 @@ impl<M: Message> Encoded<M> {
         buf.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
         header.encode_raw(&mut buf);
         put(&mut buf);
-        debug_assert_eq!(buf.len(), GRPC_PREFIX + len);
-        Encoded { frame: Ok(buf.freeze()), _message: PhantomData }
+        Encoded { frame: Ok(Frame { head: buf.freeze(), body: Bytes::new() }), _message: PhantomData }
+    }
+
+    /// This frame followed by `body`, which its length prefix already counts.
+    fn with_body(mut self, body: Bytes) -> Self {
+        if let Ok(frame) = &mut self.frame {
+            frame.body = body;
+        }
+        self
     }
 }
 
@@ -180,18 +223,23 @@ mod tests {
     fn a_sotw_response_is_what_prost_would_encode() {
         let (a, ea) = any("type.googleapis.com/envoy.config.cluster.v3.Cluster", b"cluster a");
         let (b, eb) = any("type.googleapis.com/envoy.config.cluster.v3.Cluster", &[7u8; 300]);
-        let encoded = Encoded::sotw("v1", "cds", "n-1", &[ea, eb]);
+        let encoded = Encoded::sotw("v1", "cds", "n-1", resources_field_of(&[ea.clone(), eb.clone()]));
         let expected = DiscoveryResponse {
             version_info: "v1".into(),
-            resources: vec![a, b],
+            resources: vec![a.clone(), b.clone()],
             type_url: "cds".into(),
             nonce: "n-1".into(),
             ..Default::default()
         };
         assert_eq!(encoded.decode().ok(), Some(expected.clone()));
-        let frame = encoded.frame().expect("small");
-        assert_eq!(frame.len(), GRPC_PREFIX + expected.encoded_len(), "exactly its size");
-        assert_eq!(u32::from_be_bytes([frame[1], frame[2], frame[3], frame[4]]) as usize, expected.encoded_len());
+        let Frame { head, body } = encoded.frame().expect("small");
+        assert_eq!(head.len() + body.len(), GRPC_PREFIX + expected.encoded_len(), "exactly its size");
+        assert_eq!(u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize, expected.encoded_len());
+        // The field laid out from the messages is the same, and each message is a slice of it.
+        let (field, each) = resources_field([&a, &b].into_iter());
+        assert_eq!(field, body);
+        assert_eq!(each, [ea, eb]);
+        assert!(each.iter().all(|e| field.as_ptr_range().contains(&e.as_ptr())), "slices, not copies");
     }
 
     #[test]
@@ -223,7 +271,7 @@ mod tests {
     #[test]
     fn an_oversized_response_becomes_a_status() {
         let huge = Bytes::from(vec![0u8; MAX_RESPONSE_BYTES]);
-        let encoded = Encoded::sotw("v", "t", "n", &[huge]);
+        let encoded = Encoded::sotw("v", "t", "n", resources_field_of(&[huge]));
         assert_eq!(encoded.frame().err().map(|s| s.code()), Some(tonic::Code::ResourceExhausted));
     }
 }

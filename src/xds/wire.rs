@@ -125,7 +125,7 @@ where
     tokio::spawn(async move {
         serve_as(ctx, caller, P::default(), requests, tx).await;
     });
-    let mut response = http::Response::new(tonic::body::Body::new(ResponseBody { rx, done: false }));
+    let mut response = http::Response::new(tonic::body::Body::new(ResponseBody { rx, pending: None, done: false }));
     response.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/grpc"));
     response
 }
@@ -213,9 +213,11 @@ impl<T: Message + Default> Stream for Requests<T> {
     }
 }
 
-/// A stream's responses, each framed into a buffer of its own, then the status as trailers.
+/// A stream's responses, each as its head then its (shared) body, then the status as trailers.
 struct ResponseBody<R> {
     rx: mpsc::Receiver<Result<R, Status>>,
+    /// The body of the response whose head went last.
+    pending: Option<Bytes>,
     done: bool,
 }
 
@@ -224,6 +226,9 @@ impl<R: Framed> http_body::Body for ResponseBody<R> {
     type Error = Status;
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        if let Some(body) = self.pending.take() {
+            return Poll::Ready(Some(Ok(Frame::data(body))));
+        }
         if self.done {
             return Poll::Ready(None);
         }
@@ -233,7 +238,10 @@ impl<R: Framed> http_body::Body for ResponseBody<R> {
         };
         let frame = match next {
             Some(Ok(response)) => match response.frame() {
-                Ok(data) => return Poll::Ready(Some(Ok(Frame::data(data)))),
+                Ok(frame) => {
+                    self.pending = Some(frame.body).filter(|b| !b.is_empty());
+                    return Poll::Ready(Some(Ok(Frame::data(frame.head))));
+                }
                 Err(status) => trailers(&status),
             },
             Some(Err(status)) => trailers(&status),
@@ -261,19 +269,26 @@ fn trailers(status: &Status) -> Frame<Bytes> {
 mod tests {
     use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
 
-    use crate::xds::response::Encoded;
+    use envoy_types::pb::google::protobuf::Any;
     use http_body_util::BodyExt;
+
+    use crate::xds::response::{resources_field, Encoded};
 
     use super::*;
 
     #[tokio::test]
     async fn the_body_sends_each_response_then_the_status() {
         let (tx, rx) = mpsc::channel(4);
-        let first = DiscoveryResponse { nonce: "1".into(), ..Default::default() };
-        tx.send(Ok(Encoded::sotw("", "", "1", &[]))).await.ok();
+        let any = Any { type_url: "t".into(), value: vec![7; 300] };
+        let first = DiscoveryResponse { nonce: "1".into(), resources: vec![any.clone()], ..Default::default() };
+        let (field, _) = resources_field([&any].into_iter());
+        tx.send(Ok(Encoded::sotw("", "", "1", field.clone()))).await.ok();
         tx.send(Err(Status::unavailable("frontend shutting down"))).await.ok();
-        let mut body = ResponseBody { rx, done: false };
-        let data = body.frame().await.and_then(Result::ok).and_then(|f| f.into_data().ok()).expect("a data frame");
+        let mut body = ResponseBody { rx, pending: None, done: false };
+        let head = body.frame().await.and_then(Result::ok).and_then(|f| f.into_data().ok()).expect("the head");
+        let rest = body.frame().await.and_then(Result::ok).and_then(|f| f.into_data().ok()).expect("the resources");
+        assert_eq!(rest.as_ptr(), field.as_ptr(), "the resources go as they are, not copied");
+        let data = [head, rest].concat();
         assert_eq!(DiscoveryResponse::decode(&data[PREFIX..]).ok(), Some(first));
         let trailers = body.frame().await.and_then(Result::ok).and_then(|f| f.into_trailers().ok()).expect("trailers");
         assert_eq!(trailers.get("grpc-status").map(|v| v.as_bytes()), Some(&b"14"[..]));
@@ -344,7 +359,7 @@ mod tests {
     async fn a_closed_channel_ends_with_ok() {
         let (tx, rx) = mpsc::channel::<Result<Encoded<DiscoveryResponse>, Status>>(1);
         drop(tx);
-        let mut body = ResponseBody { rx, done: false };
+        let mut body = ResponseBody { rx, pending: None, done: false };
         let trailers = body.frame().await.and_then(Result::ok).and_then(|f| f.into_trailers().ok()).expect("trailers");
         assert_eq!(trailers.get("grpc-status").map(|v| v.as_bytes()), Some(&b"0"[..]));
     }
