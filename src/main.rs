@@ -499,6 +499,7 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 
 fn main() -> ExitCode {
     meshpilot::allocator::purge_freed_pages_at_once();
+    meshpilot::allocator::no_transparent_huge_pages();
     // One TLS provider for every rustls user (the CA's ports, kube, etcd): ring, never aws-lc.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
