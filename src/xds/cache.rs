@@ -449,11 +449,10 @@ impl GenerationCache {
                 let base = owner.as_ref().and_then(|g| g.patch_base(&key));
                 let previous = base.as_ref().map(|(base, _)| base.clone());
                 let patched = base.and_then(|(base, patch)| {
-                    let (snapshot, view) = (snapshot.clone(), task_view.clone());
                     // A patch is small and on a push's critical path: run here, now. Handed to the
                     // blocking pool, it waited up to 5 ms for a core behind the streams a snapshot
                     // wakes, for 1 ms of work.
-                    in_place(move || timed(|| patch.apply(&base, &snapshot, &view)))
+                    in_place(|| timed(|| patch.apply(&base, &snapshot, &task_view)))
                 });
                 let patched_here = patched.is_some();
                 let outcome = match patched {

@@ -203,7 +203,7 @@ impl StateOfTheWorld {
                 let field = resources_field_of(&resources);
                 (resources, field)
             }
-            _ => (holding.encoded(), holding.resources_field()),
+            _ => holding.encoded_with_field(),
         };
         if type_url == TypeUrl::Secret && resources.is_empty() {
             // Envoy refuses an SDS response without the secret it asked for; a secret this proxy

@@ -104,15 +104,15 @@ impl Holding {
         }
     }
 
-    /// The carried resources laid out as a response's `resources` field: the generation's own
-    /// buffer, shared, when all of it is carried; else the carried ones copied.
-    pub fn resources_field(&self) -> Bytes {
-        if let Holding::Whole { generated, names } = self {
-            if names.is_none() || generated.select_indices(names.as_ref()).len() == generated.encoded.len() {
-                return generated.field.clone();
-            }
-        }
-        resources_field_of(&self.encoded())
+    /// The encoded resources and them laid out as a response's `resources` field: the
+    /// generation's own buffer, shared, when all of it is carried; else the carried ones copied.
+    pub fn encoded_with_field(&self) -> (Vec<Bytes>, Bytes) {
+        let encoded = self.encoded();
+        let field = match self {
+            Holding::Whole { generated, .. } if encoded.len() == generated.encoded.len() => generated.field.clone(),
+            _ => resources_field_of(&encoded),
+        };
+        (encoded, field)
     }
 
     /// A hash of the carried resources, to tell whether a response would change anything.

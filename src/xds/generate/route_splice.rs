@@ -34,37 +34,28 @@ pub(super) enum SpliceError {
 /// `routes` replaced by the given ones.
 pub(super) fn replace_routes(config: &[u8], routes: &HashMap<String, Vec<Route>>) -> Result<Vec<u8>, SpliceError> {
     let mut out = Vec::with_capacity(config.len() + 256);
-    let mut patched = 0;
+    let mut patched = std::collections::HashSet::new();
     for field in Fields(config) {
         let field = field?;
         let host = match field.number {
             VIRTUAL_HOSTS => field.payload.and_then(|vh| name(vh).transpose()).transpose()?,
             _ => None,
         };
-        match host.and_then(|name| routes.get(name)) {
-            Some(new_routes) => {
+        match host.and_then(|name| routes.get_key_value(name)) {
+            Some((name, new_routes)) => {
                 let vh = with_routes(field.payload.ok_or(SpliceError::Malformed)?, new_routes)?;
                 encode_key(VIRTUAL_HOSTS, WireType::LengthDelimited, &mut out);
                 encode_varint(vh.len() as u64, &mut out);
                 out.extend_from_slice(&vh);
-                patched += 1;
+                patched.insert(name);
             }
             None => out.extend_from_slice(field.raw),
         }
     }
-    if patched < routes.len() {
-        let missing = routes.keys().find(|n| !virtual_host_names(config).any(|m| m == n.as_str()));
-        return Err(SpliceError::Missing(missing.cloned().unwrap_or_default()));
+    if let Some(missing) = routes.keys().find(|n| !patched.contains(n)) {
+        return Err(SpliceError::Missing(missing.clone()));
     }
     Ok(out)
-}
-
-/// The names of the virtual hosts of an encoded route configuration (malformed ones skipped).
-fn virtual_host_names(config: &[u8]) -> impl Iterator<Item = &str> {
-    Fields(config)
-        .map_while(Result::ok)
-        .filter(|f| f.number == VIRTUAL_HOSTS)
-        .filter_map(|f| f.payload.and_then(|vh| name(vh).ok().flatten()))
 }
 
 /// The name of an encoded virtual host.
