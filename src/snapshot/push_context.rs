@@ -160,6 +160,11 @@ impl Snapshot {
         labels.iter().filter(|(k, _)| self.selector_keys.contains(*k)).map(|(k, v)| (k.clone(), v.clone())).collect()
     }
 
+    /// Whether `other`'s selectors read the same label keys (then a proxy's labels resolve alike in both).
+    pub fn reads_same_labels(&self, other: &Snapshot) -> bool {
+        self.selector_keys == other.selector_keys
+    }
+
     /// Objects of one kind, in key order.
     pub fn configs_of(&self, kind: Kind) -> impl Iterator<Item = &ValidConfig> {
         // Keys order by kind first: one kind's objects are one contiguous range, found in

@@ -11,7 +11,7 @@ use tokio::sync::{OnceCell, Semaphore};
 
 use super::generate::{changed_types, generate, generate_endpoints_of, generate_routes_of, Resource, RoutingEdit};
 use super::metrics::XdsMetrics;
-use super::proxy::ProxyView;
+use super::proxy::{KeptResolutions, ProxyView};
 use super::response::resources_field;
 use super::TypeUrl;
 use crate::config::{ConfigKey, Kind};
@@ -115,7 +115,42 @@ struct Entry {
 }
 
 /// A view resolved against a generation's snapshot, shared by every entry and lookup of it.
-type Resolved = Arc<ProxyView>;
+/// Hashed once and compared by pointer first: every stream looks its entries up on every
+/// snapshot, nearly always with the very `Arc` the entries were keyed by.
+#[derive(Clone)]
+struct Resolved {
+    view: Arc<ProxyView>,
+    hash: u64,
+}
+
+impl Resolved {
+    fn new(view: ProxyView) -> Resolved {
+        let hash = view.key();
+        Resolved { view: Arc::new(view), hash }
+    }
+}
+
+impl std::ops::Deref for Resolved {
+    type Target = ProxyView;
+
+    fn deref(&self) -> &ProxyView {
+        &self.view
+    }
+}
+
+impl PartialEq for Resolved {
+    fn eq(&self, other: &Resolved) -> bool {
+        Arc::ptr_eq(&self.view, &other.view) || (self.hash == other.hash && self.view == other.view)
+    }
+}
+
+impl Eq for Resolved {}
+
+impl std::hash::Hash for Resolved {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
 
 type Key = (Resolved, TypeUrl);
 
@@ -154,6 +189,8 @@ struct Carry {
     /// A change made only of VirtualServices and DestinationRules: views that depend on none of
     /// them keep every resource.
     routing: Option<RoutingChange>,
+    /// The views whose resolution the previous generation's is still.
+    resolutions: KeptResolutions,
 }
 
 /// What a generation regenerates of the previous one's resources, the rest being kept.
@@ -217,7 +254,8 @@ impl Generation {
                 edits,
                 changed: HashMap::new(),
             });
-            Carry { from: previous.clone(), types, endpoint_hosts, routing }
+            let resolutions = KeptResolutions::between(p, snapshot);
+            Carry { from: previous.clone(), types, endpoint_hosts, routing, resolutions }
         });
         Generation { snapshot: Some(snapshot.clone()), carry: Mutex::new(carry), ..Generation::new(snapshot.version) }
     }
@@ -230,7 +268,7 @@ impl Generation {
             let Some(routing) = carry.as_ref().and_then(|c| c.routing.as_ref()) else {
                 return false;
             };
-            if let Some(changed) = routing.changed.get(&**view) {
+            if let Some(changed) = routing.changed.get(view) {
                 return !changed.contains(&type_url);
             }
             (routing.previous.clone(), routing.edits.clone())
@@ -305,12 +343,23 @@ impl Generation {
             return resolved.clone();
         }
         // Resolved outside the lock: the first inbound lookup of a snapshot builds its IP index.
-        let resolved = Arc::new(view.resolve(snapshot));
+        let resolved = self.kept_resolution(view).unwrap_or_else(|| Resolved::new(view.resolve(snapshot)));
         let mut r = self.lock_resolved();
         if !r.of.contains_key(view) {
             r.of.insert(view.clone(), resolved.clone());
             *r.users.entry(resolved.clone()).or_default() += 1;
         }
+        resolved
+    }
+
+    /// The previous generation's resolution of `view`, when the change leaves it as it was.
+    fn kept_resolution(&self, view: &ProxyView) -> Option<Resolved> {
+        let from = {
+            let carry = self.lock_carry();
+            let carry = carry.as_ref().filter(|c| c.resolutions.keeps(view))?;
+            carry.from.clone()
+        };
+        let resolved = from.lock_resolved().of.get(view).cloned();
         resolved
     }
 
@@ -430,8 +479,8 @@ impl GenerationCache {
         }
         let view = &view;
         let internal_errors = self.metrics.xds_internal_errors.clone();
-        let (snapshot, task_view) = (snapshot.clone(), Arc::clone(view));
-        let (key_view, owner) = (Arc::clone(view), generation.clone());
+        let (snapshot, task_view) = (snapshot.clone(), view.view.clone());
+        let (key_view, owner) = (view.clone(), generation.clone());
         let mut generated_here = false;
         let generating = self.generating.clone();
         let (generations, patches) = (self.generations.clone(), self.patches.clone());
@@ -528,7 +577,7 @@ impl GenerationCache {
             self.report(&generation);
         }
         if generation.version != version {
-            return (None, Arc::new(Entry::default()), Arc::new(view.resolve(snapshot)));
+            return (None, Arc::new(Entry::default()), Resolved::new(view.resolve(snapshot)));
         }
         let key = (generation.resolve(snapshot, view), type_url);
         let found = generation.lock().get(&key).cloned();
@@ -780,7 +829,7 @@ spec: {hosts: [b.example.com], location: MESH_INTERNAL, resolution: STATIC, port
         assert!(cache.bytes() <= one * 3 + one / 2);
         let cached: Vec<bool> = views
             .iter()
-            .map(|v| cache.current.load().lock().contains_key(&(Arc::new(v.clone()), TypeUrl::Cluster)))
+            .map(|v| cache.current.load().lock().contains_key(&(Resolved::new(v.clone()), TypeUrl::Cluster)))
             .collect();
         assert_eq!(cached, [true, false, true, true, false]);
     }

@@ -1,12 +1,14 @@
 //! Proxies: Istio node ids and metadata, and the view of the mesh a proxy's config depends on.
 
 mod metadata;
+mod resolution;
 mod view;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
 use serde::Serialize;
 
 pub use metadata::{Interception, NodeMetadata, ProxyConfigMeta};
+pub use resolution::KeptResolutions;
 pub use view::{InboundPort, ProxyView};
 
 use crate::cluster::ownership::ProxyIdentity;

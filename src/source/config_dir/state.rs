@@ -31,6 +31,15 @@ struct Placed {
     config: ValidConfig,
 }
 
+/// What the merge reads of a file besides its objects' contents: the keys and documents of
+/// its objects, and its errors and ignored documents.
+#[derive(Debug, PartialEq)]
+struct FileShape {
+    documents: Vec<(ConfigKey, usize)>,
+    errors: Vec<ConfigError>,
+    ignored: Vec<IgnoredObject>,
+}
+
 /// What one file contributed at its last successful read.
 #[derive(Debug, Clone, Default)]
 struct FileState {
@@ -40,6 +49,16 @@ struct FileState {
     objects: BTreeMap<ConfigKey, Placed>,
     errors: Vec<ConfigError>,
     ignored: Vec<IgnoredObject>,
+}
+
+impl FileState {
+    fn shape(&self) -> FileShape {
+        FileShape {
+            documents: self.objects.iter().map(|(key, placed)| (key.clone(), placed.document)).collect(),
+            errors: self.errors.clone(),
+            ignored: self.ignored.clone(),
+        }
+    }
 }
 
 /// A file or directory that could not be read at the last scan.
@@ -177,16 +196,23 @@ impl DirState {
             return Some(self.rescan_inner(root, fs, None));
         }
         let read_now: HashSet<String> = reads.iter().map(|(path, _)| path.display().to_string()).collect();
-        let problems = self.problems.iter().filter(|p| !read_now.contains(&p.error.file)).cloned().collect();
+        let problems: Vec<Problem> =
+            self.problems.iter().filter(|p| !read_now.contains(&p.error.file)).cloned().collect();
+        // The errors start with the problems: with one gone, the whole merge is redone.
+        let mut in_place = problems.len() == self.problems.len();
         self.set_problems(problems);
+        let mut edited = Vec::new();
         for (path, read) in reads {
             let Read::Text { text, hash } = read else { continue };
             let prev = self.files.remove(&path);
+            let before = prev.as_ref().filter(|p| self.serves_all_of(p)).map(FileState::shape);
             // No stamp: the next full rescan reads the file once more to vouch for it.
             let state = FileState { stamp: None, ..reparsed(&path, &text, hash, prev) };
+            in_place &= before.is_some_and(|shape| shape == state.shape());
+            edited.push(path.clone());
             self.files.insert(path, state);
         }
-        let mut rescan = self.merge();
+        let mut rescan = if in_place { self.merge_contents(&edited) } else { self.merge() };
         rescan.root = Some(root_id);
         Some(rescan)
     }
@@ -293,6 +319,31 @@ impl DirState {
             info!(file = %problem.error.file, reason = problem.reason, "config file or directory readable again");
         }
         self.problems = problems;
+    }
+
+    /// Whether the merge serves every object of `file` from it: no other file's definition of
+    /// any of its keys came first.
+    fn serves_all_of(&self, file: &FileState) -> bool {
+        let served = |key, placed: &Placed| self.merged.get(key).is_some_and(|m| Arc::ptr_eq(m, &placed.config));
+        file.objects.iter().all(|(key, placed)| served(key, placed))
+    }
+
+    /// The merge after some files were read again, each still served in whole and of the same
+    /// shape (see [`FileState::shape`]): their objects replace the served ones, and nothing else
+    /// of the merge can have changed. A thousand-file directory is not merged again per edit.
+    fn merge_contents(&mut self, edited: &[PathBuf]) -> Rescan {
+        let mut changes = Vec::new();
+        for file in edited.iter().filter_map(|path| self.files.get(path)) {
+            for (key, placed) in &file.objects {
+                let Some(served) = self.merged.get_mut(key) else { continue };
+                if !Arc::ptr_eq(served, &placed.config) && *served != placed.config {
+                    changes.push((key.clone(), Some(placed.config.clone())));
+                }
+                *served = placed.config.clone();
+            }
+        }
+        changes.sort_by(|a, b| a.0.cmp(&b.0));
+        Rescan { changes, ..Rescan::default() }
     }
 
     fn merge(&mut self) -> Rescan {

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use super::*;
+use crate::config::Spec;
 use crate::source::files::tests::{mkfifo, within, UnreadableDir, VS};
 use crate::source::fswatch;
 
@@ -381,6 +382,65 @@ fn a_file_renamed_in_is_used_at_its_first_read() {
     assert_eq!(fs.reads(&file), 4);
 }
 
+/// Writes `content` to `staging` and renames it to `path`, then waits for the watch to record it.
+/// Staged outside the watched tree: a rename inside it is notified twice (the target, then the
+/// pair), and the second notification could land after the rescan took the first.
+fn rename_in(staging: &Path, arrivals: &Arrivals, path: &Path, content: &str) {
+    std::fs::write(staging, content).unwrap();
+    std::fs::rename(staging, path).unwrap();
+    let notified = arrivals.clone();
+    within(Duration::from_secs(10), move || {
+        while !notified.renames_only() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    });
+}
+
+#[test]
+fn edits_renamed_in_merge_as_a_full_rescan_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("config");
+    std::fs::create_dir(&root).unwrap();
+    let with_host = |host: &str| VS.replace("hosts: [a]", &format!("hosts: [{host}]"));
+    // r is served from a.yaml; b.yaml's r is a duplicate, reported naming a.yaml.
+    std::fs::write(root.join("a.yaml"), with_host("a")).unwrap();
+    std::fs::write(root.join("b.yaml"), with_host("b")).unwrap();
+    std::fs::write(root.join("c.yaml"), VS.replace("{name: r}", "{name: s}")).unwrap();
+    let mut state = DirState::default();
+    state.rescan(&root);
+    let arrivals = Arrivals::default();
+    let (tx, _rx) = mpsc::channel(1);
+    let _watch = fswatch::watch_recording(&root, tx, arrivals.clone()).unwrap();
+    let staging = dir.path().join("staging.tmp");
+    let fresh = || {
+        let mut fresh = DirState::default();
+        fresh.rescan(&root);
+        fresh
+    };
+    let hosts_of_r = |state: &DirState| match state.merged.values().find(|c| c.key.name == "r").map(|c| &c.spec) {
+        Some(Spec::VirtualService(vs)) => vs.hosts.clone(),
+        other => panic!("r is no VirtualService: {other:?}"),
+    };
+
+    // The served definition edited: r changes, the duplicate is still reported.
+    rename_in(&staging, &arrivals, &root.join("a.yaml"), &with_host("c"));
+    let rescan = state.rescan_renamed(&root, &RealFs, &arrivals).expect("renamed in only");
+    assert_eq!(names(&rescan.changes), vec![("r".to_string(), true)]);
+    assert_eq!(hosts_of_r(&state), ["c"], "r serves the edit");
+    assert_eq!((&state.merged, reasons(&state)), (&fresh().merged, reasons(&fresh())));
+    // The duplicate edited: nothing served changes.
+    rename_in(&staging, &arrivals, &root.join("b.yaml"), &with_host("d"));
+    let rescan = state.rescan_renamed(&root, &RealFs, &arrivals).expect("renamed in only");
+    assert!(rescan.changes.is_empty(), "{:?}", names(&rescan.changes));
+    assert_eq!((&state.merged, reasons(&state)), (&fresh().merged, reasons(&fresh())));
+    // An edit that adds an object: merged in whole, as before.
+    let two = format!("{}---\n{}", with_host("e"), VS.replace("{name: r}", "{name: t}"));
+    rename_in(&staging, &arrivals, &root.join("a.yaml"), &two);
+    let rescan = state.rescan_renamed(&root, &RealFs, &arrivals).expect("renamed in only");
+    assert_eq!(names(&rescan.changes), vec![("r".to_string(), true), ("t".to_string(), true)]);
+    assert_eq!((&state.merged, reasons(&state)), (&fresh().merged, reasons(&fresh())));
+}
+
 #[test]
 fn files_renamed_in_are_read_without_listing_the_tree() {
     let dir = tempfile::tempdir().unwrap();
@@ -394,20 +454,8 @@ fn files_renamed_in_are_read_without_listing_the_tree() {
     let arrivals = Arrivals::default();
     let (tx, _rx) = mpsc::channel(1);
     let _watch = fswatch::watch_recording(&root, tx, arrivals.clone()).unwrap();
-    // Staged outside the watched tree: a rename inside it is notified twice (the target, then
-    // the pair), and the second notification could land after the rescan took the first.
     let staging = dir.path().join("staging.tmp");
-    let rename_in = |path: &Path, content: &str| {
-        let temp = staging.clone();
-        std::fs::write(&temp, content).unwrap();
-        std::fs::rename(&temp, path).unwrap();
-        let notified = arrivals.clone();
-        within(Duration::from_secs(10), move || {
-            while !notified.renames_only() {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        });
-    };
+    let rename_in = |path: &Path, content: &str| rename_in(&staging, &arrivals, path, content);
 
     // An edit of a known file, and a new file directly in the directory: read, never listed.
     let fs = Counting::default();
