@@ -40,8 +40,13 @@ pub(super) struct OutboundCluster<'a> {
 
 /// Every outbound cluster of the view, in service then port then subset order.
 pub(super) fn outbound_clusters<'a>(scope: &Scope<'a>) -> Vec<OutboundCluster<'a>> {
+    outbound_clusters_of(scope, scope.cluster_services())
+}
+
+/// The outbound clusters of `services` (some of the view's), in their order, then port and subset.
+pub(super) fn outbound_clusters_of<'a>(scope: &Scope<'a>, services: Vec<&'a Arc<Service>>) -> Vec<OutboundCluster<'a>> {
     let mut out = Vec::new();
-    for service in scope.cluster_services() {
+    for service in services {
         let rule = scope.destination_rule(service);
         let host = service.hostname.as_str();
         for port in service.ports.iter().filter(|p| p.number != 0) {

@@ -1,6 +1,6 @@
 //! EDS: one ClusterLoadAssignment per EDS cluster, endpoints grouped by locality.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use envoy_types::pb::envoy::config::core::v3::{HealthStatus, Locality};
@@ -9,24 +9,28 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 };
 
 use super::auto_mtls::endpoint_metadata;
-use super::cluster::{outbound_clusters, OutboundCluster};
+use super::cluster::{outbound_clusters, outbound_clusters_of, OutboundCluster};
 use super::proto::{resource, socket_address, u32_value};
 use super::scope::Scope;
 use super::traffic_policy::Policy;
 use super::Resource;
-use crate::registry::{Endpoint, EndpointHealth, Resolution, Service};
+use crate::registry::{Endpoint, EndpointHealth, Hostname, Resolution};
 
 /// Every load assignment the proxy's EDS clusters need, including empty ones: Envoy keeps an EDS
 /// cluster warming until its assignment arrives.
 pub(super) fn load_assignments(scope: &Scope<'_>) -> Vec<Resource> {
-    load_assignments_where(scope, |_| true)
+    assignments_of(scope, &outbound_clusters(scope))
 }
 
-/// [`load_assignments`] of the clusters of the services `wanted` accepts.
-pub(super) fn load_assignments_where(scope: &Scope<'_>, wanted: impl Fn(&Service) -> bool) -> Vec<Resource> {
-    outbound_clusters(scope)
+/// [`load_assignments`] of the services of `hosts` alone.
+pub(super) fn load_assignments_of(scope: &Scope<'_>, hosts: &BTreeSet<Hostname>) -> Vec<Resource> {
+    assignments_of(scope, &outbound_clusters_of(scope, scope.cluster_services_of(hosts)))
+}
+
+fn assignments_of(scope: &Scope<'_>, clusters: &[OutboundCluster<'_>]) -> Vec<Resource> {
+    clusters
         .iter()
-        .filter(|c| c.service.resolution == Resolution::Static && wanted(c.service))
+        .filter(|c| c.service.resolution == Resolution::Static)
         .map(|c| resource(c.name.clone(), assignment(scope, c, is_ip_or_socket)))
         .collect()
 }
@@ -130,7 +134,7 @@ mod tests {
     use envoy_types::pb::envoy::config::core::v3::{address::Address, socket_address::PortSpecifier};
 
     use super::*;
-    use crate::xds::generate::testing::{find, kube_snapshot, names, sidecar, snapshot, testdata_snapshot};
+    use crate::xds::generate::testing::{find, kube_snapshot, names, router, sidecar, snapshot, testdata_snapshot};
     use crate::xds::TypeUrl;
 
     fn assignment_of(file: &str, name: &str) -> ClusterLoadAssignment {
@@ -228,5 +232,60 @@ mod tests {
         );
         let http: ClusterLoadAssignment = find(&s, &view, TypeUrl::Endpoint, "outbound|80||web.shop.svc.cluster.local");
         assert_eq!(addresses(&http).iter().map(|a| a.0.as_str()).collect::<Vec<_>>(), ["10.0.0.1", "10.0.0.4"]);
+    }
+
+    #[test]
+    fn assignments_found_by_host_are_those_of_the_whole_generation() {
+        let entry = |name: &str, ns: &str, host: &str, export: &str, ip: &str| {
+            format!(
+                "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: {name}, namespace: {ns}}}\n\
+                 spec:\n  hosts: [{host}]\n  exportTo: [\"{export}\"]\n  location: MESH_INTERNAL\n  resolution: STATIC\n  \
+                 ports: [{{number: 80, name: http}}]\n  endpoints: [{{address: {ip}, labels: {{v: one}}}}]\n---\n"
+            )
+        };
+        let yaml = [
+            entry("a", "one", "a.example.com", "*", "10.0.0.1"),
+            // The same host declared in `two` too: proxies there reach their own declaration.
+            entry("a", "two", "a.example.com", "*", "10.0.0.2"),
+            entry("b", "two", "b.example.com", ".", "10.0.0.3"),
+            entry("c", "two", "c.example.com", "*", "10.0.0.4"),
+            entry("d", "two", "d.example.com", "*", "10.0.0.5"),
+            // `one` imports only its own namespace, and reaches c through a route to it.
+            "apiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata: {name: default, namespace: one}\n\
+             spec: {egress: [{hosts: [\"./*\"]}]}\n---\n"
+                .to_string(),
+            "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: a, namespace: one}\n\
+             spec: {hosts: [a.example.com], http: [{route: [{destination: {host: c.example.com}}]}]}\n---\n"
+                .to_string(),
+            "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: c, namespace: two}\n\
+             spec: {host: c.example.com, subsets: [{name: one, labels: {v: one}}]}\n"
+                .to_string(),
+        ]
+        .concat();
+        let s = snapshot(&yaml);
+        let host_of = |cluster: &str| cluster.rsplit('|').next().unwrap_or_default().to_string();
+        for view in [sidecar("one", &[]), sidecar("two", &[]), sidecar("three", &[]), router("two", &[])] {
+            let whole = crate::xds::generate::generate(TypeUrl::Endpoint, &s, &view);
+            for hosts in
+                [vec!["a.example.com"], vec!["b.example.com", "c.example.com"], vec!["d.example.com", "e.example.com"]]
+            {
+                let hosts: BTreeSet<Hostname> = hosts.into_iter().map(Hostname::new).collect();
+                let expected: Vec<(&str, &[u8])> = whole
+                    .iter()
+                    .filter(|r| hosts.contains(&Hostname::new(&host_of(&r.name))))
+                    .map(|r| (r.name.as_str(), r.body.value.as_slice()))
+                    .collect();
+                let found = crate::xds::generate::generate_endpoints_of(&s, &view, &hosts);
+                let found: Vec<(&str, &[u8])> =
+                    found.iter().map(|r| (r.name.as_str(), r.body.value.as_slice())).collect();
+                assert_eq!(found, expected, "{view} {hosts:?}");
+            }
+        }
+        // The cases above are not vacuous: `one` reaches c by the route alone, and not b.
+        let one = names(&s, &sidecar("one", &[]), TypeUrl::Endpoint);
+        assert!(
+            one.iter().any(|n| n.ends_with("|one|c.example.com")) && !one.iter().any(|n| n.ends_with("b.example.com")),
+            "{one:?}"
+        );
     }
 }

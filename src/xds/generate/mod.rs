@@ -122,8 +122,9 @@ pub fn generate_endpoints_of(
     hosts: &std::collections::BTreeSet<crate::registry::Hostname>,
 ) -> Vec<Resource> {
     let view = &view.resolve(snapshot);
-    let scope = scope::Scope::new(snapshot, view);
-    let mut resources = endpoint::load_assignments_where(&scope, |service| hosts.contains(&service.hostname));
+    // Found by host: no walk of the registry for a few hosts.
+    let scope = scope::Scope::without_services(snapshot, view);
+    let mut resources = endpoint::load_assignments_of(&scope, hosts);
     resources.sort_by(|a, b| a.name.cmp(&b.name));
     resources.dedup_by(|a, b| a.name == b.name);
     resources
