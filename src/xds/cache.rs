@@ -9,7 +9,9 @@ use arc_swap::ArcSwap;
 use bytes::Bytes;
 use tokio::sync::{OnceCell, Semaphore};
 
-use super::generate::{changed_types, generate, generate_endpoints_of, generate_routes_of, Resource, RoutingEdit};
+use super::generate::{
+    changed_types, generate, generate_endpoints_of, generate_routes_of, has_clusters_of, Resource, RoutingEdit,
+};
 use super::metrics::XdsMetrics;
 use super::proxy::{KeptResolutions, ProxyView};
 use super::response::resources_field;
@@ -167,6 +169,8 @@ struct Generation {
     /// Connection views resolved against this generation's snapshot (entries are keyed by the
     /// resolved view, which several connection views may share).
     resolved: Mutex<Resolutions>,
+    /// Per resolved view, whether this generation's change may alter its resources.
+    concerned: Mutex<HashMap<Resolved, bool>>,
 }
 
 /// Which resolved view each connection view maps to, and how many map to each resolved view.
@@ -229,6 +233,7 @@ impl Generation {
             entries: Mutex::default(),
             bytes: AtomicUsize::new(0),
             resolved: Mutex::default(),
+            concerned: Mutex::default(),
         }
     }
 
@@ -283,6 +288,50 @@ impl Generation {
             routing.changed.insert(view.clone(), changed);
         }
         keeps
+    }
+
+    /// Whether the change leaves every resource of `view` (resolved; `connection` as a stream
+    /// holds it) as the previous generation has them: see [`GenerationCache::concerns`].
+    fn unconcerned(&self, view: &Resolved, connection: &ProxyView) -> bool {
+        let (from, routing, endpoint_hosts) = {
+            let carry = self.lock_carry();
+            let Some(carry) = carry.as_ref().filter(|c| c.resolutions.keeps(connection)) else { return false };
+            let endpoints_only = TypeUrl::PUSH_ORDER.iter().all(|t| *t == TypeUrl::Endpoint || carry.types.contains(t));
+            let hosts = endpoints_only.then(|| carry.endpoint_hosts.clone());
+            (carry.from.clone(), carry.routing.is_some(), hosts)
+        };
+        // Served by the previous generation: its entries are there to take over.
+        if !from.lock_resolved().users.contains_key(view) {
+            return false;
+        }
+        let Some(next) = self.snapshot.as_deref() else { return false };
+        match endpoint_hosts {
+            Some(hosts) => !has_clusters_of(next, view, &hosts),
+            None => routing && TypeUrl::PUSH_ORDER.iter().all(|t| self.routing_keeps(view, *t)),
+        }
+    }
+
+    /// The entry of `key`, taken over from the previous generation if this one has none yet;
+    /// `None` when neither has it.
+    fn carried_entry(&self, key: &Key) -> Option<Arc<Entry>> {
+        let mut entries = self.lock();
+        if let Some(entry) = entries.get(key) {
+            return Some(entry.clone());
+        }
+        let (generated, bytes) = self.take_previous(key, false)?;
+        // Counted under the lock, as removals are.
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        let entry = Arc::new(Entry {
+            cell: OnceCell::new_with(Some(generated)),
+            last_used: AtomicU64::new(0),
+            bytes: AtomicUsize::new(bytes),
+        });
+        entries.insert(key.clone(), entry.clone());
+        Some(entry)
+    }
+
+    fn lock_concerned(&self) -> MutexGuard<'_, HashMap<Resolved, bool>> {
+        self.concerned.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn lock_carry(&self) -> MutexGuard<'_, Option<Carry>> {
@@ -568,17 +617,9 @@ impl GenerationCache {
         view: &ProxyView,
         type_url: TypeUrl,
     ) -> (Option<Arc<Generation>>, Arc<Entry>, Resolved) {
-        let version = snapshot.version;
-        let mut generation = self.current.load_full();
-        if generation.version < version {
-            let fresh = Arc::new(Generation::after(&generation, snapshot));
-            let prev = self.current.compare_and_swap(&generation, fresh.clone());
-            generation = if Arc::ptr_eq(&prev, &generation) { fresh } else { self.current.load_full() };
-            self.report(&generation);
-        }
-        if generation.version != version {
+        let Some(generation) = self.generation_of(snapshot) else {
             return (None, Arc::new(Entry::default()), Resolved::new(view.resolve(snapshot)));
-        }
+        };
         let key = (generation.resolve(snapshot, view), type_url);
         let found = generation.lock().get(&key).cloned();
         if let Some(entry) = found {
@@ -612,6 +653,41 @@ impl GenerationCache {
             }
         };
         (Some(generation), entry, key.0)
+    }
+
+    /// The generation of `snapshot`, begun if it is newer than the current one; `None` for a
+    /// caller still on an older snapshot.
+    fn generation_of(&self, snapshot: &Arc<Snapshot>) -> Option<Arc<Generation>> {
+        let mut generation = self.current.load_full();
+        if generation.version < snapshot.version {
+            let fresh = Arc::new(Generation::after(&generation, snapshot));
+            let prev = self.current.compare_and_swap(&generation, fresh.clone());
+            generation = if Arc::ptr_eq(&prev, &generation) { fresh } else { self.current.load_full() };
+            self.report(&generation);
+        }
+        (generation.version == snapshot.version).then_some(generation)
+    }
+
+    /// Whether `snapshot` may change any resource of `view`, decided once per resolved view.
+    /// It cannot for a routing change the view reads none of, or new endpoints of hosts the view
+    /// has no cluster of, when the view's resolution and entries carry over: those entries are
+    /// then taken over at once, and its streams have nothing to push. (Most proxies, on most
+    /// snapshots: a thousand streams each looking up every type to find nothing to send kept
+    /// the few with something waiting among them.)
+    pub fn concerns(&self, snapshot: &Arc<Snapshot>, view: &ProxyView) -> bool {
+        let Some(generation) = self.generation_of(snapshot) else { return true };
+        let resolved = generation.resolve(snapshot, view);
+        if let Some(concerned) = generation.lock_concerned().get(&resolved) {
+            return *concerned;
+        }
+        let concerned = !generation.unconcerned(&resolved, view);
+        if !concerned {
+            for type_url in TypeUrl::PUSH_ORDER {
+                generation.carried_entry(&(resolved.clone(), type_url));
+            }
+        }
+        generation.lock_concerned().insert(resolved, concerned);
+        concerned
     }
 
     /// Drops least recently used entries (never `keep`) until the generation fits the budget.
@@ -969,6 +1045,60 @@ spec: {hosts: [b.example.com], location: MESH_INTERNAL, resolution: STATIC, port
         // The timeout edit changes the importing view's routes only; the rule, its clusters.
         assert_eq!(kept(0), [true, true, true, true, true, true, true, false]);
         assert_eq!(kept(1), [true, true, true, true, false, true, true, true]);
+    }
+
+    #[tokio::test]
+    async fn a_view_is_unconcerned_only_by_changes_that_leave_all_it_holds() {
+        let scoped = format!(
+            "{MESH}---\napiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata: {{name: default, namespace: default}}\n\
+             spec: {{egress: [{{hosts: [\"./*\"]}}]}}\n"
+        );
+        let vs = |timeout: &str| {
+            format!(
+                "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {{name: b, namespace: other}}\n\
+                 spec: {{hosts: [b.example.com], http: [{{timeout: {timeout}, route: [{{destination: {{host: b.example.com}}}}]}}]}}\n"
+            )
+        };
+        let entry = |name: &str, ns: &str, ip: &str| {
+            format!(
+                "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: {name}, namespace: {ns}}}\n\
+                 spec: {{hosts: [{name}.example.com], location: MESH_INTERNAL, resolution: STATIC, ports: [{{number: 80, name: http}}], endpoints: [{{address: {ip}}}]}}\n"
+            )
+        };
+        let dr = "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: b, namespace: other}\n\
+             spec: {host: b.example.com, trafficPolicy: {connectionPool: {tcp: {maxConnections: 7}}}}\n";
+        let snaps = snapshots(&[
+            &format!("{scoped}---\n{}", vs("1s")),
+            &vs("2s"),
+            &entry("a", "default", "10.0.0.9"),
+            &entry("b", "other", "10.0.1.9"),
+            dr,
+        ]);
+        let cache = Arc::new(GenerationCache::default());
+        // `default` imports its own namespace only (a); `other` imports everything.
+        let (outside, inside) = (sidecar("default", &[]), sidecar("other", &[]));
+        let _leases = (cache.hold(&outside), cache.hold(&inside));
+        let all = [TypeUrl::Cluster, TypeUrl::Endpoint, TypeUrl::Listener, TypeUrl::Route];
+        let mut concerned = Vec::new();
+        let mut previous: Vec<Arc<Generated>> = Vec::new();
+        for snap in &snaps {
+            let of_snapshot = [cache.concerns(snap, &outside), cache.concerns(snap, &inside)];
+            let mut got = Vec::new();
+            for (v, view) in [&outside, &inside].into_iter().enumerate() {
+                for (i, t) in all.into_iter().enumerate() {
+                    let generated = cache.get(snap, view, t).await;
+                    assert_eq!(generated.encoded, Generated::new(generate(t, snap, view)).encoded, "{view} {t}");
+                    if !of_snapshot[v] {
+                        assert!(Arc::ptr_eq(&generated, &previous[v * 4 + i]), "{view} {t} was not taken over");
+                    }
+                    got.push(generated);
+                }
+            }
+            concerned.push(of_snapshot);
+            previous = got;
+        }
+        // The first snapshot concerns everyone; then `default` only by its own service's endpoints.
+        assert_eq!(concerned, [[true, true], [false, true], [true, true], [false, true], [false, true]]);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -150,6 +150,13 @@ impl Protocol for StateOfTheWorld {
         self.clusters_changed.clear();
     }
 
+    fn settled(&self) -> bool {
+        self.watches.values().all(|w| {
+            w.isolation.is_clean()
+                && w.sent.as_ref().is_some_and(|s| s.names == w.names && matches!(s.holding, Holding::Whole { .. }))
+        })
+    }
+
     async fn push(&mut self, session: &mut Session<SotwResponse>, type_url: TypeUrl) -> Result<bool, StreamEnd> {
         self.respond(session, type_url, false).await
     }

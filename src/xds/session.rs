@@ -130,6 +130,12 @@ impl<R> Session<R> {
         self.proxy = proxy;
     }
 
+    /// Whether the session's snapshot may change any resource of its view (see
+    /// [`super::cache::GenerationCache::concerns`]).
+    pub fn concerned(&self) -> bool {
+        self.snapshot.as_ref().is_none_or(|s| self.ctx.cache.concerns(s, &self.view))
+    }
+
     /// The resources of `type_url` for this proxy in the current snapshot (`None` before the first).
     pub async fn generated(&self, type_url: TypeUrl) -> Option<(Arc<Snapshot>, Arc<Generated>)> {
         let snapshot = self.snapshot.clone()?;

@@ -114,6 +114,15 @@ pub fn generate_routes_of(
     Some(resources)
 }
 
+/// Whether `view` (resolved) has a cluster of any of `hosts` (EDS or not).
+pub fn has_clusters_of(
+    snapshot: &Snapshot,
+    view: &ProxyView,
+    hosts: &std::collections::BTreeSet<crate::registry::Hostname>,
+) -> bool {
+    !scope::Scope::without_services(snapshot, view).cluster_services_of(hosts).is_empty()
+}
+
 /// The EDS resources of `view` for the services named in `hosts` only: what an endpoint change
 /// of those hosts can change, when the view's clusters stayed the same.
 pub fn generate_endpoints_of(
