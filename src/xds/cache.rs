@@ -1003,20 +1003,31 @@ spec: {hosts: [b.example.com], location: MESH_INTERNAL, resolution: STATIC, port
         assert!(cache.bytes() > 0 && cache.entries() == all.len());
     }
 
-    #[tokio::test]
-    async fn a_routing_change_regenerates_only_the_views_that_read_it() {
-        let scoped = format!(
+    /// [`MESH`] with a Sidecar that keeps `default`'s proxies to their own namespace.
+    fn scoped_mesh() -> String {
+        format!(
             "{MESH}---\napiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata: {{name: default, namespace: default}}\n\
              spec: {{egress: [{{hosts: [\"./*\"]}}]}}\n"
-        );
-        let vs = |timeout: &str| {
-            format!(
-                "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {{name: b, namespace: other}}\n\
-                 spec: {{hosts: [b.example.com], http: [{{timeout: {timeout}, route: [{{destination: {{host: b.example.com}}}}]}}]}}\n"
-            )
-        };
-        let dr = "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: b, namespace: other}\n\
+        )
+    }
+
+    /// A VirtualService routing b with `timeout`.
+    fn timeout_route(timeout: &str) -> String {
+        format!(
+            "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {{name: b, namespace: other}}\n\
+             spec: {{hosts: [b.example.com], http: [{{timeout: {timeout}, route: [{{destination: {{host: b.example.com}}}}]}}]}}\n"
+        )
+    }
+
+    /// A DestinationRule for b.
+    const B_RULE: &str =
+        "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: b, namespace: other}\n\
              spec: {host: b.example.com, trafficPolicy: {connectionPool: {tcp: {maxConnections: 7}}}}\n";
+
+    #[tokio::test]
+    async fn a_routing_change_regenerates_only_the_views_that_read_it() {
+        let (scoped, vs) = (scoped_mesh(), timeout_route);
+        let dr = B_RULE;
         // Each step applies only the objects it names, as a source sends what changed.
         let snaps = snapshots(&[&format!("{scoped}---\n{}", vs("1s")), &vs("2s"), dr]);
         let cache = Arc::new(GenerationCache::default());
@@ -1049,24 +1060,14 @@ spec: {hosts: [b.example.com], location: MESH_INTERNAL, resolution: STATIC, port
 
     #[tokio::test]
     async fn a_view_is_unconcerned_only_by_changes_that_leave_all_it_holds() {
-        let scoped = format!(
-            "{MESH}---\napiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata: {{name: default, namespace: default}}\n\
-             spec: {{egress: [{{hosts: [\"./*\"]}}]}}\n"
-        );
-        let vs = |timeout: &str| {
-            format!(
-                "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {{name: b, namespace: other}}\n\
-                 spec: {{hosts: [b.example.com], http: [{{timeout: {timeout}, route: [{{destination: {{host: b.example.com}}}}]}}]}}\n"
-            )
-        };
+        let (scoped, vs) = (scoped_mesh(), timeout_route);
         let entry = |name: &str, ns: &str, ip: &str| {
             format!(
                 "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: {name}, namespace: {ns}}}\n\
                  spec: {{hosts: [{name}.example.com], location: MESH_INTERNAL, resolution: STATIC, ports: [{{number: 80, name: http}}], endpoints: [{{address: {ip}}}]}}\n"
             )
         };
-        let dr = "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: b, namespace: other}\n\
-             spec: {host: b.example.com, trafficPolicy: {connectionPool: {tcp: {maxConnections: 7}}}}\n";
+        let dr = B_RULE;
         let snaps = snapshots(&[
             &format!("{scoped}---\n{}", vs("1s")),
             &vs("2s"),

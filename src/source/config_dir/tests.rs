@@ -339,11 +339,7 @@ fn a_file_renamed_in_is_used_at_its_first_read() {
     std::fs::create_dir(&root).unwrap();
     let file = root.join("vs.yaml");
     std::fs::write(&file, VS).unwrap();
-    let mut state = DirState::default();
-    state.rescan(&root);
-    let arrivals = Arrivals::default();
-    let (tx, _rx) = mpsc::channel(1);
-    let _watch = fswatch::watch_recording(&root, tx, arrivals.clone()).unwrap();
+    let (mut state, arrivals, _watch, _rx) = scanned_and_watched(&root);
 
     // Written beside the directory, then renamed in: complete the moment it appears.
     let staged = parent.path().join("vs.yaml.new");
@@ -382,6 +378,16 @@ fn a_file_renamed_in_is_used_at_its_first_read() {
     assert_eq!(fs.reads(&file), 4);
 }
 
+/// `root` scanned once, and watched recording arrivals (for as long as the watch and receiver live).
+fn scanned_and_watched(root: &Path) -> (DirState, Arrivals, fswatch::FsWatch, mpsc::Receiver<()>) {
+    let mut state = DirState::default();
+    state.rescan(root);
+    let arrivals = Arrivals::default();
+    let (tx, rx) = mpsc::channel(1);
+    let watch = fswatch::watch_recording(root, tx, arrivals.clone()).unwrap();
+    (state, arrivals, watch, rx)
+}
+
 /// Writes `content` to `staging` and renames it to `path`, then waits for the watch to record it.
 /// Staged outside the watched tree: a rename inside it is notified twice (the target, then the
 /// pair), and the second notification could land after the rescan took the first.
@@ -406,11 +412,7 @@ fn edits_renamed_in_merge_as_a_full_rescan_would() {
     std::fs::write(root.join("a.yaml"), with_host("a")).unwrap();
     std::fs::write(root.join("b.yaml"), with_host("b")).unwrap();
     std::fs::write(root.join("c.yaml"), VS.replace("{name: r}", "{name: s}")).unwrap();
-    let mut state = DirState::default();
-    state.rescan(&root);
-    let arrivals = Arrivals::default();
-    let (tx, _rx) = mpsc::channel(1);
-    let _watch = fswatch::watch_recording(&root, tx, arrivals.clone()).unwrap();
+    let (mut state, arrivals, _watch, _rx) = scanned_and_watched(&root);
     let staging = dir.path().join("staging.tmp");
     let fresh = || {
         let mut fresh = DirState::default();
@@ -449,11 +451,7 @@ fn files_renamed_in_are_read_without_listing_the_tree() {
     let file = root.join("vs.yaml");
     std::fs::write(&file, VS).unwrap();
     std::fs::create_dir(root.join("sub")).unwrap();
-    let mut state = DirState::default();
-    state.rescan(&root);
-    let arrivals = Arrivals::default();
-    let (tx, _rx) = mpsc::channel(1);
-    let _watch = fswatch::watch_recording(&root, tx, arrivals.clone()).unwrap();
+    let (mut state, arrivals, _watch, _rx) = scanned_and_watched(&root);
     let staging = dir.path().join("staging.tmp");
     let rename_in = |path: &Path, content: &str| rename_in(&staging, &arrivals, path, content);
 
