@@ -315,10 +315,16 @@ impl Generation {
     /// `None` when neither has it.
     fn carried_entry(&self, key: &Key) -> Option<Arc<Entry>> {
         let mut entries = self.lock();
-        if let Some(entry) = entries.get(key) {
-            return Some(entry.clone());
+        match entries.get(key) {
+            Some(entry) => Some(entry.clone()),
+            None => self.take_over(&mut entries, key, false),
         }
-        let (generated, bytes) = self.take_previous(key, false)?;
+    }
+
+    /// Takes the previous generation's entry of `key` over into `entries` (this generation's,
+    /// locked); `carry_only` as for [`Generation::take_previous`].
+    fn take_over(&self, entries: &mut HashMap<Key, Arc<Entry>>, key: &Key, carry_only: bool) -> Option<Arc<Entry>> {
+        let (generated, bytes) = self.take_previous(key, carry_only)?;
         // Counted under the lock, as removals are.
         self.bytes.fetch_add(bytes, Ordering::Relaxed);
         let entry = Arc::new(Entry {
@@ -632,24 +638,13 @@ impl GenerationCache {
             let mut entries = generation.lock();
             match entries.get(&key) {
                 Some(entry) => entry.clone(),
-                None => {
-                    // Under this generation's lock (the previous one's is taken inside it, never
-                    // the other way): one request takes the entry over, the others find it here.
-                    let entry = match generation.take_previous(&key, !unchanged) {
-                        Some((generated, bytes)) => {
-                            // Counted under the lock, as removals are.
-                            generation.bytes.fetch_add(bytes, Ordering::Relaxed);
-                            Arc::new(Entry {
-                                cell: OnceCell::new_with(Some(generated)),
-                                last_used: AtomicU64::new(0),
-                                bytes: AtomicUsize::new(bytes),
-                            })
-                        }
-                        None => Arc::default(),
-                    };
+                // Under this generation's lock (the previous one's is taken inside it, never the
+                // other way): one request takes the entry over, the others find it here.
+                None => generation.take_over(&mut entries, &key, !unchanged).unwrap_or_else(|| {
+                    let entry = Arc::new(Entry::default());
                     entries.insert(key.clone(), entry.clone());
                     entry
-                }
+                }),
             }
         };
         (Some(generation), entry, key.0)

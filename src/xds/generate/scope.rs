@@ -144,39 +144,39 @@ impl<'a> Scope<'a> {
                 by_host.insert(&svc.hostname, svc);
             }
         }
-        if self.view.kind == ProxyKind::Sidecar {
-            for imp in &imports {
-                for (ix, vs) in self.mesh_virtual_services(*imp) {
-                    for host in destination_hosts(vs, &ix.config.key.namespace, self.domain()) {
-                        if let Some(svc) = self.service_for_host(&host) {
-                            by_host.entry(&svc.hostname).or_insert(svc);
-                        }
-                    }
-                }
+        for host in self.routed_hosts(&imports) {
+            if let Some(svc) = self.service_for_host(&host) {
+                by_host.entry(&svc.hostname).or_insert(svc);
             }
         }
         by_host.into_values().collect()
+    }
+
+    /// The destination hosts of the `mesh` VirtualServices a sidecar's listeners import (none
+    /// for gateways): they join the cluster services.
+    fn routed_hosts(&self, imports: &[Imports<'_>]) -> BTreeSet<Hostname> {
+        if self.view.kind != ProxyKind::Sidecar {
+            return BTreeSet::new();
+        }
+        imports
+            .iter()
+            .flat_map(|imp| self.mesh_virtual_services(*imp))
+            .flat_map(|(ix, vs)| destination_hosts(vs, &ix.config.key.namespace, self.domain()))
+            .collect()
     }
 
     /// [`Scope::cluster_services`] among the services of `hosts`, found by host instead of by
     /// walking the registry (an endpoint change patches a few hosts of a thousand-service mesh).
     pub(super) fn cluster_services_of(&self, hosts: &BTreeSet<Hostname>) -> Vec<&'a Arc<Service>> {
         let imports = self.all_imports();
-        let routed_to = |host: &Hostname| {
-            self.view.kind == ProxyKind::Sidecar
-                && imports.iter().any(|imp| {
-                    self.mesh_virtual_services(*imp).iter().any(|(ix, vs)| {
-                        destination_hosts(vs, &ix.config.key.namespace, self.domain()).iter().any(|h| h == host)
-                    })
-                })
-        };
+        let routed = self.routed_hosts(&imports);
         // The service a host names from here is the one `visible` lists for it, and the one a
         // VirtualService destination resolves to.
         hosts
             .iter()
             .filter_map(|host| self.service_for_host(host))
             .filter(|svc| {
-                imports.iter().any(|i| i.imports_host(&svc.namespace, &svc.hostname)) || routed_to(&svc.hostname)
+                imports.iter().any(|i| i.imports_host(&svc.namespace, &svc.hostname)) || routed.contains(&svc.hostname)
             })
             .collect()
     }
