@@ -45,8 +45,21 @@ struct InFlight {
     nonce: String,
     /// What the proxy holds of the type once it accepts it (for isolation).
     holding: Holding,
-    updated: Vec<(String, u64)>,
+    updated: Vec<Piece>,
     removed: Vec<String>,
+    /// What the proxy holds once it accepts this and every response before it, when that is
+    /// exactly `holding`; dropped when an earlier one is rejected.
+    after: Option<Held>,
+}
+
+impl InFlight {
+    /// `acked` once the proxy accepted this response.
+    fn accepted(&self, acked: &mut Held) {
+        match &self.after {
+            Some(after) => *acked = after.clone(),
+            None => acked.apply(&self.updated, &self.removed),
+        }
+    }
 }
 
 /// One response's content.
@@ -57,6 +70,8 @@ struct Change {
     removed: Vec<String>,
     /// What it holds of the type once it accepts the response.
     holding: Holding,
+    /// Whether it then holds exactly `holding` (no removal is deferred).
+    complete: bool,
 }
 
 /// One type's state on a delta stream.
@@ -137,16 +152,17 @@ impl Protocol for Delta {
         let due = !req.response_nonce.is_empty() && watch.answer(session, type_url, &req);
         if first {
             // A reconnecting proxy says what it holds: only what differs is sent.
-            watch.held =
-                req.initial_resource_versions.iter().map(|(n, v)| (n.clone(), changes::parse_version(v))).collect();
+            watch.held = Held::Listed(
+                req.initial_resource_versions.iter().map(|(n, v)| (n.clone(), changes::parse_version(v))).collect(),
+            );
             watch.acked = watch.held.clone();
         }
         let change =
             watch.subscription.apply(type_url, first, &req.resource_names_subscribe, &req.resource_names_unsubscribe);
         for name in &change.dropped {
             // The proxy dropped it: a later subscription gets it afresh.
-            watch.held.remove(name);
-            watch.acked.remove(name);
+            watch.held.forget(name);
+            watch.acked.forget(name);
         }
         let sent = if first || change.wants_more() {
             self.respond(session, type_url, Reason::Request { absent: change.subscribed }).await?
@@ -176,6 +192,12 @@ impl Protocol for Delta {
         self.clusters_changed.clear();
     }
 
+    fn settled(&self) -> bool {
+        self.watches
+            .values()
+            .all(|w| w.isolation.is_clean() && w.deferred.is_none() && w.held.is_whole_under(w.subscription.names()))
+    }
+
     async fn push(&mut self, session: &mut Session<DeltaResponse>, type_url: TypeUrl) -> Result<bool, StreamEnd> {
         self.respond(session, type_url, Reason::Push).await
     }
@@ -187,7 +209,7 @@ impl Protocol for Delta {
             let Some((holding, removed)) = self.watches.get_mut(&type_url).and_then(|w| w.deferred.take()) else {
                 continue;
             };
-            let change = Change { updated: Vec::new(), removed, holding };
+            let change = Change { updated: Vec::new(), removed, holding, complete: true };
             sent |= self.send(session, type_url, change, Instant::now(), true).await?;
         }
         Ok(sent)
@@ -203,10 +225,14 @@ impl Watch {
         };
         // Envoy answers responses in order: any older one still listed was accepted.
         for older in self.in_flight.drain(..at) {
-            changes::apply(&mut self.acked, &older.updated, &older.removed);
+            older.accepted(&mut self.acked);
         }
         let Some(flight) = self.in_flight.pop_front() else { return false };
         if let Some(err) = &req.error_detail {
+            // The responses after it were computed as if the proxy had applied it.
+            for later in &mut self.in_flight {
+                later.after = None;
+            }
             let due = session.nack(type_url, &flight.nonce, &err.message, &mut self.isolation, &flight.holding);
             if due {
                 // The proxy keeps its last good config; the next response starts from there.
@@ -214,7 +240,7 @@ impl Watch {
             }
             return due;
         }
-        changes::apply(&mut self.acked, &flight.updated, &flight.removed);
+        flight.accepted(&mut self.acked);
         session.ack(type_url, nonce_version(&flight.nonce), &flight.nonce, &mut self.isolation, &flight.holding)
     }
 }
@@ -235,15 +261,12 @@ impl Delta {
             return Ok(false);
         };
         let holding = watch.isolation.compose(&generated, watch.subscription.names());
-        let rebuilt = &self.clusters_changed;
-        let updated = changes::updated(&holding, |name| {
-            let held = watch.held.get(name).copied();
-            held.filter(|_| type_url != TypeUrl::Endpoint || !rebuilt.contains(name))
-        });
+        let none = BTreeSet::new();
+        let resend = if type_url == TypeUrl::Endpoint { &self.clusters_changed } else { &none };
+        let (updated, mut removed) = changes::diff(&watch.held, &holding, resend);
         if type_url == TypeUrl::Cluster {
             self.clusters_changed = updated.iter().map(|p| p.name().to_string()).collect();
         }
-        let mut removed = changes::removed(&watch.held, &holding);
         watch.deferred = None;
         if reason == Reason::Push && matches!(type_url, TypeUrl::Cluster | TypeUrl::Endpoint) && !removed.is_empty() {
             watch.deferred = Some((holding.clone(), std::mem::take(&mut removed)));
@@ -256,10 +279,15 @@ impl Delta {
             let unknown: Vec<String> = unknown.cloned().collect();
             removed.extend(unknown);
         }
+        let complete = watch.deferred.is_none();
         if updated.is_empty() && removed.is_empty() && (secret || !matches!(reason, Reason::Request { .. })) {
+            if complete {
+                // It holds all of this already: keep the generation itself rather than a copy.
+                watch.held = Held::Exactly(holding);
+            }
             return Ok(false);
         }
-        let change = Change { updated, removed, holding };
+        let change = Change { updated, removed, holding, complete };
         self.send(session, type_url, change, started, reason == Reason::Push).await
     }
 
@@ -275,7 +303,7 @@ impl Delta {
         let (Some(snapshot), Some(watch)) = (session.snapshot.clone(), self.watches.get_mut(&type_url)) else {
             return Ok(false);
         };
-        let Change { updated, removed, holding } = change;
+        let Change { updated, removed, holding, complete } = change;
         let nonce = session.next_nonce(&snapshot);
         let version = nonce_version(&nonce);
         let versions: Vec<String> = updated.iter().map(|p| changes::resource_version(p.hash())).collect();
@@ -284,20 +312,20 @@ impl Delta {
             .zip(&versions)
             .map(|(p, version)| DeltaResource { name: p.name(), version, body: p.encoded() })
             .collect();
-        let flight = InFlight {
-            nonce: nonce.clone(),
-            holding,
-            updated: updated.iter().map(|p| (p.name().to_string(), p.hash())).collect(),
-            removed: removed.clone(),
-        };
-        changes::apply(&mut watch.held, &flight.updated, &flight.removed);
+        let bytes = resources.iter().map(|r| r.body.len()).sum();
+        let count = resources.len();
+        let response = Encoded::delta(&version, type_url.as_str(), &nonce, &resources, removed.clone());
+        if complete {
+            watch.held = Held::Exactly(holding.clone());
+        } else {
+            watch.held.apply(&updated, &removed);
+        }
+        let after = complete.then(|| watch.held.clone());
+        let flight = InFlight { nonce: nonce.clone(), holding, updated, removed, after };
         if watch.in_flight.len() == MAX_IN_FLIGHT {
             watch.in_flight.pop_front();
         }
         watch.in_flight.push_back(flight);
-        let bytes = resources.iter().map(|r| r.body.len()).sum();
-        let count = resources.len();
-        let response = Encoded::delta(&version, type_url.as_str(), &nonce, &resources, removed);
         session.send(response, Outgoing { type_url, version, nonce, count, bytes, started, push }).await?;
         Ok(true)
     }
@@ -401,6 +429,35 @@ mod tests {
         h.publish(&service("a", "10.0.0.7"));
         let retry = h.next().await.expect("the newer endpoints");
         assert_eq!(names(&retry), [cluster("a")]);
+    }
+
+    #[tokio::test]
+    async fn a_name_unsubscribed_is_not_pushed_and_comes_back_whole_when_subscribed_again() {
+        let mesh = |a: &str, b: &str| [service("a", a), service("b", b)].join("---\n");
+        let mut h = Harness::start(Delta::default(), &mesh("10.0.0.1", "10.0.0.2"));
+        let eds = subscribe(&mut h, TypeUrl::Endpoint, &[cluster("a"), cluster("b")]).await;
+        assert_eq!(names(&eds), [cluster("a"), cluster("b")]);
+        let mut drop_b = request(TypeUrl::Endpoint, &[], "", None);
+        drop_b.resource_names_unsubscribe = vec![cluster("b")];
+        h.send(drop_b).await;
+        assert!(h.next().await.is_none(), "an unsubscribe alone is not answered");
+
+        // Both change: only a, still subscribed, is pushed.
+        h.settle().await;
+        h.publish(&mesh("10.0.0.9", "10.0.0.8"));
+        let update = h.next().await.expect("a's endpoints");
+        assert_eq!((names(&update), update.removed_resources.clone()), (vec![cluster("a")], vec![]));
+        h.send(request(TypeUrl::Endpoint, &[], &update.nonce, None)).await;
+        assert!(h.next().await.is_none());
+
+        // b again: the proxy dropped it, so it gets it whatever version it once had.
+        h.send(request(TypeUrl::Endpoint, &[cluster("b")], "", None)).await;
+        let again = h.next().await.expect("b's endpoints");
+        assert_eq!(names(&again), [cluster("b")]);
+        h.send(request(TypeUrl::Endpoint, &[], &again.nonce, None)).await;
+        h.settle().await;
+        h.publish(&mesh("10.0.0.9", "10.0.0.7"));
+        assert_eq!(names(&h.next().await.expect("b's new endpoints")), [cluster("b")]);
     }
 
     #[tokio::test]

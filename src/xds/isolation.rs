@@ -75,6 +75,18 @@ impl Holding {
         }
     }
 
+    /// The names and content hashes of the resources, in name order.
+    pub fn entries(&self) -> Vec<(&str, u64)> {
+        match self {
+            Holding::Whole { generated, names } => generated
+                .select_indices(names.as_ref())
+                .into_iter()
+                .map(|i| (generated.resources[i].name.as_str(), generated.hashes[i]))
+                .collect(),
+            Holding::Pieces(pieces) => pieces.iter().map(|p| (p.name(), p.hash())).collect(),
+        }
+    }
+
     /// Whether this is all of `generated` (as selected by some names), not a composition.
     pub fn is_whole_of(&self, generated: &Arc<Generated>) -> bool {
         matches!(self, Holding::Whole { generated: g, .. } if Arc::ptr_eq(g, generated))
