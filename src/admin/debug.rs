@@ -158,7 +158,7 @@ pub async fn config_dump(State(state): State<AdminState>, Query(q): Query<HashMa
         return (StatusCode::NOT_FOUND, Json(json!({"error": format!("proxy {wanted} is not connected here")})))
             .into_response();
     };
-    let view = conn.proxy.view();
+    let view = crate::xds::proxy::SharedView::new(conn.proxy.view());
     let mut generated = Vec::new();
     for type_url in TypeUrl::PUSH_ORDER {
         generated.push((type_url, xds.cache.get(&snap, &view, type_url).await));

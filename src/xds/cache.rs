@@ -13,7 +13,7 @@ use super::generate::{
     changed_types, generate, generate_endpoints_of, generate_routes_of, has_clusters_of, Resource, RoutingEdit,
 };
 use super::metrics::XdsMetrics;
-use super::proxy::{KeptResolutions, ProxyView};
+use super::proxy::{KeptResolutions, ProxyView, SharedView};
 use super::response::resources_field;
 use super::TypeUrl;
 use crate::config::{ConfigKey, Kind};
@@ -116,19 +116,14 @@ struct Entry {
     bytes: AtomicUsize,
 }
 
-/// A view resolved against a generation's snapshot, shared by every entry and lookup of it.
-/// Hashed once and compared by pointer first: every stream looks its entries up on every
-/// snapshot, nearly always with the very `Arc` the entries were keyed by.
-#[derive(Clone)]
-struct Resolved {
-    view: Arc<ProxyView>,
-    hash: u64,
-}
+/// A view resolved against a generation's snapshot, shared by every entry and lookup of it (a
+/// connection's own view is a plain [`SharedView`]: the two never mix as keys).
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct Resolved(SharedView);
 
 impl Resolved {
     fn new(view: ProxyView) -> Resolved {
-        let hash = view.key();
-        Resolved { view: Arc::new(view), hash }
+        Resolved(SharedView::new(view))
     }
 }
 
@@ -136,21 +131,7 @@ impl std::ops::Deref for Resolved {
     type Target = ProxyView;
 
     fn deref(&self) -> &ProxyView {
-        &self.view
-    }
-}
-
-impl PartialEq for Resolved {
-    fn eq(&self, other: &Resolved) -> bool {
-        Arc::ptr_eq(&self.view, &other.view) || (self.hash == other.hash && self.view == other.view)
-    }
-}
-
-impl Eq for Resolved {}
-
-impl std::hash::Hash for Resolved {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        state.write_u64(self.hash);
+        &self.0
     }
 }
 
@@ -176,7 +157,7 @@ struct Generation {
 /// Which resolved view each connection view maps to, and how many map to each resolved view.
 #[derive(Default)]
 struct Resolutions {
-    of: HashMap<ProxyView, Resolved>,
+    of: HashMap<SharedView, Resolved>,
     users: HashMap<Resolved, usize>,
 }
 
@@ -292,7 +273,7 @@ impl Generation {
 
     /// Whether the change leaves every resource of `view` (resolved; `connection` as a stream
     /// holds it) as the previous generation has them: see [`GenerationCache::concerns`].
-    fn unconcerned(&self, view: &Resolved, connection: &ProxyView) -> bool {
+    fn unconcerned(&self, view: &Resolved, connection: &SharedView) -> bool {
         let (from, routing, endpoint_hosts) = {
             let carry = self.lock_carry();
             let Some(carry) = carry.as_ref().filter(|c| c.resolutions.keeps(connection)) else { return false };
@@ -393,7 +374,7 @@ impl Generation {
     }
 
     /// The resolved form of `view` in `snapshot` (this generation's), computed once per view.
-    fn resolve(&self, snapshot: &Snapshot, view: &ProxyView) -> Resolved {
+    fn resolve(&self, snapshot: &Snapshot, view: &SharedView) -> Resolved {
         if let Some(resolved) = self.lock_resolved().of.get(view) {
             return resolved.clone();
         }
@@ -408,7 +389,7 @@ impl Generation {
     }
 
     /// The previous generation's resolution of `view`, when the change leaves it as it was.
-    fn kept_resolution(&self, view: &ProxyView) -> Option<Resolved> {
+    fn kept_resolution(&self, view: &SharedView) -> Option<Resolved> {
         let from = {
             let carry = self.lock_carry();
             let carry = carry.as_ref().filter(|c| c.resolutions.keeps(view))?;
@@ -419,7 +400,7 @@ impl Generation {
     }
 
     /// Forgets `view`; returns its resolved view if no other view maps to it any more.
-    fn forget(&self, view: &ProxyView) -> Option<Resolved> {
+    fn forget(&self, view: &SharedView) -> Option<Resolved> {
         let mut r = self.lock_resolved();
         let resolved = r.of.remove(view)?;
         let users = r.users.get_mut(&resolved)?;
@@ -461,7 +442,7 @@ pub struct GenerationCache {
     metrics: XdsMetrics,
     budget: usize,
     tick: AtomicU64,
-    held: Mutex<HashMap<ProxyView, usize>>,
+    held: Mutex<HashMap<SharedView, usize>>,
     /// Generations running at once: each builds a whole proxy's config in memory, so a burst of
     /// new views must queue here rather than hold hundreds of them (and blocking threads) at once.
     generating: Arc<Semaphore>,
@@ -474,7 +455,7 @@ pub struct GenerationCache {
 /// A connection's claim on its view: the view's entries are kept while a lease on it exists.
 pub struct ViewLease {
     cache: Arc<GenerationCache>,
-    view: ProxyView,
+    view: SharedView,
 }
 
 impl Default for GenerationCache {
@@ -499,7 +480,7 @@ impl GenerationCache {
     }
 
     /// Holds `view` for a connection until the lease is dropped.
-    pub fn hold(self: &Arc<Self>, view: &ProxyView) -> ViewLease {
+    pub fn hold(self: &Arc<Self>, view: &SharedView) -> ViewLease {
         *self.lock_held().entry(view.clone()).or_default() += 1;
         ViewLease { cache: self.clone(), view: view.clone() }
     }
@@ -525,7 +506,7 @@ impl GenerationCache {
     }
 
     /// The resources of `type_url` for `view` in `snapshot`, generated at most once.
-    pub async fn get(&self, snapshot: &Arc<Snapshot>, view: &ProxyView, type_url: TypeUrl) -> Arc<Generated> {
+    pub async fn get(&self, snapshot: &Arc<Snapshot>, view: &SharedView, type_url: TypeUrl) -> Arc<Generated> {
         let (generation, entry, view) = self.entry(snapshot, view, type_url);
         entry.last_used.store(self.tick.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
         // Most lookups, by every proxy on every push: nothing to generate or copy.
@@ -534,7 +515,7 @@ impl GenerationCache {
         }
         let view = &view;
         let internal_errors = self.metrics.xds_internal_errors.clone();
-        let (snapshot, task_view) = (snapshot.clone(), view.view.clone());
+        let (snapshot, task_view) = (snapshot.clone(), view.0.clone());
         let (key_view, owner) = (view.clone(), generation.clone());
         let mut generated_here = false;
         let generating = self.generating.clone();
@@ -620,7 +601,7 @@ impl GenerationCache {
     fn entry(
         &self,
         snapshot: &Arc<Snapshot>,
-        view: &ProxyView,
+        view: &SharedView,
         type_url: TypeUrl,
     ) -> (Option<Arc<Generation>>, Arc<Entry>, Resolved) {
         let Some(generation) = self.generation_of(snapshot) else {
@@ -669,7 +650,7 @@ impl GenerationCache {
     /// then taken over at once, and its streams have nothing to push. (Most proxies, on most
     /// snapshots: a thousand streams each looking up every type to find nothing to send kept
     /// the few with something waiting among them.)
-    pub fn concerns(&self, snapshot: &Arc<Snapshot>, view: &ProxyView) -> bool {
+    pub fn concerns(&self, snapshot: &Arc<Snapshot>, view: &SharedView) -> bool {
         let Some(generation) = self.generation_of(snapshot) else { return true };
         let resolved = generation.resolve(snapshot, view);
         if let Some(concerned) = generation.lock_concerned().get(&resolved) {
@@ -718,7 +699,7 @@ impl GenerationCache {
         }
     }
 
-    fn release(&self, view: &ProxyView) {
+    fn release(&self, view: &SharedView) {
         let last = {
             let mut held = self.lock_held();
             match held.get_mut(view) {
@@ -748,7 +729,7 @@ impl GenerationCache {
         self.metrics.cache_entries.set(gauge_value(entries));
     }
 
-    fn lock_held(&self) -> MutexGuard<'_, HashMap<ProxyView, usize>> {
+    fn lock_held(&self) -> MutexGuard<'_, HashMap<SharedView, usize>> {
         self.held.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
@@ -843,7 +824,17 @@ mod tests {
     use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 
     use super::*;
-    use crate::xds::generate::testing::{sidecar, sidecar_at, snapshot};
+    use crate::xds::generate::testing::{self, snapshot};
+
+    /// A sidecar's view, as its connection holds it.
+    fn sidecar(namespace: &str, labels: &[(&str, &str)]) -> SharedView {
+        SharedView::new(testing::sidecar(namespace, labels))
+    }
+
+    /// A sidecar's view at `ips`, as its connection holds it.
+    fn sidecar_at(namespace: &str, labels: &[(&str, &str)], ips: &[&str]) -> SharedView {
+        SharedView::new(testing::sidecar_at(namespace, labels, ips))
+    }
 
     const MESH: &str = "apiVersion: networking.istio.io/v1
 kind: ServiceEntry
@@ -900,7 +891,7 @@ spec: {hosts: [b.example.com], location: MESH_INTERNAL, resolution: STATIC, port
         assert!(cache.bytes() <= one * 3 + one / 2);
         let cached: Vec<bool> = views
             .iter()
-            .map(|v| cache.current.load().lock().contains_key(&(Resolved::new(v.clone()), TypeUrl::Cluster)))
+            .map(|v| cache.current.load().lock().contains_key(&(Resolved(v.clone()), TypeUrl::Cluster)))
             .collect();
         assert_eq!(cached, [true, false, true, true, false]);
     }

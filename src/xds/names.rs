@@ -8,9 +8,16 @@ use std::sync::Arc;
 use xxhash_rust::xxh64::xxh64;
 
 /// A set of resource names, held as sorted 64-bit hashes; cheap to clone (shared).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Eq)]
 pub struct NameSet {
     hashes: Arc<[u64]>,
+}
+
+impl PartialEq for NameSet {
+    /// By pointer first: a subscription and what was sent under it share one set.
+    fn eq(&self, other: &NameSet) -> bool {
+        Arc::ptr_eq(&self.hashes, &other.hashes) || self.hashes == other.hashes
+    }
 }
 
 /// The hash a name is held as.

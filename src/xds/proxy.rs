@@ -9,7 +9,7 @@ use serde::Serialize;
 
 pub use metadata::{Interception, NodeMetadata, ProxyConfigMeta};
 pub use resolution::KeptResolutions;
-pub use view::{InboundPort, ProxyView};
+pub use view::{InboundPort, ProxyView, SharedView};
 
 use crate::cluster::ownership::ProxyIdentity;
 use crate::config::api::Labels;

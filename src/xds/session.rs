@@ -13,7 +13,7 @@ use tracing::{debug, info, warn};
 use super::cache::{Generated, ViewLease};
 use super::isolation::{Holding, Isolation, NackOutcome, Rejected};
 use super::limits;
-use super::proxy::{Proxy, ProxyView};
+use super::proxy::{Proxy, SharedView};
 use super::status::{Nack, Registration, Transport};
 use super::stream::{ConnectionContext, StreamEnd};
 use super::TypeUrl;
@@ -35,7 +35,7 @@ pub struct Session<R> {
     node_proxy: Proxy,
     /// The proxy as the current snapshot's registry knows it (its Pod's labels, when known).
     pub proxy: Proxy,
-    view: ProxyView,
+    view: SharedView,
     /// Keeps the view's cached generations while this connection uses it.
     view_lease: ViewLease,
     registration: Registration,
@@ -77,7 +77,7 @@ impl<R> Session<R> {
     ) -> Self {
         let registration = ctx.registry.register(proxy.clone());
         registration.update(|s| s.transport = transport);
-        let view = proxy.view();
+        let view = SharedView::new(proxy.view());
         let view_lease = ctx.cache.hold(&view);
         info!(proxy = %proxy.id, namespace = %proxy.namespace, ?transport, "proxy connected");
         let mut session = Session {
@@ -110,6 +110,11 @@ impl<R> Session<R> {
     /// Takes the proxy's identity from the snapshot's registry (its Pod), moving to another view
     /// (and cache lease) when that changes what the proxy's config depends on.
     fn apply_registry(&mut self, snapshot: &Snapshot) {
+        // Right after the snapshot last applied, a change of no Pod leaves the proxy as it was.
+        let follows = self.snapshot.as_ref().is_some_and(|last| last.version.next() == snapshot.version);
+        if follows && !snapshot.changes.may_change_pods() {
+            return;
+        }
         let pod = self.node_proxy.registry_pod(&snapshot.kube);
         // Most pushes leave a proxy without a Pod as it was: no copy of it per snapshot then.
         if pod.is_none() && self.proxy == self.node_proxy {
@@ -119,7 +124,7 @@ impl<R> Session<R> {
         if proxy == self.proxy {
             return;
         }
-        let view = proxy.view();
+        let view = SharedView::new(proxy.view());
         if view != self.view {
             // The new lease is taken before the old one drops, so a shared view is never released in between.
             self.view_lease = self.ctx.cache.hold(&view);

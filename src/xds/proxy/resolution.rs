@@ -51,7 +51,8 @@ impl KeptResolutions {
         match self {
             KeptResolutions::None => false,
             KeptResolutions::ExceptAt(stale) => {
-                view.ips.iter().filter_map(|ip| ip.parse::<IpAddr>().ok()).all(|ip| !stale.contains(&ip))
+                stale.is_empty()
+                    || view.ips.iter().filter_map(|ip| ip.parse::<IpAddr>().ok()).all(|ip| !stale.contains(&ip))
             }
         }
     }

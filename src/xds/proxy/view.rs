@@ -5,6 +5,7 @@
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -118,6 +119,51 @@ fn inbound_ports(snapshot: &Snapshot, ips: &[String]) -> Vec<InboundPort> {
 impl fmt::Display for ProxyView {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:?}/{}/{:016x}", self.kind, self.namespace, self.key())
+    }
+}
+
+/// A view shared by pointer and hashed once, for the cache's keys: every stream looks its view
+/// up on every snapshot, nearly always with the very `Arc` it was keyed by, so lookups compare
+/// pointers rather than labels and IPs, and a key costs a reference count, not a copy.
+#[derive(Debug, Clone)]
+pub struct SharedView {
+    view: Arc<ProxyView>,
+    hash: u64,
+}
+
+impl SharedView {
+    /// `view`, shared.
+    pub fn new(view: ProxyView) -> SharedView {
+        let hash = view.key();
+        SharedView { view: Arc::new(view), hash }
+    }
+}
+
+impl std::ops::Deref for SharedView {
+    type Target = ProxyView;
+
+    fn deref(&self) -> &ProxyView {
+        &self.view
+    }
+}
+
+impl PartialEq for SharedView {
+    fn eq(&self, other: &SharedView) -> bool {
+        Arc::ptr_eq(&self.view, &other.view) || (self.hash == other.hash && self.view == other.view)
+    }
+}
+
+impl Eq for SharedView {}
+
+impl fmt::Display for SharedView {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.view.fmt(f)
+    }
+}
+
+impl Hash for SharedView {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
     }
 }
 
