@@ -206,9 +206,15 @@ impl StateOfTheWorld {
                     // Only removals: Envoy keeps named resources a response leaves out anyway.
                     return Ok(false);
                 }
-                let resources: Vec<Bytes> = changed.iter().map(|p| p.encoded().clone()).collect();
-                let field = resources_field_of(&resources);
-                (resources, field)
+                if changed.len() == holding.len() {
+                    // All of it changed (a route edit of a view with one route configuration): the
+                    // generation's own buffer, shared by every stream of the view, not a copy each.
+                    holding.encoded_with_field()
+                } else {
+                    let resources: Vec<Bytes> = changed.iter().map(|p| p.encoded().clone()).collect();
+                    let field = resources_field_of(&resources);
+                    (resources, field)
+                }
             }
             _ => holding.encoded_with_field(),
         };

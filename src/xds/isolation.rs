@@ -75,6 +75,20 @@ impl Holding {
         }
     }
 
+    /// How many resources it carries.
+    pub fn len(&self) -> usize {
+        match self {
+            Holding::Whole { generated, names: None } => generated.resources.len(),
+            Holding::Whole { generated, names } => generated.select_indices(names.as_ref()).len(),
+            Holding::Pieces(pieces) => pieces.len(),
+        }
+    }
+
+    /// Whether it carries nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// The names and content hashes of the resources, in name order.
     pub fn entries(&self) -> Vec<(&str, u64)> {
         match self {
