@@ -42,6 +42,8 @@ def parse_args(argv):
     p.add_argument("--targets", default=",".join(TARGETS), help="comma separated: " + ",".join(TARGETS))
     p.add_argument("--out", default=None, help="report JSON (default target/bench/scale.json)")
     p.add_argument("--settle", type=float, default=2.0, help="seconds the client waits after each phase")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="rounds of the edit phases; each figure of an edit is the median over the rounds")
     p.add_argument("--connect-rate", type=float, default=0.0, help="the client's new streams per second (0: all at once)")
     p.add_argument("--client-timeout", type=int, default=300, help="the load client's --timeout, seconds")
     p.add_argument("--phase-actions", choices=["hook", "direct"], default="hook",
@@ -75,14 +77,16 @@ def parse_args(argv):
             p.error(f"--{name} must be at least 1")
     if opts.services < 2:
         p.error("--services must be at least 2 (the edits change two different services)")
-    if (opts.services + 2) * opts.endpoints >= 1 << 23:
+    if not 1 <= opts.repeat <= 40:
+        p.error("--repeat must be 1 to 40 (each round shifts the edited VirtualService's weights by one)")
+    if (opts.services + opts.repeat + 1) * opts.endpoints >= 1 << 23:
         p.error("--services x --endpoints must stay below 8M: endpoints use 10.0.0.0-10.127.255.255")
     opts.command_line = "bash scripts/bench.sh " + " ".join(shlex.quote(a) for a in argv)
 
     def settings():
         keys = ["services", "endpoints", "namespaces", "vs_every", "dr_every", "sidecar_scoping", "proxies",
                 "workloads", "mode", "frontends", "targets", "settle", "connect_rate", "client_timeout", "phase_actions",
-                "istiod_request_limit"]
+                "istiod_request_limit", "repeat"]
         return {k: getattr(opts, k) for k in keys}
 
     opts.settings = settings

@@ -9,8 +9,24 @@ from dataclasses import dataclass, field
 
 DOMAIN = "svc.cluster.local"
 
-#: The edit phases, in the order the load client runs them.
+#: The edit phases, in the order the load client runs them (each round, see `--repeat`).
 PHASES = ("vs-edit", "dr-edit", "endpoint-change", "new-service")
+
+
+def phase_name(base, round_):
+    """The name of round round_ (from 1) of edit phase base: base itself in round 1."""
+    return base if round_ == 1 else f"{base}@{round_}"
+
+
+def parse_phase(name):
+    """(base phase, round) of a phase name."""
+    base, _, round_ = name.partition("@")
+    return base, int(round_) if round_.isdigit() else 1
+
+
+def phase_names(rounds):
+    """Every edit phase of `rounds` rounds, in the order they run."""
+    return [phase_name(base, r) for r in range(1, rounds + 1) for base in PHASES]
 
 
 @dataclass
@@ -156,8 +172,9 @@ def file_path(root, ns, kind, name):
     return os.path.join(root, f"{ns}--{kind}--{name}.yaml")
 
 
-def generate(root, s):
-    """Writes the mesh into root (created; must be empty) and returns the Mesh with its edits."""
+def generate(root, s, rounds=1):
+    """Writes the mesh into root (created; must be empty) and returns the Mesh with its edits,
+    `rounds` rounds of them."""
     os.makedirs(root, exist_ok=True)
     if os.listdir(root):
         raise ValueError(f"mesh directory {root} is not empty")
@@ -183,34 +200,39 @@ def generate(root, s):
         for k in range(s.namespaces):
             write(file_path(root, f"ns-{k}", "sidecar", "default"), sidecar(s, k))
             counts["Sidecar"] += 1
-    return Mesh(dir=root, settings=s, counts=counts, edits=edits(root, s))
+    return Mesh(dir=root, settings=s, counts=counts, edits=edits(root, s, rounds))
 
 
-def edits(root, s):
-    """The edit phases: name -> (absolute path, new content), each one file."""
+def edits(root, s, rounds=1):
+    """The edit phases: name -> (absolute path, new content), each one file. Each round edits
+    the same objects again to new content (and adds one more service)."""
     vs = next((i for i in range(s.services) if s.has_vs(i)), None)
     dr = next((i for i in range(s.services) if s.has_dr(i)), None)
     out = {}
-    if vs is not None:
-        out["vs-edit"] = (file_path(root, s.ns_of(vs), "virtualservice", f"svc-{vs}"), virtual_service(s, vs, (50, 50)))
-    if dr is not None:
-        out["dr-edit"] = (
-            file_path(root, s.ns_of(dr), "destinationrule", f"svc-{dr}"),
-            destination_rule(s, dr, max_connections=200),
-        )
-    # Service 1: not the one edited above; its first endpoint moves to a fresh address.
-    fresh = endpoint_ip((s.services + 1) * s.endpoints + 1)
-    out["endpoint-change"] = (file_path(root, s.ns_of(1), "serviceentry", "svc-1"), service_entry(s, 1, fresh))
-    new = s.services
-    out["new-service"] = (file_path(root, s.ns_of(new), "serviceentry", f"svc-{new}"), service_entry(s, new))
-    return {name: out[name] for name in PHASES if name in out}
+    for r in range(1, rounds + 1):
+        if vs is not None:
+            path = file_path(root, s.ns_of(vs), "virtualservice", f"svc-{vs}")
+            out[phase_name("vs-edit", r)] = (path, virtual_service(s, vs, (49 + r, 51 - r)))
+        if dr is not None:
+            path = file_path(root, s.ns_of(dr), "destinationrule", f"svc-{dr}")
+            out[phase_name("dr-edit", r)] = (path, destination_rule(s, dr, max_connections=199 + r))
+        # Service 1: not the one edited above; its first endpoint moves to a fresh address, above
+        # those of every service the rounds add.
+        fresh = endpoint_ip((s.services + rounds) * s.endpoints + r)
+        path = file_path(root, s.ns_of(1), "serviceentry", "svc-1")
+        out[phase_name("endpoint-change", r)] = (path, service_entry(s, 1, fresh))
+        new = s.services + r - 1
+        path = file_path(root, s.ns_of(new), "serviceentry", f"svc-{new}")
+        out[phase_name("new-service", r)] = (path, service_entry(s, new))
+    return {name: out[name] for name in phase_names(rounds) if name in out}
 
 
 def edited_namespace(s, phase):
     """Index of the namespace of the object an edit phase changes."""
+    base, round_ = parse_phase(phase)
     vs = next((i for i in range(s.services) if s.has_vs(i)), 0)
     dr = next((i for i in range(s.services) if s.has_dr(i)), 0)
-    service = {"vs-edit": vs, "dr-edit": dr, "endpoint-change": 1, "new-service": s.services}[phase]
+    service = {"vs-edit": vs, "dr-edit": dr, "endpoint-change": 1, "new-service": s.services + round_ - 1}[base]
     return service % s.namespaces
 
 

@@ -123,7 +123,7 @@ def run_target(target, opts, flags, root, capture):
         if os.path.isdir(workdir):
             shutil.rmtree(workdir)  # the previous run's mesh and logs
         os.makedirs(workdir)
-        mesh = meshgen.generate(os.path.join(workdir, "mesh"), mesh_settings(opts))
+        mesh = meshgen.generate(os.path.join(workdir, "mesh"), mesh_settings(opts), opts.repeat)
         result["mesh_objects"] = mesh.counts
         step = "starting"
         with ProcGroup(os.path.join(workdir, "logs")) as group:
@@ -244,7 +244,7 @@ def run_all(opts):
     if opts.pilot_load:
         report["pilot_load"] = pilotload.status()
     importers = {ph: meshgen.importing_proxies(mesh_settings(opts), ph, opts.proxies, opts.workloads)
-                 for ph in meshgen.PHASES}
+                 for ph in meshgen.phase_names(opts.repeat)}
     report["importing_proxies"] = importers
     report["checks"] = checks(report["targets"], importers)
     return report
