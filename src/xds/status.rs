@@ -5,7 +5,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use arc_swap::ArcSwap;
 use serde::Serialize;
 
 use super::isolation::Rejected;
@@ -67,7 +66,7 @@ pub enum Transport {
 pub struct ConnectionStatus {
     /// Connection id (unique within this process).
     pub connection_id: String,
-    /// The proxy (shared: every push publishes a new status, which must not copy it).
+    /// The proxy (shared with the copies debug readers take).
     pub proxy: Arc<Proxy>,
     /// When it connected.
     pub connected_at: SystemTime,
@@ -77,7 +76,7 @@ pub struct ConnectionStatus {
     pub pushes: u64,
     /// The ADS protocol of the stream.
     pub transport: Transport,
-    /// Per type (shared, copied only when a type's status changes, not on every push).
+    /// Per type (shared with the copies debug readers take; copied on write only while one does).
     pub types: Arc<BTreeMap<TypeUrl, TypeStatus>>,
 }
 
@@ -88,12 +87,16 @@ impl ConnectionStatus {
     }
 }
 
-/// Registry of live connections. The lock is taken on connect and disconnect only; each
-/// connection publishes its own status through an `ArcSwap`.
+/// One connection's status: written in place by its stream alone, copied out by debug readers.
+type SharedStatus = Arc<Mutex<ConnectionStatus>>;
+
+/// Registry of live connections. The registry's lock is taken on connect and disconnect only;
+/// each connection updates its own status in place under its own lock (a copy per update, with
+/// its strings, was a tenth of the CPU of a push to a thousand streams).
 #[derive(Default)]
 pub struct ConnectionRegistry {
     next_id: AtomicU64,
-    live: Mutex<HashMap<u64, Arc<ArcSwap<ConnectionStatus>>>>,
+    live: Mutex<HashMap<u64, SharedStatus>>,
     metrics: XdsMetrics,
 }
 
@@ -106,7 +109,7 @@ impl std::fmt::Debug for ConnectionRegistry {
 /// A connection's entry; removes itself from the registry when dropped.
 pub struct Registration {
     id: u64,
-    status: Arc<ArcSwap<ConnectionStatus>>,
+    status: SharedStatus,
     registry: Arc<ConnectionRegistry>,
 }
 
@@ -119,7 +122,8 @@ impl ConnectionRegistry {
     /// Registers a new connection of `proxy`.
     pub fn register(self: &Arc<Self>, proxy: Proxy) -> Registration {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
-        let status = Arc::new(ArcSwap::from_pointee(ConnectionStatus {
+        self.metrics.proxy_connected(&proxy.istio_version);
+        let status = Arc::new(Mutex::new(ConnectionStatus {
             connection_id: format!("{}-{id}", proxy.id),
             proxy: Arc::new(proxy),
             connected_at: SystemTime::now(),
@@ -128,19 +132,20 @@ impl ConnectionRegistry {
             transport: Transport::StateOfTheWorld,
             types: Arc::default(),
         }));
-        self.metrics.proxy_connected(&status.load().proxy.istio_version);
         self.lock().insert(id, status.clone());
         Registration { id, status, registry: self.clone() }
     }
 
     /// Current status of every connection, sorted by proxy id.
     pub fn snapshot(&self) -> Vec<Arc<ConnectionStatus>> {
-        let mut all: Vec<_> = self.lock().values().map(|s| s.load_full()).collect();
+        let live: Vec<SharedStatus> = self.lock().values().cloned().collect();
+        // Copied one at a time, outside the registry's lock: a stream waits for its own only.
+        let mut all: Vec<_> = live.iter().map(|s| Arc::new(lock_status(s).clone())).collect();
         all.sort_by(|a, b| a.proxy.id.cmp(&b.proxy.id).then(a.connection_id.cmp(&b.connection_id)));
         all
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<ArcSwap<ConnectionStatus>>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, SharedStatus>> {
         match self.live.lock() {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),
@@ -148,18 +153,62 @@ impl ConnectionRegistry {
     }
 }
 
+/// A connection's status, locked (a panic while it was held leaves a status worth reading).
+fn lock_status(status: &Mutex<ConnectionStatus>) -> std::sync::MutexGuard<'_, ConnectionStatus> {
+    status.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 impl Registration {
-    /// Publishes an updated status.
+    /// Updates the status in place; readers see each update whole.
     pub fn update(&self, f: impl FnOnce(&mut ConnectionStatus)) {
-        let mut next = ConnectionStatus::clone(&self.status.load());
-        f(&mut next);
-        self.status.store(Arc::new(next));
+        f(&mut lock_status(&self.status));
     }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
         self.registry.lock().remove(&self.id);
-        self.registry.metrics.proxy_disconnected(&self.status.load().proxy.istio_version);
+        let proxy = lock_status(&self.status).proxy.clone();
+        self.registry.metrics.proxy_disconnected(&proxy.istio_version);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use envoy_types::pb::envoy::config::core::v3::Node;
+
+    use super::*;
+
+    fn proxy(id: &str) -> Proxy {
+        Proxy::from_node(Some(&Node { id: id.into(), ..Default::default() })).expect("a proxy")
+    }
+
+    #[test]
+    fn updates_are_seen_by_later_copies_and_leave_earlier_ones_as_they_were() {
+        let registry = Arc::new(ConnectionRegistry::default());
+        let a = registry.register(proxy("sidecar~10.0.0.1~a-1.ns~ns.svc.cluster.local"));
+        let _b = registry.register(proxy("sidecar~10.0.0.2~b-1.ns~ns.svc.cluster.local"));
+        a.update(|s| {
+            s.snapshot_version = "1.2".into();
+            s.type_mut(TypeUrl::Cluster).sent_nonce = "n-1".into();
+        });
+        let before = registry.snapshot();
+        assert_eq!(before.len(), 2);
+        assert_eq!(before[0].snapshot_version, "1.2");
+        assert_eq!(before[0].types[&TypeUrl::Cluster].sent_nonce, "n-1");
+
+        a.update(|s| {
+            s.snapshot_version = "1.3".into();
+            s.type_mut(TypeUrl::Cluster).acked_nonce = "n-1".into();
+        });
+        assert_eq!(before[0].snapshot_version, "1.2", "a copy taken earlier does not change");
+        assert_eq!(before[0].types[&TypeUrl::Cluster].acked_nonce, "");
+        let after = registry.snapshot();
+        assert_eq!(after[0].snapshot_version, "1.3");
+        assert_eq!(after[0].types[&TypeUrl::Cluster].acked_nonce, "n-1");
+
+        drop(a);
+        let left: Vec<_> = registry.snapshot().iter().map(|s| s.proxy.id.clone()).collect();
+        assert_eq!(left, ["sidecar~10.0.0.2~b-1.ns~ns.svc.cluster.local"]);
     }
 }

@@ -223,11 +223,25 @@ where
     let mut snapshots = ctx.snapshots.clone();
     let drain = ctx.drain.clone();
     let mut rate = RequestRate::default();
+    // Made once, not per turn of the loop: every snapshot wakes every stream, and each new drain
+    // or deadline future would register with the drain's channel and the timer again.
+    let draining = drain.draining();
+    let aged = until(deadline);
+    tokio::pin!(draining, aged);
     let end = async {
         rate.acquire().await;
         protocol.on_request(&mut session, first).await?;
         loop {
             tokio::select! {
+                // The snapshot first: a stream woken by one handles it without polling its
+                // request stream (which locks the connection's HTTP/2 state) on the way.
+                biased;
+                _ = &mut draining => return Err(StreamEnd::Draining),
+                snap = snapshots.next() => match snap {
+                    Some(s) => push_snapshot(&mut protocol, &mut session, s).await?,
+                    // The snapshot writer is gone (shutdown): keep serving what we have until the proxy leaves.
+                    None => std::future::pending::<()>().await,
+                },
                 req = requests.next() => match req {
                     Some(Ok(r)) => {
                         // A stream over its rate waits here; HTTP/2 flow control slows the client.
@@ -237,13 +251,7 @@ where
                     Some(Err(status)) => return Err(StreamEnd::Refused(status)),
                     None => return Err(StreamEnd::Closed),
                 },
-                snap = snapshots.next() => match snap {
-                    Some(s) => push_snapshot(&mut protocol, &mut session, s).await?,
-                    // The snapshot writer is gone (shutdown): keep serving what we have until the proxy leaves.
-                    None => std::future::pending::<()>().await,
-                },
-                _ = drain.draining() => return Err(StreamEnd::Draining),
-                _ = until(deadline) => return Err(StreamEnd::MaxAge),
+                _ = &mut aged => return Err(StreamEnd::MaxAge),
             }
         }
     }
