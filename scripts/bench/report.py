@@ -174,11 +174,16 @@ def client_figures(client, name):
 
 
 def _rounds(f, name, key):
-    """The values of `key` in each round of phase `name` (just 'initial' for it), in run order."""
+    """The values of `key` in each round of phase `name` (just 'initial' for it), in run order.
+    A round that pushed no proxy has no latency (its change went out with a later phase, as
+    istiod's debounce sometimes does): it is left out of the latencies, not counted as 0 ms; the
+    round's "proxies pushed" row shows it."""
     phases = (f or {}).get("phases", {})
     names = [n for n in phases if parse_phase(n)[0] == name]
-    values = [(phases.get(n) or {}).get(key) for n in sorted(names, key=lambda n: parse_phase(n)[1])]
-    return [v for v in values if v is not None]
+    rounds = [phases.get(n) or {} for n in sorted(names, key=lambda n: parse_phase(n)[1])]
+    if key.endswith("_ms"):
+        rounds = [r for r in rounds if r.get("pushed") != 0]
+    return [r.get(key) for r in rounds if r.get(key) is not None]
 
 
 # (figure label, getter, absolute limit or None, limit multiple or None); lower is better. An
