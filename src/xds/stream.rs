@@ -233,8 +233,9 @@ where
         protocol.on_request(&mut session, first).await?;
         loop {
             tokio::select! {
-                // The snapshot first: a stream woken by one handles it without polling its
-                // request stream (which locks the connection's HTTP/2 state) on the way.
+                // In this order: the drain, then a snapshot, then requests. A stream woken by a
+                // snapshot handles it without polling its request stream (which locks the
+                // connection's HTTP/2 state) on the way.
                 biased;
                 _ = &mut draining => return Err(StreamEnd::Draining),
                 snap = snapshots.next() => match snap {
