@@ -853,7 +853,7 @@ fn build_breakdown(scale: &Scale) -> Value {
     let mesh = meshpilot::mesh::MeshConfig { domain: "cluster.local".into(), ..Default::default() };
     let state = SourceState { kube: compact_objects(scale), mesh: std::sync::Arc::new(mesh), ..SourceState::default() };
     let registry_ms = median_ms(|| {
-        let r = meshpilot::registry::build_registry(state.configs.values(), &state.kube, &state.mesh);
+        let r = meshpilot::registry::build_registry(state.configs.iter().map(|(_, c)| c), &state.kube, &state.mesh);
         std::hint::black_box(r);
     });
     let clone_ms = median_ms(|| {
@@ -862,7 +862,7 @@ fn build_breakdown(scale: &Scale) -> Value {
     let build_ms = median_ms(|| {
         std::hint::black_box(Snapshot::build(Version::new(1, 1), ChangeSet::full(), &state));
     });
-    let registry = meshpilot::registry::build_registry(state.configs.values(), &state.kube, &state.mesh);
+    let registry = meshpilot::registry::build_registry(state.configs.iter().map(|(_, c)| c), &state.kube, &state.mesh);
     let endpoints: usize = registry.endpoints.values().map(|e| e.len()).sum();
     println!(
         "in process ({} objects): build_registry {registry_ms:.2} ms ({} services, {endpoints} endpoints), kube map clone {clone_ms:.2} ms, Snapshot::build {build_ms:.2} ms",

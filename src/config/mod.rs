@@ -9,4 +9,4 @@ pub mod render;
 pub mod validation;
 
 pub use error::{ConfigError, FieldError, IgnoredObject};
-pub use object::{ConfigKey, ConfigObject, Kind, Spec, ValidConfig};
+pub use object::{ConfigKey, ConfigObject, ConfigObjects, Kind, Spec, ValidConfig};

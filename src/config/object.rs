@@ -177,3 +177,7 @@ pub struct ConfigObject {
 
 /// A config object that passed validation; shared, immutable.
 pub type ValidConfig = Arc<ConfigObject>;
+
+/// Valid config objects by key, as a persistent map: a snapshot's copy is O(1) and shares every
+/// node its successor does not change (a one-object edit copies one path, not the map).
+pub type ConfigObjects = imbl::OrdMap<ConfigKey, ValidConfig>;

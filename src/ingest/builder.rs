@@ -85,7 +85,12 @@ impl SnapshotBuilder {
             self.registry.invalidate();
         }
         let previous = self.last.as_ref().map(|s| &s.registry);
-        let registry = self.registry.build(previous, self.state.configs.values(), &self.state.kube, &self.state.mesh);
+        let registry = self.registry.build(
+            previous,
+            self.state.configs.iter().map(|(_, c)| c),
+            &self.state.kube,
+            &self.state.mesh,
+        );
         let changes = match &self.last {
             None => ChangeSet::full(),
             Some(last) => classify(last, changes, &registry),

@@ -17,7 +17,6 @@ mod service;
 mod service_entry;
 mod visibility;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 pub use build::build_registry;
@@ -31,11 +30,12 @@ pub use service::{
 };
 pub use visibility::Visibility;
 
-/// All services and their endpoints at one point in time.
+/// All services and their endpoints at one point in time. Both maps are persistent: the next
+/// registry shares every node a change does not reach, and comparing the two stops at shared ones.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Registry {
     /// Services by key.
-    pub services: BTreeMap<ServiceKey, Arc<Service>>,
+    pub services: imbl::OrdMap<ServiceKey, Arc<Service>>,
     /// Endpoints by service.
-    pub endpoints: BTreeMap<ServiceKey, Endpoints>,
+    pub endpoints: imbl::OrdMap<ServiceKey, Endpoints>,
 }

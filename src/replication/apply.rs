@@ -1,5 +1,7 @@
 //! The frontend's held state and the rules for applying an update to it.
 
+use std::sync::Arc;
+
 use crate::replication::wire::proto::UpdateKind;
 use crate::replication::wire::{decode_delta, decode_full, EncodedUpdate, WireError};
 use crate::snapshot::{ChangeSet, ChangedKey, Snapshot, SourceState, Version};
@@ -105,32 +107,8 @@ pub(super) fn prepare(
 /// caches keyed by them stay warm (a failover to a leader with identical config changes nothing).
 fn replace(old: &SourceState, new: &mut SourceState) -> ChangeSet {
     let mut changes = ChangeSet::default();
-    for (key, obj) in new.configs.iter_mut() {
-        match old.configs.get(key) {
-            Some(held) if held == obj => *obj = held.clone(),
-            _ => {
-                changes.keys.insert(ChangedKey::Config(key.clone()));
-            }
-        }
-    }
-    let deleted = old.configs.keys().filter(|k| !new.configs.contains_key(*k));
-    changes.keys.extend(deleted.cloned().map(ChangedKey::Config));
-    // Starting from `old`'s persistent map shares its structure too, not only its values.
-    let mut kube = old.kube.clone();
-    for (key, obj) in new.kube.iter() {
-        match old.kube.get(key) {
-            Some(held) if held == obj => {}
-            _ => {
-                kube.insert(key.clone(), obj.clone());
-                changes.keys.insert(ChangedKey::Kube(key.clone()));
-            }
-        }
-    }
-    for key in old.kube.keys().filter(|k| !new.kube.contains_key(*k)) {
-        kube.remove(key);
-        changes.keys.insert(ChangedKey::Kube(key.clone()));
-    }
-    new.kube = kube;
+    new.configs = adopt(&old.configs, &new.configs, |k| changes.keys.insert(ChangedKey::Config(k)));
+    new.kube = adopt(&old.kube, &new.kube, |k| changes.keys.insert(ChangedKey::Kube(k)));
     if old.mesh == new.mesh {
         new.mesh = old.mesh.clone();
     } else {
@@ -144,6 +122,30 @@ fn replace(old: &SourceState, new: &mut SourceState) -> ChangeSet {
         new.ignored = old.ignored.clone();
     }
     changes
+}
+
+/// `new`'s entries as a change of `old`'s persistent map: its structure and its equal values are
+/// shared; `changed` is told each key added, changed or removed.
+fn adopt<K: Ord + Clone, V: PartialEq>(
+    old: &imbl::OrdMap<K, Arc<V>>,
+    new: &imbl::OrdMap<K, Arc<V>>,
+    mut changed: impl FnMut(K) -> bool,
+) -> imbl::OrdMap<K, Arc<V>> {
+    let mut kept = old.clone();
+    for (key, obj) in new.iter() {
+        match old.get(key) {
+            Some(held) if held == obj => {}
+            _ => {
+                kept.insert(key.clone(), obj.clone());
+                changed(key.clone());
+            }
+        }
+    }
+    for key in old.keys().filter(|k| !new.contains_key(*k)) {
+        kept.remove(key);
+        changed(key.clone());
+    }
+    kept
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use std::time::SystemTime;
 use super::security::SecurityIndex;
 use super::{ChangeSet, Version};
 use crate::config::api::{DestinationRule, Gateway, Labels, Sidecar, VirtualService};
-use crate::config::{ConfigError, ConfigKey, IgnoredObject, Kind, Spec, ValidConfig};
+use crate::config::{ConfigError, ConfigKey, ConfigObjects, IgnoredObject, Kind, Spec, ValidConfig};
 use crate::mesh::MeshConfig;
 use crate::registry::kubernetes::KubeObjects;
 use crate::registry::{
@@ -19,7 +19,7 @@ use crate::registry::{
 #[derive(Debug, Clone, Default)]
 pub struct SourceState {
     /// Valid config objects by key.
-    pub configs: BTreeMap<ConfigKey, ValidConfig>,
+    pub configs: ConfigObjects,
     /// Rejected documents (their last valid version, if any, is still in `configs`).
     pub errors: Arc<Vec<ConfigError>>,
     /// Documents of kinds meshpilot does not serve.
@@ -44,7 +44,7 @@ pub struct Snapshot {
     /// Services and endpoints.
     pub registry: Registry,
     /// All valid config objects by key.
-    pub configs: BTreeMap<ConfigKey, ValidConfig>,
+    pub configs: ConfigObjects,
     /// Rejected documents.
     pub errors: Arc<Vec<ConfigError>>,
     /// Documents of other kinds.
@@ -76,7 +76,7 @@ pub struct Indexed<T> {
 impl Snapshot {
     /// Builds a snapshot from the sources' state.
     pub fn build(version: Version, changes: ChangeSet, state: &SourceState) -> Snapshot {
-        let registry = crate::registry::build_registry(state.configs.values(), &state.kube, &state.mesh);
+        let registry = crate::registry::build_registry(state.configs.iter().map(|(_, c)| c), &state.kube, &state.mesh);
         Snapshot::build_with_registry(version, changes, state, registry)
     }
 

@@ -1,13 +1,12 @@
 //! The difference between two consecutive snapshots of one term.
 
-use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use imbl::ordmap::DiffItem;
 
 use crate::config::IgnoredObject;
-use crate::config::{ConfigError, ConfigKey, ValidConfig};
+use crate::config::{ConfigError, ConfigKey, ConfigObjects};
 use crate::mesh::MeshConfig;
 use crate::registry::kubernetes::{KubeKey, KubeObjects};
 use crate::snapshot::{ChangeSet, ChangedKey, Snapshot, SourceState, Version};
@@ -20,7 +19,7 @@ pub struct Delta {
     /// Version it produces.
     pub version: Version,
     /// Objects added or changed.
-    pub upserted: BTreeMap<ConfigKey, ValidConfig>,
+    pub upserted: ConfigObjects,
     /// Objects removed.
     pub deleted: BTreeSet<ConfigKey>,
     /// Kubernetes registry objects added or changed.
@@ -42,7 +41,7 @@ impl Delta {
     /// `Arc` of untouched objects) are skipped without comparing their contents.
     pub fn between(prev: &Snapshot, next: &Snapshot) -> Delta {
         let (upserted, deleted) = diff(&prev.configs, &next.configs);
-        let (kube_upserted, kube_deleted) = diff_kube(&prev.kube, &next.kube);
+        let (kube_upserted, kube_deleted) = diff(&prev.kube, &next.kube);
         let mesh = changed(&prev.mesh, &next.mesh);
         // A skipped version (the reader saw only the latest of a burst) means `next.changes`
         // misses the skipped snapshot's keys: derive the changes from the diff instead.
@@ -118,57 +117,25 @@ impl Delta {
     }
 }
 
-/// The entries of `new` that are not in `old` or differ from it, and the keys only `old` has.
-/// Values shared by both (the common case: ingest keeps the `Arc` of untouched objects) are
-/// skipped without comparing their contents.
-fn diff<K: Ord + Clone, V: PartialEq>(
-    old: &BTreeMap<K, Arc<V>>,
-    new: &BTreeMap<K, Arc<V>>,
-) -> (BTreeMap<K, Arc<V>>, BTreeSet<K>) {
-    let mut upserted = BTreeMap::new();
-    let mut deleted = BTreeSet::new();
-    // One merge walk over both sorted maps: linear, no lookups.
-    let mut old = old.iter().peekable();
-    let mut new = new.iter().peekable();
-    loop {
-        let order = match (old.peek(), new.peek()) {
-            (None, None) => break,
-            (Some(_), None) => Ordering::Less,
-            (None, Some(_)) => Ordering::Greater,
-            (Some((ok, _)), Some((nk, _))) => ok.cmp(nk),
-        };
-        match order {
-            Ordering::Less => {
-                if let Some((k, _)) = old.next() {
-                    deleted.insert(k.clone());
-                }
-            }
-            Ordering::Greater => {
-                if let Some((k, v)) = new.next() {
-                    upserted.insert(k.clone(), v.clone());
-                }
-            }
-            Ordering::Equal => {
-                if let (Some((_, o)), Some((k, n))) = (old.next(), new.next()) {
-                    if !Arc::ptr_eq(o, n) && o != n {
-                        upserted.insert(k.clone(), n.clone());
-                    }
-                }
-            }
-        }
-    }
-    (upserted, deleted)
-}
-
-/// [`diff`] for Kubernetes objects: the persistent maps' own diff, which skips the subtrees both
-/// share (a snapshot shares all but the changed paths with its predecessor), with the same result.
-fn diff_kube(old: &KubeObjects, new: &KubeObjects) -> (KubeObjects, BTreeSet<KubeKey>) {
-    let mut upserted = KubeObjects::new();
+/// What `new` upserts and deletes relative to `old`: the persistent maps' own diff, which skips
+/// the subtrees both share (a snapshot shares all but the changed paths with its predecessor), so
+/// a one-object change costs a path, not a walk over the mesh. An equal value under another `Arc`
+/// is no change.
+fn diff<K, V, Up>(old: &imbl::OrdMap<K, Arc<V>>, new: &imbl::OrdMap<K, Arc<V>>) -> (Up, BTreeSet<K>)
+where
+    K: Ord + Clone,
+    V: PartialEq,
+    Up: Default + Extend<(K, Arc<V>)>,
+{
+    let mut upserted = Up::default();
     let mut deleted = BTreeSet::new();
     for item in old.diff(new) {
         match item {
-            DiffItem::Add(k, v) | DiffItem::Update { new: (k, v), .. } => {
-                upserted.insert(k.clone(), v.clone());
+            DiffItem::Add(k, v) => upserted.extend([(k.clone(), v.clone())]),
+            DiffItem::Update { old: (_, o), new: (k, n) } => {
+                if !Arc::ptr_eq(o, n) && o != n {
+                    upserted.extend([(k.clone(), n.clone())]);
+                }
             }
             DiffItem::Remove(k, _) => {
                 deleted.insert(k.clone());
@@ -187,7 +154,7 @@ fn changed<T: PartialEq>(old: &Arc<T>, new: &Arc<T>) -> Option<Arc<T>> {
 /// everything when the mesh config changed. Coarser than the ingest's own classification (no
 /// endpoint-only changes).
 pub(crate) fn derived_changes(
-    upserted: &BTreeMap<ConfigKey, ValidConfig>,
+    upserted: &ConfigObjects,
     deleted: &BTreeSet<ConfigKey>,
     kube_upserted: &KubeObjects,
     kube_deleted: &BTreeSet<KubeKey>,
@@ -212,36 +179,41 @@ mod tests {
         Snapshot::build(v, changes, s)
     }
 
-    /// The persistent maps' diff finds what the merge walk over the same entries finds, with
-    /// many Pods (several tree levels) and a few upserts, changes, equal copies and deletions.
+    /// The persistent maps' diff finds every upsert and deletion across several tree levels
+    /// (many Pods), and no change where an equal copy replaced an object.
     #[test]
-    fn kube_diff_matches_the_merge_walk() {
+    fn kube_diff_finds_changes_across_tree_levels() {
         let mut old = KubeObjects::new();
         for i in 0..3000 {
             let p = pod(&format!("p{i:04}"), &format!("10.0.{}.{}", i / 250, i % 250), "v1");
             old.insert(p.key(), Arc::new(p));
         }
         let mut new = old.clone();
+        let mut changed = BTreeSet::new();
         for i in (0..3000).step_by(97) {
             let p = pod(&format!("p{i:04}"), "10.9.0.1", "v2");
+            changed.insert(p.key());
             new.insert(p.key(), Arc::new(p));
         }
+        let mut removed = BTreeSet::new();
         for i in (5..3000).step_by(331) {
             let p = pod(&format!("p{i:04}"), "", "");
+            changed.remove(&p.key());
+            removed.insert(p.key());
             new.remove(&p.key());
         }
         // An equal copy under a new `Arc` is no change; a new key is.
         let copy = pod("p0001", "10.0.0.1", "v1");
         new.insert(copy.key(), Arc::new(copy));
         let added = pod("q", "10.8.0.1", "v1");
+        changed.insert(added.key());
         new.insert(added.key(), Arc::new(added));
 
-        let plain = |m: &KubeObjects| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect::<BTreeMap<_, _>>();
-        let (walk_upserted, walk_deleted) = diff(&plain(&old), &plain(&new));
-        let (upserted, deleted) = diff_kube(&old, &new);
-        assert_eq!(plain(&upserted), walk_upserted);
-        assert_eq!(deleted, walk_deleted);
+        let (upserted, deleted): (KubeObjects, _) = diff(&old, &new);
+        assert_eq!(upserted.keys().cloned().collect::<BTreeSet<_>>(), changed);
+        assert_eq!(deleted, removed);
         assert_eq!((upserted.len(), deleted.len()), (32, 10));
+        assert!(upserted.iter().all(|(k, v)| Arc::ptr_eq(v, &new[k])));
     }
 
     #[test]

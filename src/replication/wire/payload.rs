@@ -1,6 +1,6 @@
 //! Payload encoding: a full source state or a delta, as JSON (see the module docs for why).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use prost::bytes::Bytes;
@@ -11,7 +11,7 @@ use super::{Delta, WireError};
 use crate::config::parse::object_from_value;
 use crate::config::render::IstioDocument;
 use crate::config::IgnoredObject;
-use crate::config::{ConfigError, ConfigKey, ValidConfig};
+use crate::config::{ConfigError, ConfigKey, ConfigObjects};
 use crate::mesh::{MeshConfig, DEFAULT_DOMAIN};
 use crate::registry::kubernetes::{KubeKey, KubeObject, KubeObjects};
 use crate::snapshot::{ChangeSet, Snapshot, SourceState, Version};
@@ -185,8 +185,8 @@ pub fn decode_delta(base: Version, version: Version, payload: &[u8]) -> Result<D
 }
 
 /// Parses config documents back into objects; the leader validated them already.
-fn objects(docs: Vec<Value>) -> Result<BTreeMap<ConfigKey, ValidConfig>, WireError> {
-    let mut configs = BTreeMap::new();
+fn objects(docs: Vec<Value>) -> Result<ConfigObjects, WireError> {
+    let mut configs = ConfigObjects::new();
     for (index, doc) in docs.into_iter().enumerate() {
         let obj = match object_from_value(doc) {
             Ok(Some(obj)) => obj,
