@@ -95,7 +95,8 @@ impl SnapshotBuilder {
             None => ChangeSet::full(),
             Some(last) => classify(last, changes, &registry),
         };
-        let snapshot = Arc::new(Snapshot::build_with_registry(version, changes, &self.state, registry));
+        let previous = self.last.as_deref();
+        let snapshot = Arc::new(Snapshot::build_with_registry(version, changes, &self.state, registry, previous));
         self.last = Some(snapshot.clone());
         snapshot
     }
@@ -310,7 +311,7 @@ mod tests {
         let mut b = SnapshotBuilder::default();
         let c = b.apply(vec![kube(service(80)), kube(slice(&["10.0.0.1"])), kube(pod("v1"))]);
         b.build(Version::new(1, 1), c);
-        let last = Snapshot::build_with_registry(Version::new(1, 1), ChangeSet::full(), &b.state, registry(SE));
+        let last = Snapshot::build_with_registry(Version::new(1, 1), ChangeSet::full(), &b.state, registry(SE), None);
         let host = ChangedKey::Endpoints(Hostname::new("a.example.com"));
         let two_endpoints = registry(&SE.replace("10.0.0.1}]", "10.0.0.1}, {address: 10.0.0.2}]"));
 

@@ -51,24 +51,21 @@ fn client_credentials(config: &ValidConfig) -> Vec<&str> {
         .collect()
 }
 
-/// `kube` without the Secrets no Gateway or DestinationRule names (nor their `-cacert`
-/// companions).
-pub(super) fn keep_referenced<'a>(kube: &KubeObjects, configs: impl Iterator<Item = &'a ValidConfig>) -> KubeObjects {
-    let mut wanted = BTreeSet::new();
-    for config in configs {
-        let servers = servers(config).map(|(_, tls)| tls.credential_name.as_str());
-        for credential in servers.chain(client_credentials(config)) {
-            if let Some(name) = secret_name(credential).filter(|n| !n.is_empty()) {
-                wanted.insert(name.to_string());
-                wanted.insert(format!("{name}{CA_SECRET_SUFFIX}"));
-            }
-        }
-    }
+/// The Secrets a Gateway's servers or a DestinationRule's client TLS name as credentials, with
+/// their `-cacert` companions.
+pub(super) fn named_secrets(config: &ValidConfig) -> Vec<String> {
+    let servers = servers(config).map(|(_, tls)| tls.credential_name.as_str());
+    let names = servers.chain(client_credentials(config)).filter_map(|c| secret_name(c).filter(|n| !n.is_empty()));
+    names.flat_map(|name| [name.to_string(), format!("{name}{CA_SECRET_SUFFIX}")]).collect()
+}
+
+/// `kube` without the Secrets not in `wanted` (the names [`named_secrets`] gives).
+pub(super) fn keep_referenced(kube: &KubeObjects, wanted: &BTreeSet<&str>) -> KubeObjects {
     let first = secret_key("", "");
     let unwanted: Vec<KubeKey> = kube
         .range(first..)
         .take_while(|(k, _)| k.kind == KubeKind::Secret)
-        .filter(|(k, _)| !wanted.contains(&k.name))
+        .filter(|(k, _)| !wanted.contains(k.name.as_str()))
         .map(|(k, _)| k.clone())
         .collect();
     if unwanted.is_empty() {

@@ -4,6 +4,7 @@
 
 mod changes;
 mod channel;
+mod config_index;
 mod credentials;
 mod history;
 mod peer_authn;
@@ -13,9 +14,10 @@ mod version;
 
 pub use changes::{ChangeSet, ChangedKey};
 pub use channel::{channel, SnapshotReader, SnapshotWriter, StaleSnapshot};
+pub use config_index::Indexed;
 pub use credentials::{secret_name, CA_SECRET_SUFFIX};
 pub use history::{SnapshotHistory, DEFAULT_DEPTH as DEFAULT_HISTORY_DEPTH};
 pub use peer_authn::PeerMtls;
-pub use push_context::{qualify_gateway, vs_applies_to_gateway, Indexed, Snapshot, SourceState};
+pub use push_context::{qualify_gateway, vs_applies_to_gateway, Snapshot, SourceState};
 pub use security::{RejectedPolicy, SecurityIndex};
 pub use version::{ParseVersionError, Version};

@@ -4,15 +4,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
+use super::config_index::{of_kind, ConfigIndex, Indexed};
 use super::security::SecurityIndex;
-use super::{ChangeSet, Version};
+use super::{ChangeSet, ChangedKey, Version};
 use crate::config::api::{DestinationRule, Gateway, Labels, Sidecar, VirtualService};
 use crate::config::{ConfigError, ConfigKey, ConfigObjects, IgnoredObject, Kind, Spec, ValidConfig};
 use crate::mesh::MeshConfig;
 use crate::registry::kubernetes::KubeObjects;
 use crate::registry::{
     host_matches, Endpoint, Endpoints, Hostname, InstanceIndex, NamespaceScope, Registry, Service, ServiceKey,
-    Visibility,
 };
 
 /// Everything the sources currently hold, as ingest hands it to the snapshot builder.
@@ -51,45 +51,36 @@ pub struct Snapshot {
     pub ignored: Arc<Vec<IgnoredObject>>,
     /// Kubernetes registry objects the registry was built from.
     pub kube: KubeObjects,
-    virtual_services: Vec<Indexed<VirtualService>>,
-    destination_rules: Vec<Indexed<DestinationRule>>,
+    /// The namespaces in discovery scope: config outside them is left out.
+    scope: NamespaceScope,
+    /// VirtualServices, DestinationRules, selectors and credentials by config key.
+    index: ConfigIndex,
     /// Label keys some selector reads; a proxy's other labels cannot change its config.
     selector_keys: BTreeSet<String>,
     /// AuthorizationPolicies and RequestAuthentications by scope (rejected policies included).
-    pub security: SecurityIndex,
+    pub security: Arc<SecurityIndex>,
     /// Endpoints by IP, built on the first inbound lookup (only frontends serving sidecars need it).
     instances: OnceLock<InstanceIndex>,
-}
-
-/// A config object with its resolved visibility and qualified hosts.
-#[derive(Debug, Clone)]
-pub struct Indexed<T> {
-    /// The object.
-    pub config: ValidConfig,
-    /// Namespaces it is visible to.
-    pub visibility: Visibility,
-    /// Hosts, qualified with the object's namespace.
-    pub hosts: Vec<Hostname>,
-    _spec: std::marker::PhantomData<T>,
 }
 
 impl Snapshot {
     /// Builds a snapshot from the sources' state.
     pub fn build(version: Version, changes: ChangeSet, state: &SourceState) -> Snapshot {
         let registry = crate::registry::build_registry(state.configs.iter().map(|(_, c)| c), &state.kube, &state.mesh);
-        Snapshot::build_with_registry(version, changes, state, registry)
+        Snapshot::build_with_registry(version, changes, state, registry, None)
     }
 
     /// Builds a snapshot from the sources' state and the registry already built from that state.
+    /// With `previous`, the snapshot `changes` are relative to, only the config objects `changes`
+    /// names are indexed again (unless the mesh config or the discovery scope changed).
     pub fn build_with_registry(
         version: Version,
         changes: ChangeSet,
         state: &SourceState,
         registry: Registry,
+        previous: Option<&Snapshot>,
     ) -> Snapshot {
         let mesh = state.mesh.clone();
-        // Short hosts are Kubernetes service names: qualified with the DNS domain, not the trust domain.
-        let domain = mesh.domain.clone();
         // Istio config outside the discovery selectors' namespaces is out of scope, as in Istio.
         let scope = NamespaceScope::new(&mesh, &state.kube);
         let configs = if scope.selects_all() {
@@ -102,34 +93,36 @@ impl Snapshot {
                 .map(|(k, c)| (k.clone(), c.clone()))
                 .collect()
         };
-        let mut virtual_services = Vec::new();
-        // Filled in config key order (kind, namespace, name): `destination_rules_in` relies on it.
-        let mut destination_rules = Vec::new();
-        for config in configs.values() {
-            let ns = config.key.namespace.as_str();
-            match &config.spec {
-                Spec::VirtualService(vs) => virtual_services.push(Indexed {
-                    config: config.clone(),
-                    visibility: Visibility::from_export_to(&vs.export_to, ns, &mesh.default_virtual_service_export_to),
-                    hosts: vs.hosts.iter().map(|h| Hostname::qualify(h, ns, &domain)).collect(),
-                    _spec: Default::default(),
-                }),
-                Spec::DestinationRule(dr) => destination_rules.push(Indexed {
-                    config: config.clone(),
-                    visibility: Visibility::from_export_to(&dr.export_to, ns, &mesh.default_destination_rule_export_to),
-                    hosts: vec![Hostname::qualify(&dr.host, ns, &domain)],
-                    _spec: Default::default(),
-                }),
-                _ => {}
+        let previous = previous.filter(|p| !changes.full && *p.mesh == *mesh && p.scope == scope);
+        let changed_configs = || {
+            changes.keys.iter().filter_map(|k| match k {
+                ChangedKey::Config(c) => Some(c),
+                _ => None,
+            })
+        };
+        let index = match previous {
+            Some(p) => p.index.update(&configs, changed_configs(), &mesh),
+            None => ConfigIndex::full(&configs, &mesh),
+        };
+        let security_kinds = [Kind::AuthorizationPolicy, Kind::RequestAuthentication];
+        let security = match previous {
+            Some(p)
+                if !changed_configs().any(|k| security_kinds.contains(&k.kind))
+                    && rejected_authorization(&p.errors).eq(rejected_authorization(&state.errors)) =>
+            {
+                p.security.clone()
             }
-        }
-        let security =
-            SecurityIndex::build(&mesh.root_namespace, configs.values(), &state.errors, |k| configs.contains_key(k));
-        let mut selector_keys = selector_keys(configs.values());
+            _ => {
+                let policies = security_kinds.into_iter().flat_map(|kind| of_kind(&configs, kind));
+                let in_force = |k: &ConfigKey| configs.contains_key(k);
+                Arc::new(SecurityIndex::build(&mesh.root_namespace, policies, &state.errors, in_force))
+            }
+        };
+        let mut selector_keys = index.selector_keys();
         selector_keys.extend(security.selector_keys().cloned());
-        let kube = super::credentials::keep_referenced(&state.kube, configs.values());
+        let kube = super::credentials::keep_referenced(&state.kube, &index.named_secrets());
         // A frontend's state carries the leader's errors, these included: never twice.
-        let mut credential_errors = super::credentials::credential_errors(&kube, configs.values());
+        let mut credential_errors = super::credentials::credential_errors(&kube, of_kind(&configs, Kind::Gateway));
         credential_errors.retain(|e| !state.errors.contains(e));
         let errors = if credential_errors.is_empty() {
             state.errors.clone()
@@ -146,8 +139,8 @@ impl Snapshot {
             errors,
             ignored: state.ignored.clone(),
             kube,
-            virtual_services,
-            destination_rules,
+            scope,
+            index,
             selector_keys,
             security,
             instances: OnceLock::new(),
@@ -167,10 +160,8 @@ impl Snapshot {
 
     /// Objects of one kind, in key order.
     pub fn configs_of(&self, kind: Kind) -> impl Iterator<Item = &ValidConfig> {
-        // Keys order by kind first: one kind's objects are one contiguous range, found in
-        // O(log n) (generators look kinds up per proxy and per cluster).
-        let first = ConfigKey { kind, namespace: String::new(), name: String::new() };
-        self.configs.range(first..).map(|(_, c)| c).take_while(move |c| c.key.kind == kind)
+        // One contiguous range, found in O(log n) (generators look kinds up per proxy and per cluster).
+        of_kind(&self.configs, kind)
     }
 
     /// Services a proxy in `namespace` can see, one per hostname (its own namespace's declaration
@@ -227,8 +218,10 @@ impl Snapshot {
         namespace: &str,
         gateway: &str,
     ) -> Vec<(&Indexed<VirtualService>, &VirtualService)> {
-        self.virtual_services
-            .iter()
+        self.index
+            .virtual_services
+            .values()
+            .map(|ix| &**ix)
             .filter(|ix| ix.visibility.visible_to(namespace) || ix.config.key.namespace == namespace)
             .filter_map(|ix| match &ix.config.spec {
                 Spec::VirtualService(vs) => Some((ix, vs)),
@@ -239,17 +232,16 @@ impl Snapshot {
     }
 
     /// The DestinationRules of `namespace`: rules are kept in config key order, so a
-    /// namespace's are one run of them, found by binary search rather than a scan per lookup.
-    fn destination_rules_in(&self, namespace: &str) -> &[Indexed<DestinationRule>] {
-        let rules = self.destination_rules.as_slice();
-        let start = rules.partition_point(|ix| ix.config.key.namespace.as_str() < namespace);
-        let len = rules[start..].partition_point(|ix| ix.config.key.namespace == namespace);
-        &rules[start..start + len]
+    /// namespace's are one range of them, found in O(log n) rather than by a scan per lookup.
+    fn destination_rules_in(&self, namespace: &str) -> impl Iterator<Item = &Indexed<DestinationRule>> + use<'_> {
+        let first = ConfigKey { kind: Kind::DestinationRule, namespace: namespace.to_string(), name: String::new() };
+        let rules = self.index.destination_rules.range(first.clone()..).map(|(_, ix)| &**ix);
+        rules.take_while(move |ix| ix.config.key.namespace == first.namespace)
     }
 
     /// The qualified hosts of the DestinationRule `key`, if this snapshot holds it.
     pub fn destination_rule_hosts(&self, key: &ConfigKey) -> Option<&[Hostname]> {
-        self.destination_rules.iter().find(|ix| ix.config.key == *key).map(|ix| ix.hosts.as_slice())
+        self.index.destination_rules.get(key).map(|ix| ix.hosts.as_slice())
     }
 
     /// The DestinationRule that applies to `host` for a proxy in `namespace`, using Istio's
@@ -259,7 +251,6 @@ impl Snapshot {
         let host = &service.hostname;
         let candidates = |ns: &str| {
             self.destination_rules_in(ns)
-                .iter()
                 .filter(|ix| ix.hosts.iter().any(|h| host_matches(h.as_str(), host.as_str())))
                 .min_by_key(|ix| ix.hosts.first().map(|h| (h.is_wildcard(), usize::MAX - h.as_str().len())))
         };
@@ -317,29 +308,9 @@ impl Snapshot {
     }
 }
 
-/// Every label key a proxy's config can depend on: those of Sidecar workload selectors, Gateway
-/// selectors and VirtualService `sourceLabels` matches (security policies' are added from the
-/// [`SecurityIndex`], which also holds rejected policies). A kind that starts selecting proxies by
-/// label must add its keys here, or proxies it tells apart would share config.
-fn selector_keys<'a>(configs: impl Iterator<Item = &'a ValidConfig>) -> BTreeSet<String> {
-    let mut keys = BTreeSet::new();
-    for config in configs {
-        match &config.spec {
-            Spec::Sidecar(s) => keys.extend(s.workload_selector.iter().flat_map(|w| w.match_labels.keys().cloned())),
-            Spec::Gateway(g) => keys.extend(g.selector.keys().cloned()),
-            Spec::PeerAuthentication(pa) => {
-                keys.extend(pa.selector_labels().into_iter().flat_map(|l| l.keys().cloned()))
-            }
-            Spec::VirtualService(vs) => {
-                let http = vs.http.iter().flat_map(|r| r.matches.iter().map(|m| &m.source_labels));
-                let tls = vs.tls.iter().flat_map(|r| r.matches.iter().map(|m| &m.source_labels));
-                let tcp = vs.tcp.iter().flat_map(|r| r.matches.iter().map(|m| &m.source_labels));
-                keys.extend(http.chain(tls).chain(tcp).flat_map(|l| l.keys().cloned()));
-            }
-            _ => {}
-        }
-    }
-    keys
+/// The rejected AuthorizationPolicies among `errors` (the security index denies their scope).
+fn rejected_authorization(errors: &[ConfigError]) -> impl Iterator<Item = &ConfigError> {
+    errors.iter().filter(|e| e.object.as_ref().is_some_and(|k| k.kind == Kind::AuthorizationPolicy))
 }
 
 /// Whether a VirtualService in `vs_ns` binds to `gateway` (`mesh` or `ns/name`).
@@ -379,8 +350,7 @@ mod tests {
             state.configs.insert(o.key.clone(), Arc::new(o));
         }
         let snap = Snapshot::build(Version::new(1, 1), ChangeSet::full(), &state);
-        let names =
-            |ns: &str| snap.destination_rules_in(ns).iter().map(|ix| ix.config.key.name.clone()).collect::<Vec<_>>();
+        let names = |ns: &str| snap.destination_rules_in(ns).map(|ix| ix.config.key.name.clone()).collect::<Vec<_>>();
         assert_eq!(
             (names("a"), names("b"), names("bb"), names("c")),
             (
@@ -427,5 +397,94 @@ mod tests {
         assert_eq!(sidecars, ["Sidecar a/b", "Sidecar z/a"]);
         assert_eq!(snap.configs_of(Kind::Gateway).count(), 1);
         assert_eq!(snap.configs_of(Kind::VirtualService).count(), 0);
+    }
+
+    /// A build after `previous` that re-indexes only the changed keys gives what a build from
+    /// scratch gives, and shares the entries of the objects no change named.
+    #[test]
+    fn re_indexing_only_the_changed_keys_gives_what_a_full_build_gives() {
+        fn doc(kind: &str, ns: &str, name: &str, spec: &str) -> String {
+            let api = if kind == "AuthorizationPolicy" { "security.istio.io/v1" } else { "networking.istio.io/v1" };
+            format!("apiVersion: {api}\nkind: {kind}\nmetadata: {{name: {name}, namespace: {ns}}}\nspec: {spec}\n")
+        }
+        fn vs(name: &str, weight: u32, source: &str) -> String {
+            let route = format!(
+                "[{{destination: {{host: {name}}}, weight: {weight}}}, {{destination: {{host: other}}, weight: {}}}]",
+                100 - weight
+            );
+            doc(
+                "VirtualService",
+                "shop",
+                name,
+                &format!("{{hosts: [{name}], http: [{{match: [{{sourceLabels: {{{source}: x}}}}], route: {route}}}]}}"),
+            )
+        }
+        fn gateway(credential: &str) -> String {
+            let tls = format!("{{mode: SIMPLE, credentialName: {credential}}}");
+            doc("Gateway", "shop", "gw", &format!("{{selector: {{istio: ingressgateway}}, servers: [{{port: {{number: 443, name: https, protocol: HTTPS}}, hosts: ['*'], tls: {tls}}}]}}"))
+        }
+        fn put(state: &mut SourceState, yaml: &str) -> ConfigKey {
+            let Some(Document::Valid(o)) = parse_file("t.yaml", yaml).into_iter().next() else { panic!("{yaml}") };
+            let key = o.key.clone();
+            state.configs.insert(key.clone(), Arc::new(o));
+            key
+        }
+        let mut state = SourceState::default();
+        for name in ["a", "b", "c"] {
+            put(&mut state, &vs(name, 90, "app"));
+        }
+        let rule = put(
+            &mut state,
+            &doc("DestinationRule", "shop", "r", "{host: a, subsets: [{name: v1, labels: {version: v1}}]}"),
+        );
+        put(&mut state, &gateway("cert-1"));
+        put(
+            &mut state,
+            &doc("Sidecar", "shop", "s", "{workloadSelector: {labels: {tier: web}}, egress: [{hosts: ['./*']}]}"),
+        );
+        let derived =
+            |s: &Snapshot| format!("{:?} {:?} {:?} {:?} {:?}", s.index, s.selector_keys, s.security, s.kube, s.errors);
+        let mut previous = Snapshot::build(Version::new(1, 1), ChangeSet::full(), &state);
+
+        type Edit = Box<dyn Fn(&mut SourceState) -> ConfigKey>;
+        let edits: Vec<Edit> = vec![
+            Box::new(move |s| put(s, &vs("b", 50, "app"))),
+            Box::new(move |s| put(s, &vs("c", 90, "team"))),
+            Box::new(move |s| {
+                s.configs.remove(&rule);
+                rule.clone()
+            }),
+            Box::new(move |s| put(s, &gateway("cert-2"))),
+            Box::new(move |s| {
+                put(
+                    s,
+                    &doc(
+                        "AuthorizationPolicy",
+                        "shop",
+                        "p",
+                        "{selector: {matchLabels: {role: db}}, action: DENY, rules: [{}]}",
+                    ),
+                )
+            }),
+        ];
+        for (i, edit) in edits.iter().enumerate() {
+            let key = edit(&mut state);
+            let version = Version::new(1, i as u64 + 2);
+            let changes = ChangeSet { full: false, keys: [ChangedKey::Config(key.clone())].into() };
+            let registry =
+                crate::registry::build_registry(state.configs.iter().map(|(_, c)| c), &state.kube, &state.mesh);
+            let next = Snapshot::build_with_registry(version, changes, &state, registry, Some(&previous));
+            let full = Snapshot::build(version, ChangeSet::full(), &state);
+            assert_eq!(derived(&next), derived(&full), "edit of {key}");
+            let untouched = ConfigKey { kind: Kind::VirtualService, namespace: "shop".into(), name: "a".into() };
+            assert!(Arc::ptr_eq(
+                &previous.index.virtual_services[&untouched],
+                &next.index.virtual_services[&untouched]
+            ));
+            previous = next;
+        }
+        let keys = ["app", "istio", "role", "team", "tier"].map(String::from);
+        assert_eq!(previous.selector_keys, keys.into());
+        assert_eq!(previous.index.named_secrets(), ["cert-2", "cert-2-cacert"].into());
     }
 }
