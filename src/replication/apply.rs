@@ -72,10 +72,12 @@ impl Held {
 }
 
 /// Decodes an update, applies it to `state` (the held one) and builds the snapshot. CPU-heavy: run it
-/// on the blocking pool. `had_state` says whether `state` belongs to a held version.
+/// on the blocking pool. `had_state` says whether `state` belongs to a held version; `previous` is
+/// the snapshot built from it, if still at hand (the new one then re-indexes only what changed).
 pub(super) fn prepare(
     mut state: SourceState,
     had_state: bool,
+    previous: Option<&Snapshot>,
     update: &EncodedUpdate,
 ) -> Result<(SourceState, Snapshot), WireError> {
     let changes = match update.kind {
@@ -99,7 +101,7 @@ pub(super) fn prepare(
             }
         }
     };
-    let snapshot = Snapshot::build(update.version, changes, &state);
+    let snapshot = Snapshot::build_after(update.version, changes, &state, previous.filter(|_| had_state));
     Ok((state, snapshot))
 }
 
@@ -186,7 +188,7 @@ mod tests {
             base: None,
             payload: encode_full(&leader).unwrap(),
         };
-        let (new_state, snap) = prepare(state.clone(), true, &full).unwrap();
+        let (new_state, snap) = prepare(state.clone(), true, None, &full).unwrap();
         assert!(snap.changes.is_empty(), "{:?}", snap.changes);
         assert_eq!(snap.configs, leader.configs);
         for (k, v) in &new_state.configs {
@@ -196,7 +198,7 @@ mod tests {
         for (k, v) in &new_state.kube {
             assert!(Arc::ptr_eq(v, &state.kube[k]));
         }
-        let (_, fresh) = prepare(SourceState::default(), false, &full).unwrap();
+        let (_, fresh) = prepare(SourceState::default(), false, None, &full).unwrap();
         assert!(fresh.changes.full);
     }
 
@@ -216,7 +218,7 @@ mod tests {
             base: None,
             payload: encode_full(&leader).unwrap(),
         };
-        let (_, snap) = prepare(held, true, &full).unwrap();
+        let (_, snap) = prepare(held, true, None, &full).unwrap();
         let expected = [ChangedKey::Kube(relabelled.key()), ChangedKey::Kube(gone)];
         assert_eq!(snap.changes.keys, expected.into_iter().collect());
         assert!(!snap.changes.full);

@@ -250,12 +250,15 @@ impl Session<'_> {
         }
         let state = self.held.state.clone();
         let had_state = self.held.version.is_some();
+        // The served snapshot is the held version's unless its publication failed.
+        let previous = self.sub.writer.current().filter(|s| Some(s.version) == self.held.version);
         let kind = update.kind;
         let span = trace::snapshot_apply(version, kind.as_str_name(), trace_context);
-        let (state, snapshot) = tokio::task::spawn_blocking(move || prepare(state, had_state, &update))
-            .instrument(span.clone())
-            .await
-            .map_err(|_| SubscribeError::Apply(version))??;
+        let (state, snapshot) =
+            tokio::task::spawn_blocking(move || prepare(state, had_state, previous.as_deref(), &update))
+                .instrument(span.clone())
+                .await
+                .map_err(|_| SubscribeError::Apply(version))??;
         let snapshot = std::sync::Arc::new(snapshot);
         span.in_scope(|| {
             info!(%version, ?kind, full = snapshot.changes.full, changed = snapshot.changes.keys.len(), "snapshot applied");
