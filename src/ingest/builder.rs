@@ -3,6 +3,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use imbl::ordmap::DiffItem;
+
 use crate::config::api::Labels;
 use crate::config::{ConfigError, ConfigKey, IgnoredObject, Kind};
 use crate::registry::kubernetes::KubeKind;
@@ -151,10 +153,15 @@ fn classify(last: &Snapshot, mut changes: ChangeSet, new_registry: &Registry) ->
             changes.keys.remove(&key);
         }
     }
-    for (key, endpoints) in &new_registry.endpoints {
-        if last.registry.endpoints.get(key) != Some(endpoints) {
-            changes.keys.insert(ChangedKey::Endpoints(key.hostname.clone()));
-        }
+    // The persistent maps' diff skips what both registries share: a one-service change costs its
+    // path, not a lookup per service.
+    for item in last.registry.endpoints.diff(&new_registry.endpoints) {
+        let key = match item {
+            DiffItem::Add(key, _) | DiffItem::Update { new: (key, _), .. } => key,
+            // A service's endpoints go with the service, which the comparison above found equal.
+            DiffItem::Remove(key, _) => key,
+        };
+        changes.keys.insert(ChangedKey::Endpoints(key.hostname.clone()));
     }
     changes
 }
