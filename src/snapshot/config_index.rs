@@ -78,6 +78,7 @@ impl ConfigIndex {
         self.credentials.remove(key);
         let Some(config) = config else { return };
         let ns = key.namespace.as_str();
+        // Short hosts are Kubernetes service names: qualified with the DNS domain, not the trust domain.
         let domain = &mesh.domain;
         match &config.spec {
             Spec::VirtualService(vs) => {

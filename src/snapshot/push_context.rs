@@ -104,7 +104,8 @@ impl Snapshot {
                 .map(|(k, c)| (k.clone(), c.clone()))
                 .collect()
         };
-        let previous = previous.filter(|p| !changes.full && *p.mesh == *mesh && p.scope == scope);
+        let same_mesh = |p: &Snapshot| Arc::ptr_eq(&p.mesh, &mesh) || *p.mesh == *mesh;
+        let previous = previous.filter(|p| !changes.full && same_mesh(p) && p.scope == scope);
         let changed_configs = || {
             changes.keys.iter().filter_map(|k| match k {
                 ChangedKey::Config(c) => Some(c),
