@@ -109,8 +109,12 @@ pub(super) fn prepare(
 /// caches keyed by them stay warm (a failover to a leader with identical config changes nothing).
 fn replace(old: &SourceState, new: &mut SourceState) -> ChangeSet {
     let mut changes = ChangeSet::default();
-    new.configs = adopt(&old.configs, &new.configs, |k| changes.keys.insert(ChangedKey::Config(k)));
-    new.kube = adopt(&old.kube, &new.kube, |k| changes.keys.insert(ChangedKey::Kube(k)));
+    new.configs = adopt(&old.configs, &new.configs, |k| {
+        changes.keys.insert(ChangedKey::Config(k));
+    });
+    new.kube = adopt(&old.kube, &new.kube, |k| {
+        changes.keys.insert(ChangedKey::Kube(k));
+    });
     if old.mesh == new.mesh {
         new.mesh = old.mesh.clone();
     } else {
@@ -131,7 +135,7 @@ fn replace(old: &SourceState, new: &mut SourceState) -> ChangeSet {
 fn adopt<K: Ord + Clone, V: PartialEq>(
     old: &imbl::OrdMap<K, Arc<V>>,
     new: &imbl::OrdMap<K, Arc<V>>,
-    mut changed: impl FnMut(K) -> bool,
+    mut changed: impl FnMut(K),
 ) -> imbl::OrdMap<K, Arc<V>> {
     let mut kept = old.clone();
     for (key, obj) in new.iter() {
