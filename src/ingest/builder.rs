@@ -156,11 +156,8 @@ fn classify(last: &Snapshot, mut changes: ChangeSet, new_registry: &Registry) ->
     // The persistent maps' diff skips what both registries share: a one-service change costs its
     // path, not a lookup per service.
     for item in last.registry.endpoints.diff(&new_registry.endpoints) {
-        let key = match item {
-            DiffItem::Add(key, _) | DiffItem::Update { new: (key, _), .. } => key,
-            // A service's endpoints go with the service, which the comparison above found equal.
-            DiffItem::Remove(key, _) => key,
-        };
+        // A removal too: a service's endpoints go with the service, which the comparison above found equal.
+        let (DiffItem::Add(key, _) | DiffItem::Update { new: (key, _), .. } | DiffItem::Remove(key, _)) = item;
         changes.keys.insert(ChangedKey::Endpoints(key.hostname.clone()));
     }
     changes

@@ -131,12 +131,8 @@ where
     let mut deleted = BTreeSet::new();
     for item in old.diff(new) {
         match item {
-            DiffItem::Add(k, v) => upserted.extend([(k.clone(), v.clone())]),
-            DiffItem::Update { old: (_, o), new: (k, n) } => {
-                if !Arc::ptr_eq(o, n) && o != n {
-                    upserted.extend([(k.clone(), n.clone())]);
-                }
-            }
+            // The diff reports an update only where the values differ.
+            DiffItem::Add(k, v) | DiffItem::Update { new: (k, v), .. } => upserted.extend([(k.clone(), v.clone())]),
             DiffItem::Remove(k, _) => {
                 deleted.insert(k.clone());
             }
