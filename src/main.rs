@@ -266,10 +266,6 @@ struct SecurityArgs {
     /// istio-ca-secret in --namespace).
     #[arg(long, default_value = meshpilot::app::security::DEFAULT_ROOT_DIR)]
     ca_dir: PathBuf,
-    /// Frontends: subscribe to the ingest leader over mutual TLS from the CA (the leader must
-    /// run with --snapshot-mtls too, and both must share the CA).
-    #[arg(long)]
-    snapshot_mtls: bool,
 }
 
 impl SecurityArgs {
@@ -285,7 +281,7 @@ impl SecurityArgs {
             root_dir: self.ca_dir.clone(),
             namespace: namespace.to_string(),
             create_root: true,
-            snapshot_mtls: self.snapshot_mtls,
+            ..Default::default()
         }
     }
 
@@ -295,6 +291,27 @@ impl SecurityArgs {
             anyhow::bail!("--no-secure-xds and --no-plaintext-xds together leave no xDS port");
         }
         Ok(())
+    }
+}
+
+/// The snapshot stream between the ingest leader and frontends: mutual TLS from the CA unless
+/// turned off explicitly.
+#[derive(clap::Args)]
+struct SnapshotStreamArgs {
+    /// Serve (ingest) or follow (frontend) snapshots in plaintext, unauthenticated: anyone who
+    /// reaches the snapshot port reads every key, and frontends follow whatever address etcd
+    /// names. Default: mutual TLS from the CA, which both roles must share.
+    #[arg(long)]
+    insecure_snapshot_stream: bool,
+    /// Accepted for compatibility and ignored: mutual TLS is the default.
+    #[arg(long, hide = true, conflicts_with = "insecure_snapshot_stream")]
+    snapshot_mtls: bool,
+}
+
+impl SnapshotStreamArgs {
+    /// Whether the stream is plaintext (`--snapshot-mtls`, the old opt-in, asks for the default).
+    fn insecure(&self) -> bool {
+        self.insecure_snapshot_stream && !self.snapshot_mtls
     }
 }
 
@@ -377,6 +394,10 @@ struct EtcdTlsArgs {
     /// Client key (PEM) of --etcd-cert.
     #[arg(long, requires = "etcd_cert")]
     etcd_key: Option<PathBuf>,
+    /// Accept etcd without TLS (http:// endpoints) or without a client certificate: whoever can
+    /// write etcd then chooses the leader frontends follow. Logs a warning at start.
+    #[arg(long)]
+    insecure_etcd: bool,
 }
 
 impl EtcdTlsArgs {
@@ -385,6 +406,7 @@ impl EtcdTlsArgs {
             ca: self.etcd_cacert.clone(),
             cert: self.etcd_cert.clone(),
             key: self.etcd_key.clone(),
+            insecure: self.insecure_etcd,
         }
     }
 }
@@ -419,13 +441,20 @@ struct IngestArgs {
     /// the istio-ca-secret's root, created if missing) in every namespace's istio-ca-root-cert.
     #[arg(long, default_value = meshpilot::app::security::DEFAULT_PLUGIN_DIR)]
     cacerts_dir: PathBuf,
-    /// Where the self-signed root is kept without Kubernetes (for --snapshot-mtls).
+    /// Where the self-signed root is kept without Kubernetes (the snapshot stream's CA; frontends
+    /// without Kubernetes read it from the same directory or --cacerts-dir).
     #[arg(long, default_value = meshpilot::app::security::DEFAULT_ROOT_DIR)]
     ca_dir: PathBuf,
-    /// Serve snapshots over mutual TLS from the CA: only control-plane identities (this
-    /// namespace) with a certificate from it may subscribe.
-    #[arg(long)]
-    snapshot_mtls: bool,
+    /// Mutual TLS (the default) or plaintext of the snapshot stream.
+    #[command(flatten)]
+    snapshot_stream: SnapshotStreamArgs,
+    /// Service accounts (of --namespace, in the mesh's trust domain) whose certificates from the
+    /// CA may subscribe to snapshots (comma separated).
+    #[arg(long, value_delimiter = ',', default_value = "meshpilot-frontend,meshpilot-ingest")]
+    snapshot_peer_service_accounts: Vec<String>,
+    /// Snapshot subscriptions served at once; more are refused with RESOURCE_EXHAUSTED.
+    #[arg(long, default_value_t = meshpilot::replication::ServerSettings::default().max_subscribers)]
+    snapshot_max_subscribers: usize,
     /// Quiet period before a push.
     #[arg(long, default_value = "100ms", value_parser = parse_duration)]
     debounce_after: Duration,
@@ -472,6 +501,9 @@ struct FrontendArgs {
     /// The CA and the secure xDS port.
     #[command(flatten)]
     security: SecurityArgs,
+    /// Mutual TLS (the default) or plaintext of the snapshot stream.
+    #[command(flatten)]
+    snapshot_stream: SnapshotStreamArgs,
     /// Kubernetes API server (its kubeconfig) the secure port reviews service-account tokens
     /// with and reads the CA's istio-ca-secret from; without it only client certificates
     /// authenticate.
@@ -552,6 +584,7 @@ fn serving_process(role: Role, id: &str) -> (Process, meshpilot::telemetry::Tele
 }
 
 fn run_ingest(args: IngestArgs) -> anyhow::Result<()> {
+    args.etcd_tls.settings().check_authenticated(&args.etcd_endpoints)?;
     let namespace = args.sources.namespace.clone();
     let id = args.id.unwrap_or_else(|| default_id("ingest"));
     let (process, _telemetry) = serving_process(Role::Ingest, &id);
@@ -572,16 +605,22 @@ fn run_ingest(args: IngestArgs) -> anyhow::Result<()> {
         security: meshpilot::app::security::SecuritySettings {
             plugin_dir: args.cacerts_dir,
             root_dir: args.ca_dir,
-            snapshot_mtls: args.snapshot_mtls,
+            insecure_snapshot_stream: args.snapshot_stream.insecure(),
+            snapshot_peers: args.snapshot_peer_service_accounts,
             namespace,
             ..Default::default()
         },
         webhook: args.webhook.settings(),
+        snapshot_server: meshpilot::replication::ServerSettings {
+            max_subscribers: args.snapshot_max_subscribers,
+            ..Default::default()
+        },
     };
     app::run(|drain| app::ingest::run(settings, process, drain)).context("ingest node")
 }
 
 fn run_frontend(args: FrontendArgs) -> anyhow::Result<()> {
+    args.etcd_tls.settings().check_authenticated(&args.etcd_endpoints)?;
     args.security.check()?;
     let id = args.id.unwrap_or_else(|| default_id("frontend"));
     let (process, _telemetry) = serving_process(Role::Frontend, &id);
@@ -602,6 +641,7 @@ fn run_frontend(args: FrontendArgs) -> anyhow::Result<()> {
         // The ingest leader creates the istio-ca-secret; frontends wait for it.
         security: meshpilot::app::security::SecuritySettings {
             create_root: false,
+            insecure_snapshot_stream: args.snapshot_stream.insecure(),
             ..args.security.settings(&args.namespace)
         },
         kubernetes: match (args.kubeconfig, args.kubernetes) {

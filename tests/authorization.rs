@@ -153,7 +153,7 @@ async fn policies_allow_and_deny_by_path_method_header_and_address() {
     assert_status(&send(&s, "GET", "/admin", &[], LOCAL).await, 403, "DENY is evaluated before ALLOW");
 
     // An ALLOW policy with no rules denies all; `rules: [{}]` allows all.
-    write_atomic(s.config.path(), "policy.yaml", "");
+    std::fs::remove_file(s.config.path().join("policy.yaml")).expect("remove policy.yaml");
     write_atomic(s.config.path(), "allow.yaml", &policy("allow-nothing", "action: ALLOW"));
     let r = wait_status(&s, "/public", &[], 403).await;
     assert_status(&r, 403, "allow-nothing");
@@ -316,3 +316,64 @@ async fn rejected_policies_keep_their_scope_denied() {
 // the server allowing `principals: [cluster.local/ns/shop/sa/client]` (and one by `namespaces`),
 // a caller with that service account answered 200 and one with another answered 403. Until then
 // `src/xds/generate/authz/tests.rs` checks the exact SPIFFE matchers those policies generate.
+
+/// Whether some RBAC filter in `dump` (Envoy's config_dump) holds a DENY policy.
+fn has_deny_rbac(dump: &Value) -> bool {
+    match dump {
+        Value::Object(map) => {
+            let is_rbac = map.get("@type").and_then(Value::as_str).is_some_and(|t| t.ends_with("rbac.v3.RBAC"));
+            (is_rbac && map.get("rules").is_some_and(|r| r["action"] == "DENY")) || map.values().any(has_deny_rbac)
+        }
+        Value::Array(items) => items.iter().any(has_deny_rbac),
+        _ => false,
+    }
+}
+
+#[tokio::test]
+async fn a_policy_file_emptied_in_place_keeps_denying_until_removed() {
+    // Reproduction (issue 27, finding 9): `: > policy.yaml`, then the content written back 0.6 s
+    // later (a slow `cmd > file`), pushed config without the DENY policy in between: /admin
+    // answered 200 and the gateway's RBAC filter was gone.
+    let deny = policy("deny-admin", "action: DENY\nrules: [{to: [{operation: {paths: [/admin]}}]}]");
+    let s = start(&[("policy.yaml", deny.clone())]).await;
+    assert_status(&wait_status(&s, "/admin", &[], 403).await, 403, "the DENY policy applies");
+    assert!(has_deny_rbac(&s.envoy.config_dump().await), "the gateway holds a DENY RBAC filter");
+
+    let path = s.config.path().join("policy.yaml");
+    let mut file = std::fs::OpenOptions::new().write(true).truncate(true).open(&path).expect("truncate policy.yaml");
+    // Sample well past every settling and debounce while the file is empty.
+    let started = std::time::Instant::now();
+    let mut samples = 0;
+    while started.elapsed() < Duration::from_secs(3) {
+        assert_status(&send(&s, "GET", "/admin", &[], LOCAL).await, 403, "while the file is empty");
+        if samples % 10 == 0 {
+            assert!(has_deny_rbac(&s.envoy.config_dump().await), "RBAC filter gone while the file is empty");
+        }
+        samples += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let configz = s.cp.admin_json("/debug/configz").await;
+    let errors = configz["errors"].as_array().cloned().unwrap_or_default();
+    assert!(
+        errors.iter().any(|e| e["file"].as_str().is_some_and(|f| f.ends_with("policy.yaml"))
+            && e["reason"].as_str().is_some_and(|r| r.contains("file is empty"))),
+        "the kept policy is reported: {errors:?}"
+    );
+    use std::io::Write as _;
+    file.write_all(deny.as_bytes()).expect("write policy.yaml back");
+    drop(file);
+    assert_status(&send(&s, "GET", "/admin", &[], LOCAL).await, 403, "after the content is back");
+    assert_status(&send(&s, "GET", "/public", &[], LOCAL).await, 200, "other paths pass");
+
+    // A deliberate change still applies: content without the policy (an empty list) deletes it...
+    std::fs::write(&path, "[]\n").expect("write []");
+    assert_status(&wait_status(&s, "/admin", &[], 200).await, 200, "an explicit empty list deletes the policy");
+    // ...and so does removing the file.
+    write_atomic(s.config.path(), "policy.yaml", &deny);
+    assert_status(&wait_status(&s, "/admin", &[], 403).await, 403, "the policy is back");
+    std::fs::remove_file(&path).expect("remove policy.yaml");
+    assert_status(&wait_status(&s, "/admin", &[], 200).await, 200, "removing the file deletes the policy");
+    assert!(!has_deny_rbac(&s.envoy.config_dump().await), "no DENY RBAC filter once removed");
+    assert_no_rejections(&s.envoy).await;
+    drop(s.cp);
+}

@@ -975,3 +975,169 @@ fn webhook_problems(build: &Build) -> Vec<String> {
     }
     problems
 }
+
+/// The Secrets `deploy/etcd-certs.sh` makes: etcd's serving certificate, and the client one.
+const ETCD_SERVER_SECRET: &str = "meshpilot-etcd-server-tls";
+const ETCD_CLIENT_SECRET: &str = "meshpilot-etcd-client-tls";
+/// Keys of both (`kubernetes.io/tls`, plus the CA).
+const ETCD_SECRET_KEYS: [&str; 3] = ["ca.crt", "tls.crt", "tls.key"];
+
+#[test]
+fn etcd_requires_client_certificates_and_meshpilot_reaches_it_only_over_tls() {
+    // Whoever can write etcd chooses the leader frontends follow (issue 27, finding 3).
+    let mut problems = Vec::new();
+    let mut etcd_seen = false;
+    for build in builds() {
+        for w in workloads(&build.manifests) {
+            for c in w.containers() {
+                let at = format!("{}: {} ({} {}, container {})", build.name, w.at, w.kind, w.name, c.name);
+                let args = c.args.as_deref().unwrap_or_default();
+                let problems_here = if c.name == "etcd" {
+                    etcd_seen = true;
+                    etcd_tls_problems(&w, c, args)
+                } else if is_meshpilot(c) {
+                    // parse_cli demands https:// endpoints and the three files: here, where from.
+                    let files = ["--etcd-cacert", "--etcd-cert", "--etcd-key"].map(|f| flag_value(args, f));
+                    secret_file_problems(&w, c, files.iter().flatten().map(String::as_str), ETCD_CLIENT_SECRET)
+                } else {
+                    Vec::new()
+                };
+                problems.extend(problems_here.into_iter().map(|p| format!("{at}: {p}")));
+                // Only etcd holds its serving key.
+                let mounts_server = w
+                    .volumes()
+                    .iter()
+                    .any(|v| v.secret.as_ref().and_then(|s| s.secret_name.as_deref()) == Some(ETCD_SERVER_SECRET));
+                if mounts_server && c.name != "etcd" {
+                    problems.push(format!("{at}: mounts etcd's serving key ({ETCD_SERVER_SECRET})"));
+                }
+            }
+        }
+    }
+    assert!(etcd_seen, "no etcd container in the manifests");
+    // No file of deploy/ names etcd's client or peer port over plaintext.
+    for file in files_under(&repo().join("deploy"), Path::new("")) {
+        let text = read(&repo().join("deploy").join(&file));
+        for (n, line) in text.lines().enumerate() {
+            for url in line.split("http://").skip(1) {
+                let host_port: String = url.chars().take_while(|c| !"/ ,\"'".contains(*c)).collect();
+                if host_port.contains("etcd") || host_port.ends_with(":2379") || host_port.ends_with(":2380") {
+                    problems.push(format!("deploy/{file}:{}: plaintext etcd URL http://{host_port}", n + 1));
+                }
+            }
+        }
+    }
+    assert_no_problems("etcd access", &problems);
+}
+
+/// The value of `--flag=VALUE` or `--flag VALUE` among `args`.
+fn flag_value(args: &[String], flag: &str) -> Option<String> {
+    let prefix = format!("{flag}=");
+    args.iter().enumerate().find_map(|(i, a)| match a.strip_prefix(&prefix) {
+        Some(v) => Some(v.to_string()),
+        None if a == flag => args.get(i + 1).cloned(),
+        None => None,
+    })
+}
+
+/// etcd's own flags: TLS with client certificates on the client and the peer port (3 members).
+fn etcd_tls_problems(w: &Workload, c: &Container, args: &[String]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for switch in ["--client-cert-auth", "--peer-client-cert-auth"] {
+        if !args.iter().any(|a| a == switch || a == &format!("{switch}=true")) {
+            problems.push(format!("etcd runs without {switch}"));
+        }
+    }
+    let mut files = Vec::new();
+    for flag in ["--cert-file", "--key-file", "--trusted-ca-file"] {
+        for flag in [flag.to_string(), flag.replacen("--", "--peer-", 1)] {
+            match flag_value(args, &flag) {
+                Some(file) => files.push(file),
+                None => problems.push(format!("etcd runs without {flag}")),
+            }
+        }
+    }
+    for flag in
+        ["--listen-client-urls", "--advertise-client-urls", "--listen-peer-urls", "--initial-advertise-peer-urls"]
+    {
+        let urls = flag_value(args, flag).unwrap_or_default();
+        if urls.is_empty() || urls.split(',').any(|u| !u.starts_with("https://")) {
+            problems.push(format!("{flag} {urls:?}: not all https://"));
+        }
+    }
+    let cluster = flag_value(args, "--initial-cluster").unwrap_or_default();
+    if cluster.split(',').any(|m| !m.split_once('=').is_some_and(|(_, url)| url.starts_with("https://"))) {
+        problems.push(format!("--initial-cluster {cluster:?}: peers not all https://"));
+    }
+    problems.extend(secret_file_problems(w, c, files.iter().map(String::as_str), ETCD_SERVER_SECRET));
+    problems
+}
+
+/// Each of `files` must be a key of Secret `secret`, mounted read-only in `c`.
+fn secret_file_problems<'a>(
+    w: &Workload,
+    c: &Container,
+    files: impl Iterator<Item = &'a str>,
+    secret: &str,
+) -> Vec<String> {
+    let volumes: BTreeSet<&str> = w
+        .volumes()
+        .iter()
+        .filter(|v| v.secret.as_ref().and_then(|s| s.secret_name.as_deref()) == Some(secret))
+        .map(|v| v.name.as_str())
+        .collect();
+    let mounts: Vec<&str> = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .filter(|m| volumes.contains(m.name.as_str()) && m.read_only == Some(true) && m.sub_path.is_none())
+        .map(|m| m.mount_path.trim_end_matches('/'))
+        .collect();
+    let mut problems = Vec::new();
+    let mut count = 0;
+    for file in files {
+        count += 1;
+        let from_secret = mounts
+            .iter()
+            .any(|m| file.strip_prefix(&format!("{m}/")).is_some_and(|key| ETCD_SECRET_KEYS.contains(&key)));
+        if !from_secret {
+            problems.push(format!("{file} is no key of Secret {secret} mounted read-only ({mounts:?})"));
+        }
+    }
+    if count == 0 {
+        problems.push(format!("names no file of Secret {secret}"));
+    }
+    problems
+}
+
+#[test]
+fn etcd_certs_sh_makes_the_secrets_the_manifests_mount() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let out = dir.path().join("pki");
+    let namespace = load_base().namespace;
+    let status = std::process::Command::new("bash")
+        .arg(repo().join("deploy/etcd-certs.sh"))
+        .arg(&out)
+        .arg(&namespace)
+        .status()
+        .expect("bash runs");
+    assert!(status.success(), "deploy/etcd-certs.sh failed: {status}");
+    let ca_key = std::fs::read(out.join("ca.key")).expect("the CA key");
+    let mut names = BTreeSet::new();
+    for (doc, value) in yaml_documents(&out.join("etcd-tls-secrets.yaml")) {
+        let secret: k8s_openapi::api::core::v1::Secret =
+            typed(&value).unwrap_or_else(|e| panic!("document {doc} is no Secret: {e}"));
+        let name = secret.metadata.name.clone().unwrap_or_default();
+        assert_eq!(secret.metadata.namespace.as_deref(), Some(namespace.as_str()), "{name}");
+        assert_eq!(secret.type_.as_deref(), Some("kubernetes.io/tls"), "{name}");
+        let data = secret.data.unwrap_or_default();
+        assert_eq!(data.keys().map(String::as_str).collect::<Vec<_>>(), ETCD_SECRET_KEYS, "{name}");
+        for (key, value) in &data {
+            let text = String::from_utf8_lossy(&value.0);
+            assert!(text.starts_with("-----BEGIN "), "{name} {key} is not PEM");
+            assert!(value.0 != ca_key, "{name} {key} carries the CA's key");
+        }
+        names.insert(name);
+    }
+    assert_eq!(names, BTreeSet::from([ETCD_CLIENT_SECRET.to_string(), ETCD_SERVER_SECRET.to_string()]));
+}

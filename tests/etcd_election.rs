@@ -27,7 +27,7 @@ struct Node {
 
 impl Node {
     async fn start(etcd: &Etcd, id: &str) -> Node {
-        let client = meshpilot::cluster::etcd::connect(&[etcd.endpoint()]).await.expect("connect");
+        let client = etcd.client().await;
         let addr = format!("{id}.ingest:15020");
         let settings = ElectionSettings { ttl: TTL, ..ElectionSettings::new(id, addr.clone()) };
         let candidate = Candidate::new(client, settings);
@@ -47,7 +47,7 @@ impl Node {
 }
 
 async fn leader_watch(etcd: &Etcd) -> (watch::Receiver<Option<LeaderInfo>>, JoinHandle<()>) {
-    let client = meshpilot::cluster::etcd::connect(&[etcd.endpoint()]).await.expect("connect");
+    let client = etcd.client().await;
     let w = LeaderWatch::new(client, DEFAULT_ELECTION_NAME);
     let rx = w.leader();
     (rx, tokio::spawn(w.run(std::future::pending())))

@@ -23,7 +23,7 @@ struct Frontend {
 
 impl Frontend {
     async fn start(etcd: &Etcd, id: &str) -> Frontend {
-        let client = meshpilot::cluster::etcd::connect(&[etcd.endpoint()]).await.expect("connect");
+        let client = etcd.client().await;
         let settings = MembershipSettings { ttl: TTL, ..MembershipSettings::new(id, addr(id)) };
         let registration = Registration::new(client, settings);
         let registered = registration.registered();
@@ -53,7 +53,7 @@ async fn wait_for(w: &watch::Receiver<Members>, want: &Members, within: Duration
 #[tokio::test]
 async fn members_follow_registrations_and_survive_etcd_restarts() {
     let mut etcd = Etcd::start().await;
-    let client = meshpilot::cluster::etcd::connect(&[etcd.endpoint()]).await.expect("connect");
+    let client = etcd.client().await;
     let watcher = MembersWatch::new(client, DEFAULT_PREFIX);
     let seen = watcher.members();
     let _watch_task = tokio::spawn(watcher.run(std::future::pending()));

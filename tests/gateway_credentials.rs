@@ -1,6 +1,8 @@
 //! Gateway TLS certificates as SDS secrets, with a real Envoy gateway and meshpilot watching a
 //! real kube-apiserver: a server's `credentialName` Secret (in the gateway proxy's namespace) is
-//! served by meshpilot over ADS and presented to a TLS client with the server's SNI; a server
+//! served by meshpilot over ADS on the secure port (the gateway authenticates with its service
+//! account's token, as pilot-agent does) and presented to a TLS client with the server's SNI; a
+//! server
 //! whose certificate is a file the proxy lacks waits for that secret alone, while the proxy's
 //! other listeners keep serving and nothing is rejected.
 
@@ -15,11 +17,14 @@ use common::config_dump::{dump_section, dynamic_listener_names};
 use common::envoy::Envoy;
 use common::ingress::Ingress;
 use common::istio::{service_entry, NS};
-use common::kube::{apply, KubeApi, ADMIN_TOKEN};
+use common::kube::{apply, istio_token, KubeApi, ADMIN_TOKEN};
 use common::mesh::{assert_no_rejections, gateway_metadata, GATEWAY_NODE_ID};
 use common::meshpilot::Meshpilot;
 use common::poll::{poll, CONVERGE_TIMEOUT, STARTUP_TIMEOUT};
-use common::ports::free_port;
+use common::ports::{free_addr, free_port};
+use common::secure::ISTIOD_NAME;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -94,6 +99,20 @@ async fn https_get(port: u16, host: &str) -> Result<String, String> {
     Ok(text.lines().next().unwrap_or_default().to_string())
 }
 
+/// The root meshpilot publishes in the gateway namespace's `istio-ca-root-cert` ConfigMap.
+async fn published_root(kube: &kube::Client) -> String {
+    let configmaps: Api<ConfigMap> = Api::namespaced(kube.clone(), GATEWAY_NS);
+    let mut root = None;
+    let published = poll(STARTUP_TIMEOUT, async || {
+        let map = configmaps.get_opt("istio-ca-root-cert").await.ok().flatten();
+        root = map.and_then(|cm| cm.data).and_then(|d| d.get("root-cert.pem").cloned());
+        root.is_some()
+    })
+    .await;
+    assert!(published, "no istio-ca-root-cert ConfigMap in {GATEWAY_NS}");
+    root.unwrap_or_default()
+}
+
 fn warming_listener_names(dump: &Value) -> Vec<String> {
     dump_section(dump, "ListenersConfigDump")
         .and_then(|s| s["dynamic_listeners"].as_array())
@@ -126,6 +145,7 @@ async fn credentials_and_missing_files(delta: bool) {
     for object in [
         format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {NS}}}\n"),
         format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {GATEWAY_NS}}}\n"),
+        format!("apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: gateway, namespace: {GATEWAY_NS}}}\n"),
         tls_secret(&leaf.cert, &leaf.key),
         service_entry("web", 80, &[(&backend, "v1")]),
         gateway(http, https),
@@ -135,8 +155,13 @@ async fn credentials_and_missing_files(delta: bool) {
     }
     let dir = api.dir().to_path_buf();
     let kubeconfig = api.write_kubeconfig(&dir, "meshpilot.kubeconfig", &api.url(), ADMIN_TOKEN);
-    let cp = Meshpilot::standalone_on_kubernetes(kubeconfig).debounce_after("50ms").start();
+    let cp =
+        Meshpilot::standalone_on_kubernetes(kubeconfig).debounce_after("50ms").secure_xds(free_addr(), &[]).start();
     cp.wait_ready(STARTUP_TIMEOUT).await;
+    // The gateway proves its namespace as pilot-agent does: its service account's token, over
+    // TLS checked against the root meshpilot publishes. The plaintext port serves no secrets.
+    let token = istio_token(&kube, GATEWAY_NS, "gateway").await;
+    let root = published_root(&kube).await;
     // Istio's bootstrap defines pilot-agent's SDS cluster; nothing answers on it here.
     let sds = json!({"name": "sds-grpc", "type": "STATIC", "connect_timeout": "1s",
         "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
@@ -144,7 +169,11 @@ async fn credentials_and_missing_files(delta: bool) {
             "explicit_http_config": {"http2_protocol_options": {}}}},
         "load_assignment": {"cluster_name": "sds-grpc", "endpoints": [{"lb_endpoints": [{"endpoint": {"address":
             {"socket_address": {"address": "127.0.0.1", "port_value": free_port()}}}}]}]}});
-    let builder = Envoy::builder(GATEWAY_NODE_ID, cp.xds_addr()).metadata(gateway_metadata()).static_cluster(sds);
+    let builder = Envoy::builder(GATEWAY_NODE_ID, cp.secure_xds_addr())
+        .metadata(gateway_metadata())
+        .static_cluster(sds)
+        .xds_tls(ISTIOD_NAME, &root, None)
+        .xds_token(&token);
     let envoy = if delta { builder.delta() } else { builder }.start();
     envoy.wait_ready(STARTUP_TIMEOUT).await;
     let api_type = &envoy.bootstrap()["dynamic_resources"]["ads_config"]["api_type"];

@@ -15,7 +15,7 @@ use meshpilot::config::parse::object_from_value;
 use meshpilot::registry::kubernetes::{KubeNamespace, KubeNode, KubeObject};
 use meshpilot::replication::wire::proto::snapshot_service_client::SnapshotServiceClient;
 use meshpilot::replication::wire::proto::SubscribeRequest;
-use meshpilot::replication::wire::{encode_full, CHUNK_SIZE};
+use meshpilot::replication::wire::{encode_full, version_from_wire, CHUNK_SIZE};
 use meshpilot::replication::{
     ServerSettings, SnapshotServer, SnapshotSubscriber, SubscriberSettings, SubscriberStatus,
 };
@@ -115,7 +115,8 @@ async fn serve(server: SnapshotServer) -> (SocketAddr, JoinHandle<()>) {
     let listener = bind_local().await;
     let addr = listener.local_addr().unwrap();
     let task = tokio::spawn(async move {
-        tonic::transport::Server::builder()
+        server
+            .transport()
             .add_service(server.into_service())
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
             .await
@@ -372,4 +373,110 @@ async fn a_delta_on_another_base_makes_the_frontend_ask_for_a_full_snapshot() {
 async fn wait_server_latest(server: &SnapshotServer, v: Version) {
     let seen = poll_every(Duration::from_millis(10), TIMEOUT, async || server.latest() == Some(v)).await;
     assert!(seen, "server never saw {v}");
+}
+
+/// A raw HTTP/2 client on its own connection: it subscribes (holding nothing), then never reads
+/// a byte, so it never acknowledges a ping nor opens its flow-control window.
+async fn subscribe_and_never_read(addr: SocketAddr, id: usize) -> tokio::net::TcpStream {
+    use prost::Message;
+    use tokio::io::AsyncWriteExt;
+    fn frame(out: &mut Vec<u8>, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
+        out.extend_from_slice(&(payload.len() as u32).to_be_bytes()[1..]);
+        out.extend_from_slice(&[kind, flags]);
+        out.extend_from_slice(&stream.to_be_bytes());
+        out.extend_from_slice(payload);
+    }
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    frame(&mut out, 0x4, 0, 0, &[]);
+    let authority = addr.to_string();
+    let headers = [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", "/meshpilot.snapshot.v1.SnapshotService/Subscribe"),
+        (":authority", authority.as_str()),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ];
+    let mut block = Vec::new();
+    for (name, value) in headers {
+        // HPACK: a literal field without indexing, with a literal name (all shorter than 127).
+        block.push(0);
+        for s in [name, value] {
+            block.push(s.len() as u8);
+            block.extend_from_slice(s.as_bytes());
+        }
+    }
+    frame(&mut out, 0x1, 0x4, 1, &block);
+    let request = SubscribeRequest { frontend_id: format!("never-reads-{id}"), ..Default::default() }.encode_to_vec();
+    let mut message = vec![0];
+    message.extend_from_slice(&(request.len() as u32).to_be_bytes());
+    message.extend_from_slice(&request);
+    frame(&mut out, 0x0, 0x1, 1, &message);
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(&out).await.unwrap();
+    tcp
+}
+
+/// This process's resident memory, in bytes.
+fn rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).unwrap();
+    kb.trim().trim_end_matches(" kB").trim().parse::<u64>().unwrap() * 1024
+}
+
+/// Hundreds of subscribers that never read a byte (each on its own connection): only
+/// `max_subscribers` are served at once and the rest refused with RESOURCE_EXHAUSTED, what the
+/// server holds for them stays bounded (a subscriber shares the one encoding of a snapshot), they
+/// are cut off (their connections closed: they answer no ping), after which new subscribers get
+/// in, and a frontend that reads keeps getting every snapshot throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribers_that_never_read_are_bounded_and_cut_off() {
+    const MAX: usize = 32;
+    const ATTACKERS: usize = 400;
+    let settings = ServerSettings {
+        max_subscribers: MAX,
+        stall: Duration::from_millis(500),
+        keepalive: Duration::from_secs(1),
+        ..Default::default()
+    };
+    let leader = Leader::start(settings).await;
+    let all = names("service-entry-", 2000);
+    let s1 = leader.publish(Version::new(1, 1), &state_of(&all, 4));
+    let payload = encode_full(&s1).unwrap().len();
+    assert!(payload > 2 * 1024 * 1024, "payload only {payload} bytes");
+    let mut fe = Frontend::start(Some(leader.info(1)));
+    fe.wait_held(Version::new(1, 1)).await;
+    let before = rss();
+
+    let mut attackers = Vec::new();
+    for i in 0..ATTACKERS {
+        attackers.push(subscribe_and_never_read(leader.addr, i).await);
+    }
+    let full = poll_every(Duration::from_millis(50), TIMEOUT, async || leader.server.subscribers() == MAX).await;
+    assert!(full, "{} subscribers", leader.server.subscribers());
+    // Let every accepted one be sent what fits before it stalls.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let held = rss().saturating_sub(before);
+    eprintln!("{ATTACKERS} non-reading subscribers of a {payload}-byte snapshot: RSS +{} KiB", held / 1024);
+    // Each held copy of its snapshot would be `payload` bytes; a chunk each is what remains.
+    assert!(held < 48 * 1024 * 1024, "RSS grew by {held} bytes");
+
+    // Beyond the limit a subscription is refused, with a status a client can act on.
+    let mut client = SnapshotServiceClient::connect(format!("http://{}", leader.addr)).await.unwrap();
+    let request = SubscribeRequest { frontend_id: "late".into(), ..Default::default() };
+    let refused = client.subscribe(request.clone()).await.expect_err("refused while full");
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused:?}");
+
+    // The frontend that reads keeps up.
+    let s2 = leader.publish(Version::new(1, 2), &state_of(&all[1..], 4));
+    fe.wait_held(Version::new(1, 2)).await;
+    assert_same(&fe.current(), &s2);
+
+    // The silent ones answer no ping: their connections are closed, their slots freed.
+    let freed = poll_every(Duration::from_millis(100), TIMEOUT, async || leader.server.subscribers() <= 1).await;
+    assert!(freed, "{} subscribers left", leader.server.subscribers());
+    let mut stream = client.subscribe(request).await.expect("a new subscriber gets in").into_inner();
+    let first = tokio::time::timeout(TIMEOUT, stream.message()).await.unwrap().unwrap().unwrap();
+    assert_eq!(version_from_wire(first.version.as_ref()), Some(Version::new(1, 2)));
+    drop(attackers);
 }

@@ -17,6 +17,8 @@ use common::meshpilot::{wait_leader, Meshpilot};
 use common::poll::{poll, CONVERGE_TIMEOUT, STARTUP_TIMEOUT};
 use common::ports::free_addr;
 use common::process::temp_dir;
+use common::webhook::{admission_review, virtual_service as valid_virtual_service, WebhookClient};
+use futures::StreamExt;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
@@ -69,7 +71,7 @@ impl Client {
             "request": {
                 "uid": uid,
                 "kind": {"group": "", "version": "", "kind": object["kind"]},
-                "resource": {"group": "networking.istio.io", "version": "v1", "resource": "objects"},
+                "resource": {"group": "networking.istio.io", "version": "v1", "resource": plural(object)},
                 "namespace": "default",
                 "name": object["metadata"]["name"],
                 "operation": "CREATE",
@@ -83,6 +85,15 @@ impl Client {
         assert_eq!(answer["kind"], "AdmissionReview", "{answer}");
         assert_eq!(answer["response"]["uid"], uid, "the uid is echoed: {answer}");
         answer["response"].clone()
+    }
+}
+
+/// The resource of an object, as the API server names it (`serviceentries`).
+fn plural(object: &Value) -> String {
+    let kind = object["kind"].as_str().unwrap_or_default().to_lowercase();
+    match kind.strip_suffix('y') {
+        Some(stem) => format!("{stem}ies"),
+        None => format!("{kind}s"),
     }
 }
 
@@ -169,16 +180,56 @@ async fn reviews_over_https_allow_valid_and_deny_invalid_objects_with_istiods_me
 
     // istiod's metrics count each verdict, failures by reason.
     let metrics = cp.metrics().await;
-    let resource = [("group", "networking.istio.io"), ("version", "v1"), ("resource", "objects")];
-    assert_eq!(metrics.value("galley_validation_passed", &resource), allowed);
+    let resource = [("group", "networking.istio.io"), ("version", "v1")];
+    let passed: f64 = metrics.find("galley_validation_passed", &resource).iter().map(|s| s.value).sum();
+    assert_eq!(passed, allowed);
+    assert!(metrics.value("galley_validation_passed", &[("resource", "serviceentries")]) > 0.0);
     let failed: f64 = metrics.find("galley_validation_failed", &resource).iter().map(|s| s.value).sum();
     assert_eq!(failed, denied);
-    assert!(metrics.value("galley_validation_failed", &[("reason", "invalid_resource")]) > 0.0);
+    assert!(metrics.sum("galley_validation_failed", &[("reason", "invalid_resource")]) > 0.0);
     assert_eq!(metrics.value("galley_validation_http_error", &[("status", "400")]), 1.0);
     assert_eq!(metrics.value("galley_validation_http_error", &[("status", "415")]), 1.0);
 }
 
 /// A ValidatingWebhookConfiguration for the Istio groups calling `url`, without a caBundle.
+/// A caller naming a new resource in every request (the webhook is reachable by more than the
+/// API server) cannot grow `/metrics`: resources meshpilot does not validate share one series.
+#[tokio::test]
+async fn bogus_resources_do_not_grow_the_metrics() {
+    let config = temp_dir("meshpilot-webhook-config-");
+    let cp = Meshpilot::standalone(config.path()).webhook(free_addr(), &["127.0.0.1".to_string()]).start();
+    cp.wait_ready(STARTUP_TIMEOUT).await;
+    let ca = common::secure::ca_from_dir(&cp.ca_dir()).await;
+    let webhook = WebhookClient::new(cp.webhook_addr(), &ca.material().roots().expect("the CA's roots"));
+    let up = poll(STARTUP_TIMEOUT, async || webhook.post(&json!({})).await.is_ok()).await;
+    assert!(up, "the webhook does not answer over TLS:\n{}", cp.log_tail(40));
+    let before = cp.try_metrics().await.expect("metrics").len();
+
+    const BOGUS: usize = 3000;
+    let vs = valid_virtual_service("r");
+    let posts = futures::stream::iter(0..BOGUS).map(|i| {
+        let resource = (format!("g{i}.evil.example"), format!("v{i}"), format!("{}-{i}", "x".repeat(200)));
+        let review = admission_review(&format!("u{i}"), (&resource.0, &resource.1, &resource.2), &vs);
+        let webhook = &webhook;
+        async move { webhook.post(&review).await.map(|(status, _)| status) }
+    });
+    let statuses: Vec<_> = posts.buffer_unordered(16).collect().await;
+    assert!(statuses.iter().all(|s| s == &Ok(200)), "every review is answered");
+    // One real resource beside them keeps its own labels.
+    let real = admission_review("real", ("networking.istio.io", "v1", "virtualservices"), &vs);
+    assert_eq!(webhook.post(&real).await.map(|(s, _)| s), Ok(200));
+
+    let text = cp.try_metrics().await.expect("metrics");
+    let series = text.lines().filter(|l| l.starts_with("galley_validation_")).count();
+    assert!(series <= 3, "{series} galley series:\n{text}");
+    assert!(!text.contains("evil.example"), "a request's values became labels");
+    assert!(text.len() < before + 4096, "/metrics grew from {before} to {} bytes", text.len());
+    let metrics = cp.metrics().await;
+    let unknown = [("group", "unknown"), ("version", "unknown"), ("resource", "unknown")];
+    assert_eq!(metrics.value("galley_validation_passed", &unknown), BOGUS as f64);
+    assert_eq!(metrics.value("galley_validation_passed", &[("resource", "virtualservices")]), 1.0);
+}
+
 fn webhook_configuration(url: &str) -> String {
     format!(
         r#"

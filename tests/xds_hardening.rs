@@ -160,3 +160,87 @@ async fn debug_rendering_never_delays_readiness() {
         r.abort();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_text_reaches_the_log_escaped_and_bounded() {
+    // Reproduction (issue 27, finding 10): a NAMESPACE holding a newline forged a log line on
+    // `proxy connected`, that line carried 30k characters, and NACK details were kept to 4,096.
+    use envoy_types::pb::envoy::config::core::v3::Node;
+    use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+    use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+    use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value as PbValue};
+    use envoy_types::pb::google::rpc::Status as RpcStatus;
+
+    const CDS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+    const FORGED: &str = "2026-11-29T00:00:00.000000Z  INFO FORGED: admin login accepted";
+    let (mp, _dir) = start(3).await;
+    let node_id = "sidecar~10.9.0.9~evil.ns0~ns0.svc.cluster.local";
+    let namespace = format!("ns0\n{FORGED}\n{}", "x".repeat(30_000));
+    let string = |s: &str| PbValue { kind: Some(Kind::StringValue(s.to_string())) };
+    let node = Node {
+        id: node_id.into(),
+        metadata: Some(Struct {
+            fields: [("NAMESPACE".to_string(), string(&namespace)), ("CLUSTER_ID".to_string(), string(&namespace))]
+                .into_iter()
+                .collect(),
+        }),
+        ..Default::default()
+    };
+    let mut client = AggregatedDiscoveryServiceClient::connect(mp.xds_url()).await.expect("connect");
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let mut responses = client
+        .stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("ADS stream")
+        .into_inner();
+    tx.send(DiscoveryRequest { node: Some(node), type_url: CDS.into(), ..Default::default() }).await.expect("send");
+    let response = tokio::time::timeout(TIMEOUT, responses.next())
+        .await
+        .expect("no CDS answer")
+        .expect("stream ended")
+        .expect("error status");
+    let detail = format!("bad cluster\n{FORGED}\n{}", "y".repeat(10_000));
+    let nack = DiscoveryRequest {
+        type_url: CDS.into(),
+        response_nonce: response.nonce.clone(),
+        error_detail: Some(RpcStatus { code: 3, message: detail, details: Vec::new() }),
+        ..Default::default()
+    };
+    tx.send(nack).await.expect("send NACK");
+
+    poll_logs(&mp, "proxy rejected config (NACK)").await;
+
+    let logs = mp.logs();
+    assert!(logs.lines().any(|l| l.contains("proxy connected") && l.contains(node_id)), "{logs}");
+    for line in logs.lines() {
+        assert!(!line.contains("INFO FORGED") || line.contains("\\n2026-11-29"), "forged log line: {line}");
+        assert!(line.chars().count() <= 4096, "a log line of {} characters", line.chars().count());
+        assert!(!line.contains(&"x".repeat(257)) && !line.contains(&"y".repeat(257)), "client text not cut: {line}");
+    }
+    let nack_line = logs.lines().find(|l| l.contains("proxy rejected config (NACK)")).expect("NACK logged");
+    assert!(nack_line.contains("bad cluster\\n2026-11-29"), "escaped: {nack_line}");
+    assert!(nack_line.contains("…(10075 chars)"), "cut at 256 characters, length noted: {nack_line}");
+
+    // /debug/syncz keeps a bounded copy of the NACK detail: its first 256 characters.
+    let started = Instant::now();
+    let message = loop {
+        let syncz = mp.syncz().await;
+        let conn = syncz.as_array().and_then(|a| a.iter().find(|c| c["proxy"]["id"] == node_id)).cloned();
+        if let Some(m) = conn.as_ref().and_then(|c| c["types"]["Cluster"]["last_nack"]["message"].as_str()) {
+            break m.to_string();
+        }
+        assert!(started.elapsed() < TIMEOUT, "the NACK is not in /debug/syncz: {syncz}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(message.chars().count(), 256, "{message}");
+    assert!(message.starts_with("bad cluster\n"), "{message}");
+}
+
+/// Waits until meshpilot's log holds `text`.
+async fn poll_logs(mp: &Meshpilot, text: &str) {
+    let started = Instant::now();
+    while !mp.logs().contains(text) {
+        assert!(started.elapsed() < TIMEOUT, "no {text:?} in the log:\n{}", mp.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

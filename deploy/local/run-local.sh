@@ -4,7 +4,7 @@
 # Istio config. Ctrl-C stops everything this script started.
 #
 # Fixed local ports (all on 127.0.0.1):
-#   etcd        client 2379, peer 2380
+#   etcd        client 2379 and peer 2380 (TLS, client certificates required), health 2381
 #   ingest-1/2/3  snapshot 15121/15122/15123, admin 15131/15132/15133
 #   fe-1/fe-2     xDS 15111/15112, admin 15141/15142
 #   xds-lb      xDS 15010 (what proxies use), admin 15200
@@ -19,7 +19,8 @@
 #   ETCD              etcd binary (default: etcd on PATH)
 #   CONFIG_DIR        Istio config directory (default: examples/bookinfo)
 #   MESH_CONFIG       mesh config file (default: examples/mesh.yaml)
-#   WORK_DIR          where etcd data and logs go (default: a new temporary directory)
+#   WORK_DIR          where etcd data, its certificates (etcd-tls/, made by deploy/etcd-certs.sh
+#                     with openssl) and logs go (default: a new temporary directory)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
@@ -45,7 +46,7 @@ WORK_DIR="${WORK_DIR:-$(mktemp -d -t meshpilot-local.XXXXXX)}"
 mkdir -p "$WORK_DIR/logs"
 
 # Refuse to start next to something already listening on our ports.
-for port in 2379 2380 15121 15122 15123 15131 15132 15133 15111 15112 15141 15142 15010 15200; do
+for port in 2379 2380 2381 15121 15122 15123 15131 15132 15133 15111 15112 15141 15142 15010 15200; do
     if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
         die "port $port is in use on 127.0.0.1"
     fi
@@ -96,22 +97,40 @@ wait_http() {
     die "$name did not become ready ($url); see $WORK_DIR/logs/$name.log"
 }
 
-ETCD_ENDPOINTS=http://127.0.0.1:2379
+# etcd as deployed: TLS on both ports and only clients with a certificate from its CA (whoever
+# can write etcd chooses the leader frontends follow). Health on its own plaintext port.
+ETCD_TLS="$WORK_DIR/etcd-tls"
+bash deploy/etcd-certs.sh "$ETCD_TLS" 2>/dev/null || die "making etcd's certificates failed (openssl)"
 start etcd "$ETCD_BIN" --name local --data-dir "$WORK_DIR/etcd" \
-    --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
-    --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
-    --initial-cluster local=http://127.0.0.1:2380
-wait_http etcd "$ETCD_ENDPOINTS/health"
+    --listen-client-urls https://127.0.0.1:2379 --advertise-client-urls https://127.0.0.1:2379 \
+    --listen-peer-urls https://127.0.0.1:2380 --initial-advertise-peer-urls https://127.0.0.1:2380 \
+    --initial-cluster local=https://127.0.0.1:2380 --listen-metrics-urls http://127.0.0.1:2381 \
+    --cert-file "$ETCD_TLS/server.crt" --key-file "$ETCD_TLS/server.key" \
+    --trusted-ca-file "$ETCD_TLS/ca.crt" --client-cert-auth \
+    --peer-cert-file "$ETCD_TLS/server.crt" --peer-key-file "$ETCD_TLS/server.key" \
+    --peer-trusted-ca-file "$ETCD_TLS/ca.crt" --peer-client-cert-auth
+wait_http etcd http://127.0.0.1:2381/health
+ETCD_FLAGS=(--etcd-endpoints https://127.0.0.1:2379 --etcd-cacert "$ETCD_TLS/ca.crt" --etcd-cert "$ETCD_TLS/client.crt" --etcd-key "$ETCD_TLS/client.key")
 
-start ingest-1 "$MESHPILOT" ingest --etcd-endpoints "$ETCD_ENDPOINTS" --config-dir "$CONFIG_DIR" --mesh-config "$MESH_CONFIG" --snapshot-addr 127.0.0.1:15121 --advertise-addr 127.0.0.1:15121 --admin-addr 127.0.0.1:15131 --id ingest-1
-start ingest-2 "$MESHPILOT" ingest --etcd-endpoints "$ETCD_ENDPOINTS" --config-dir "$CONFIG_DIR" --mesh-config "$MESH_CONFIG" --snapshot-addr 127.0.0.1:15122 --advertise-addr 127.0.0.1:15122 --admin-addr 127.0.0.1:15132 --id ingest-2
-start ingest-3 "$MESHPILOT" ingest --etcd-endpoints "$ETCD_ENDPOINTS" --config-dir "$CONFIG_DIR" --mesh-config "$MESH_CONFIG" --snapshot-addr 127.0.0.1:15123 --advertise-addr 127.0.0.1:15123 --admin-addr 127.0.0.1:15133 --id ingest-3
+# The snapshot stream is mutual TLS from one CA: ingest-1 creates its self-signed root in
+# $CA_DIR, the others start once it is there (two creating roots at once would not agree), and
+# the frontends read it too (a frontend without Kubernetes never makes a root of its own).
+CA_DIR="$WORK_DIR/ca"
+start ingest-1 "$MESHPILOT" ingest "${ETCD_FLAGS[@]}" --config-dir "$CONFIG_DIR" --mesh-config "$MESH_CONFIG" --snapshot-addr 127.0.0.1:15121 --advertise-addr 127.0.0.1:15121 --admin-addr 127.0.0.1:15131 --id ingest-1 --ca-dir "$CA_DIR"
+for ((i = 0; i < 600; i++)); do
+    [[ -f "$CA_DIR/ca-cert.pem" ]] && break
+    kill -0 "${PID_OF[ingest-1]}" 2>/dev/null || die "ingest-1 exited; see $WORK_DIR/logs/ingest-1.log"
+    sleep 0.1
+done
+[[ -f "$CA_DIR/ca-cert.pem" ]] || die "ingest-1 made no CA in $CA_DIR; see $WORK_DIR/logs/ingest-1.log"
+start ingest-2 "$MESHPILOT" ingest "${ETCD_FLAGS[@]}" --config-dir "$CONFIG_DIR" --mesh-config "$MESH_CONFIG" --snapshot-addr 127.0.0.1:15122 --advertise-addr 127.0.0.1:15122 --admin-addr 127.0.0.1:15132 --id ingest-2 --ca-dir "$CA_DIR"
+start ingest-3 "$MESHPILOT" ingest "${ETCD_FLAGS[@]}" --config-dir "$CONFIG_DIR" --mesh-config "$MESH_CONFIG" --snapshot-addr 127.0.0.1:15123 --advertise-addr 127.0.0.1:15123 --admin-addr 127.0.0.1:15133 --id ingest-3 --ca-dir "$CA_DIR"
 
 # Member ids fe-1/fe-2 are the hash_key of their endpoints in deploy/local/xds-lb.yaml.
-# Plaintext xDS only here: two frontends on one machine would each make a CA of their own
-# without Kubernetes (on a cluster they share the istio-ca-secret; or give both --cacerts-dir).
-start fe-1 "$MESHPILOT" frontend --etcd-endpoints "$ETCD_ENDPOINTS" --xds-addr 127.0.0.1:15111 --advertise-addr 127.0.0.1:15111 --admin-addr 127.0.0.1:15141 --id fe-1 --proxy-key namespace-service-account --no-secure-xds
-start fe-2 "$MESHPILOT" frontend --etcd-endpoints "$ETCD_ENDPOINTS" --xds-addr 127.0.0.1:15112 --advertise-addr 127.0.0.1:15112 --admin-addr 127.0.0.1:15142 --id fe-2 --proxy-key namespace-service-account --no-secure-xds
+# Plaintext xDS only here (both would bind the secure port 15012); they follow the leader over
+# mutual TLS from the ingest nodes' CA in $CA_DIR.
+start fe-1 "$MESHPILOT" frontend "${ETCD_FLAGS[@]}" --xds-addr 127.0.0.1:15111 --advertise-addr 127.0.0.1:15111 --admin-addr 127.0.0.1:15141 --id fe-1 --proxy-key namespace-service-account --no-secure-xds --ca-dir "$CA_DIR"
+start fe-2 "$MESHPILOT" frontend "${ETCD_FLAGS[@]}" --xds-addr 127.0.0.1:15112 --advertise-addr 127.0.0.1:15112 --admin-addr 127.0.0.1:15142 --id fe-2 --proxy-key namespace-service-account --no-secure-xds --ca-dir "$CA_DIR"
 
 start xds-lb "$ENVOY" -c deploy/local/xds-lb.yaml --disable-hot-restart --log-level warn
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from procs import StepError, free_port, get, http, wait_for, wait_http_200
 
 STARTUP_TIMEOUT = 180.0
+#: The repository (deploy/etcd-certs.sh makes etcd's certificates).
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROXY_KEY_HEADER = "x-meshpilot-proxy-key"
 
 
@@ -73,8 +75,20 @@ def start_limit(group, meshpilot, capture_dir):
 
 
 def start_etcd(group, workdir, name="etcd"):
-    """A single-member etcd; returns (Proc, client URL) once /health answers 200."""
-    client, peer = f"http://{addr()}", f"http://{addr()}"
+    """A single-member etcd as deployed: TLS and client certificates (deploy/etcd-certs.sh) on
+    its client and peer ports; returns (Proc, client URL, its certificates' directory) once
+    /health (plaintext, on the metrics port) answers 200. The directory holds ca.crt,
+    client.crt and client.key."""
+    pki = os.path.join(workdir, f"{name}-tls")
+    r = subprocess.run(["bash", os.path.join(REPO, "deploy/etcd-certs.sh"), pki], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise StepError(f"deploy/etcd-certs.sh: {r.stderr.strip()[-1000:]}")
+    client, peer, health = f"https://{addr()}", f"https://{addr()}", f"http://{addr()}"
+    tls = []
+    for prefix in ("--", "--peer-"):
+        tls += [f"{prefix}cert-file", os.path.join(pki, "server.crt"), f"{prefix}key-file",
+                os.path.join(pki, "server.key"), f"{prefix}trusted-ca-file", os.path.join(pki, "ca.crt"),
+                f"{prefix}client-cert-auth"]
     p = group.start(
         name,
         [
@@ -84,11 +98,18 @@ def start_etcd(group, workdir, name="etcd"):
             "--listen-client-urls", client, "--advertise-client-urls", client,
             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
             "--initial-cluster", f"default={peer}",
+            "--listen-metrics-urls", health,
+            *tls,
             "--log-level", "warn",
         ],
     )
-    wait_http_200(p, f"{client}/health", STARTUP_TIMEOUT)
-    return p, client
+    wait_http_200(p, f"{health}/health", STARTUP_TIMEOUT)
+    return p, client, pki
+
+
+def etcd_client_flags(pki, ca="--etcd-cacert", cert="--etcd-cert", key="--etcd-key"):
+    """The flags giving a client of start_etcd's etcd its CA and client certificate."""
+    return [ca, os.path.join(pki, "ca.crt"), cert, os.path.join(pki, "client.crt"), key, os.path.join(pki, "client.key")]
 
 
 def openssl(workdir, *args):
@@ -111,7 +132,7 @@ def start_kube_apiserver(group, repo, workdir):
     """An empty kube-apiserver on its own etcd, as tests/common/kube.rs starts it (a CA of its
     own, token auth, RBAC, no controllers). Returns (its Proc, its etcd's Proc, kubeconfig path)."""
     binary = kube_apiserver_binary(repo)
-    etcd, etcd_url = start_etcd(group, workdir, "kube-etcd")
+    etcd, etcd_url, etcd_pki = start_etcd(group, workdir, "kube-etcd")
     d = os.path.join(workdir, "kube")
     os.makedirs(d, exist_ok=True)
     openssl(d, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
@@ -134,6 +155,7 @@ def start_kube_apiserver(group, repo, workdir):
         [
             binary,
             "--etcd-servers", etcd_url,
+            *etcd_client_flags(etcd_pki, "--etcd-cafile", "--etcd-certfile", "--etcd-keyfile"),
             "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
             "--secure-port", port,
             "--tls-cert-file", path("server.crt"), "--tls-private-key-file", path("server.key"),
@@ -347,13 +369,16 @@ def start_split(group, meshpilot, workdir, config_dir, frontends):
     balancer in front of them (the load client's xDS URL)."""
     if frontends < 1:
         raise StepError("split needs --frontends 1 or more")
-    etcd, etcd_url = start_etcd(group, workdir)
+    etcd, etcd_url, etcd_pki = start_etcd(group, workdir)
     env = {"RUST_LOG": os.environ.get("RUST_LOG", "warn")}
     snap, ingest_admin = addr(), addr()
+    # The snapshot stream is mutual TLS from the CA: the ingest node creates its root here and
+    # the frontends (started once it is ready) read it.
+    ca_dir = os.path.join(workdir, "ca")
     ingest = group.start(
         "ingest",
-        [meshpilot, "ingest", "--etcd-endpoints", etcd_url, "--config-dir", config_dir,
-         "--snapshot-addr", snap, "--admin-addr", ingest_admin, "--id", "ingest-0"],
+        [meshpilot, "ingest", "--etcd-endpoints", etcd_url, *etcd_client_flags(etcd_pki), "--config-dir", config_dir,
+         "--snapshot-addr", snap, "--admin-addr", ingest_admin, "--id", "ingest-0", "--ca-dir", ca_dir],
         env=env,
     )
     wait_http_200(ingest, f"http://{ingest_admin}/ready", STARTUP_TIMEOUT, also=(etcd,))
@@ -365,8 +390,9 @@ def start_split(group, meshpilot, workdir, config_dir, frontends):
         member = f"frontend-{k}"
         fe = group.start(
             member,
-            [meshpilot, "frontend", "--etcd-endpoints", etcd_url, "--xds-addr", f"127.0.0.1:{xds_port}",
-             "--admin-addr", admin, "--id", member, "--no-secure-xds"],
+            [meshpilot, "frontend", "--etcd-endpoints", etcd_url, *etcd_client_flags(etcd_pki),
+             "--xds-addr", f"127.0.0.1:{xds_port}",
+             "--admin-addr", admin, "--id", member, "--no-secure-xds", "--ca-dir", ca_dir],
             env=env,
         )
         servers[member] = fe

@@ -92,19 +92,26 @@ pub async fn run(settings: FrontendNodeSettings, process: Process, drain: DrainW
     let w = drain.clone();
     tokio::spawn(async move { leader_watch.run(w.draining()).await });
 
-    let kube = match settings.security.secure_xds_addr.is_some() || settings.security.snapshot_mtls {
+    let link_mtls = !settings.security.insecure_snapshot_stream;
+    if !link_mtls {
+        security::warn_insecure_snapshot_stream("frontend");
+    }
+    let needs_ca = settings.security.secure_xds_addr.is_some() || link_mtls;
+    let kube = match needs_ca {
         true => security::kube_client(settings.kubernetes.as_ref()).await?,
         false => None,
     };
     // One CA for the secure port and the link to the leader.
-    let ca = match settings.security.secure_xds_addr.is_some() || settings.security.snapshot_mtls {
+    let ca = match needs_ca {
         true => Some(security::load_ca(&settings.security, kube.as_ref(), &drain).await?),
         false => None,
     };
     let mut subscriber_settings = SubscriberSettings::new(settings.id.clone());
-    if let (true, Some(ca)) = (settings.security.snapshot_mtls, &ca) {
-        let link = security::link_tls(ca.clone(), &settings.security.namespace, security::FRONTEND_SERVICE_ACCOUNT);
-        subscriber_settings.tls = Some(link.await?);
+    if let (true, Some(ca)) = (link_mtls, &ca) {
+        // The leader must prove it is an ingest node: etcd only names an address.
+        let (link, leader) = security::frontend_link(ca.clone(), &settings.security.namespace).await?;
+        subscriber_settings.tls = Some(link);
+        subscriber_settings.leader_identity = Some(leader);
     }
     let (writer, reader) = snapshot::channel();
     let subscriber = SnapshotSubscriber::new(subscriber_settings, leader, writer);

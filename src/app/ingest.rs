@@ -55,6 +55,8 @@ pub struct IngestNodeSettings {
     pub security: SecuritySettings,
     /// Istio's validating webhook (every node serves it; the leader keeps its caBundle); `None`: off.
     pub webhook: Option<WebhookSettings>,
+    /// Limits of the snapshot server (subscribers at once, queue, stall deadline).
+    pub snapshot_server: ServerSettings,
 }
 
 /// Runs until the drain starts; a leader resigns before its task lets the drain complete.
@@ -95,15 +97,19 @@ pub async fn run(settings: IngestNodeSettings, process: Process, drain: DrainWat
             Err(e) => warn!(error = %e, "no Kubernetes client for the CA's root ConfigMaps"),
         }
     }
-    let snapshot_tls = match settings.security.snapshot_mtls {
-        true => {
+    // Mutual TLS unless explicitly turned off: snapshots carry every credentialName key.
+    let snapshot_tls = match settings.security.insecure_snapshot_stream {
+        false => {
             let kube = security::kube_client(settings.sources.kubernetes.as_ref().map(|k| &k.cluster)).await?;
             Some(
                 security::snapshot_server_tls(&settings.security, kube.as_ref(), &settings.advertise_addr, &drain)
                     .await?,
             )
         }
-        false => None,
+        true => {
+            security::warn_insecure_snapshot_stream("ingest");
+            None
+        }
     };
     let webhook = match (settings.webhook.as_ref(), webhook_listener) {
         (Some(webhook_settings), Some(listener)) => {
@@ -118,7 +124,7 @@ pub async fn run(settings: IngestNodeSettings, process: Process, drain: DrainWat
         _ => None,
     };
     let replication_metrics = ReplicationMetrics::register(&process.registry);
-    let server = SnapshotServer::with_metrics(published, is_leader, ServerSettings::default(), replication_metrics);
+    let server = SnapshotServer::with_metrics(published, is_leader, settings.snapshot_server, replication_metrics);
     // The frontends, shown at /debug/node: `meshpilot proxy-status` pointed here reaches them all.
     let members_watch = MembersWatch::new(client, DEFAULT_PREFIX);
     let members = members_watch.members();

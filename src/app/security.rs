@@ -67,8 +67,11 @@ pub struct SecuritySettings {
     /// Whether this process creates the `istio-ca-secret` when missing (standalone: yes;
     /// frontends: no, the ingest leader does).
     pub create_root: bool,
-    /// Whether the snapshot stream between ingest and frontends uses mutual TLS from the CA.
-    pub snapshot_mtls: bool,
+    /// Whether the snapshot stream between ingest and frontends is plaintext and anonymous
+    /// (`--insecure-snapshot-stream`); by default it is mutual TLS from the CA.
+    pub insecure_snapshot_stream: bool,
+    /// The service accounts (of `namespace`, in the link trust domain) the snapshot server admits.
+    pub snapshot_peers: Vec<String>,
 }
 
 impl Default for SecuritySettings {
@@ -81,7 +84,8 @@ impl Default for SecuritySettings {
             root_dir: DEFAULT_ROOT_DIR.into(),
             namespace: "istio-system".into(),
             create_root: true,
-            snapshot_mtls: false,
+            insecure_snapshot_stream: false,
+            snapshot_peers: default_snapshot_peers(),
         }
     }
 }
@@ -164,10 +168,19 @@ pub async fn load_ca(
         None => RootStore::Directory(settings.root_dir.clone()),
     };
     let source = CaSource { plugin_dir: settings.plugin_dir.clone(), root_store, trust_domain: TrustDomain::default() };
+    let mut waits: u32 = 0;
     let material = loop {
-        match ca::load_or_create(&source).await {
+        let loaded = match (kube.is_none() && !settings.create_root, ca_files_missing(settings)) {
+            (true, Some(missing)) => Err(missing),
+            _ => ca::load_or_create(&source).await,
+        };
+        match loaded {
             Err(e @ CaError::NotCreatedYet(_)) => {
-                info!(reason = %e, "waiting for the CA's root");
+                // Loud at first and then now and again: a frontend pointed at the wrong files waits forever.
+                if waits % 15 == 0 {
+                    warn!(reason = %e, "waiting for the CA's root (not ready until then)");
+                }
+                waits = waits.saturating_add(1);
                 tokio::select! {
                     _ = tokio::time::sleep(ROOT_RETRY) => {}
                     _ = drain.draining() => return Err(e.into()),
@@ -177,6 +190,21 @@ pub async fn load_ca(
         }
     };
     Ok(Arc::new(CertificateAuthority::new(material, settings.ca)?))
+}
+
+/// Without Kubernetes, why a process that must not create a root (a frontend) has no CA yet: a
+/// root of its own would be trusted by nobody, so it needs the ingest nodes' CA files.
+fn ca_files_missing(settings: &SecuritySettings) -> Option<CaError> {
+    let holds_ca = |dir: &std::path::Path| dir.join(ca::material::CA_CERT).exists();
+    match holds_ca(&settings.plugin_dir) || holds_ca(&settings.root_dir) {
+        true => None,
+        false => Some(CaError::NotCreatedYet(format!(
+            "no CA files in {} (--cacerts-dir) nor {} (--ca-dir): without Kubernetes a frontend needs the \
+             ingest nodes' CA (the same --cacerts-dir, or the --ca-dir the ingest nodes keep their root in)",
+            settings.plugin_dir.display(),
+            settings.root_dir.display()
+        ))),
+    }
 }
 
 /// The credentials of this process's links (the snapshot stream): a certificate for
@@ -245,13 +273,35 @@ pub fn keep_root_published(
     });
 }
 
-/// The service accounts (SPIFFE names) ingest nodes and frontends link as.
-pub const INGEST_SERVICE_ACCOUNT: &str = "meshpilot-ingest";
-/// See [`INGEST_SERVICE_ACCOUNT`].
-pub const FRONTEND_SERVICE_ACCOUNT: &str = "meshpilot-frontend";
+pub use crate::security::link::{FRONTEND_SERVICE_ACCOUNT, INGEST_SERVICE_ACCOUNT};
+
+/// The service accounts admitted on the snapshot stream by default: frontends and ingest nodes.
+pub fn default_snapshot_peers() -> Vec<String> {
+    vec![FRONTEND_SERVICE_ACCOUNT.to_string(), INGEST_SERVICE_ACCOUNT.to_string()]
+}
+
+/// Logs, once at start, that the snapshot stream runs without TLS (`--insecure-snapshot-stream`).
+pub fn warn_insecure_snapshot_stream(role: &str) {
+    warn!(
+        role,
+        "--insecure-snapshot-stream: the snapshot stream is plaintext and unauthenticated; anyone who reaches \
+         the snapshot port reads every key, and a frontend follows whatever address etcd names"
+    );
+}
+
+/// A frontend's credentials towards the leader, and the identity the leader must prove.
+pub async fn frontend_link(
+    ca: Arc<CertificateAuthority>,
+    namespace: &str,
+) -> Result<(Arc<LinkTls>, Identity), SecurityError> {
+    let link = link_tls(ca, namespace, FRONTEND_SERVICE_ACCOUNT).await?;
+    let leader = link.peer_identity(INGEST_SERVICE_ACCOUNT).map_err(|e| SecurityError::Link(e.to_string()))?;
+    Ok((link, leader))
+}
 
 /// The snapshot server's mutual TLS on an ingest node advertising `advertise_addr`: a
-/// certificate for its host, and admission of control-plane peers only.
+/// certificate for its host carrying the ingest identity, and admission of the
+/// `settings.snapshot_peers` service accounts of the control plane's namespace only.
 pub async fn snapshot_server_tls(
     settings: &SecuritySettings,
     kube: Option<&kube::Client>,
@@ -267,5 +317,6 @@ pub async fn snapshot_server_tls(
         .server_config(ServingNames::hosts(&[host]), async move { w.draining().await })
         .await
         .map_err(|e| SecurityError::Link(e.to_string()))?;
-    Ok((config, link.same_namespace_only()))
+    info!(identity = %link.identity(), admitted = ?settings.snapshot_peers, "snapshot stream: mutual TLS");
+    Ok((config, link.only_service_accounts(&settings.snapshot_peers)))
 }

@@ -142,7 +142,7 @@ pub async fn serve_snapshots(
     drain: DrainWatcher,
 ) -> Result<(), ServeError> {
     let addr = local_addr(&listener);
-    let builder = tonic::transport::Server::builder().add_service(server.into_service());
+    let builder = server.transport().add_service(server.into_service());
     let stop = async move { drain.draining().await };
     let served = match tls {
         Some((config, filter)) => {

@@ -1,7 +1,7 @@
 //! The leader's recent past: its latest snapshot and the deltas of the current term leading to it.
 
-use std::collections::VecDeque;
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::OnceCell;
 use tonic::Status;
@@ -11,11 +11,27 @@ use crate::replication::wire::proto::UpdateKind;
 use crate::replication::wire::{encode_delta, encode_full, Delta, EncodedUpdate, WireError};
 use crate::snapshot::{Snapshot, Version};
 
-/// A published snapshot and, once some subscriber needed it, its full encoding.
+/// A published snapshot and, once some subscriber needed them, its full encoding and the
+/// coalesced deltas leading to it (by base version), each encoded once and shared by every
+/// subscriber: subscribers hold references to one encoding, never copies of their own.
 #[derive(Debug)]
 pub(super) struct Published {
     snapshot: Arc<Snapshot>,
     full: OnceCell<Arc<EncodedUpdate>>,
+    catch_up: Mutex<HashMap<Version, Arc<OnceCell<Arc<EncodedUpdate>>>>>,
+}
+
+impl Published {
+    fn new(snapshot: Arc<Snapshot>) -> Published {
+        Published { snapshot, full: OnceCell::new(), catch_up: Mutex::default() }
+    }
+
+    /// The cell of the coalesced delta from `base` to this snapshot (at most one per delta of
+    /// the history, so bounded by its capacity).
+    fn catch_up(&self, base: Version) -> Arc<OnceCell<Arc<EncodedUpdate>>> {
+        let mut cells = self.catch_up.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        cells.entry(base).or_default().clone()
+    }
 }
 
 /// One delta of the history and, once some subscriber needed it, its encoding (shared by all).
@@ -38,8 +54,8 @@ pub(super) struct History {
 pub(super) enum Plan {
     /// The whole state.
     Full(Arc<Published>),
-    /// The deltas since the held version, oldest first (never empty).
-    Deltas(Vec<Arc<Step>>),
+    /// The deltas since the held version, oldest first (never empty), to the latest snapshot.
+    Deltas(Arc<Published>, Vec<Arc<Step>>),
 }
 
 impl History {
@@ -63,7 +79,7 @@ impl History {
             }
             _ => steps.clear(),
         }
-        let latest = Some(Arc::new(Published { snapshot, full: OnceCell::new() }));
+        let latest = Some(Arc::new(Published::new(snapshot)));
         History { latest, steps, capacity: self.capacity }
     }
 
@@ -82,7 +98,7 @@ impl History {
         }
         if held.term == current.term && held < current {
             if let Some(start) = self.steps.iter().position(|s| s.delta.base == held) {
-                return Some(Plan::Deltas(self.steps.range(start..).cloned().collect()));
+                return Some(Plan::Deltas(latest.clone(), self.steps.range(start..).cloned().collect()));
             }
         }
         Some(Plan::Full(latest.clone()))
@@ -99,13 +115,17 @@ impl Plan {
                 let snapshot = published.snapshot.clone();
                 published.full.get_or_try_init(|| blocking(move || full_update(&snapshot, &metrics))).await.cloned()
             }
-            Plan::Deltas(steps) if steps.len() == 1 => {
+            Plan::Deltas(_, steps) if steps.len() == 1 => {
                 let step = steps[0].clone();
                 let delta = step.delta.clone();
                 step.encoded.get_or_try_init(|| blocking(move || delta_update(&delta, &metrics))).await.cloned()
             }
-            Plan::Deltas(steps) => {
-                blocking(move || {
+            Plan::Deltas(latest, steps) => {
+                let Some(base) = steps.first().map(|s| s.delta.base) else {
+                    return Err(Status::internal("empty delta plan"));
+                };
+                let cell = latest.catch_up(base);
+                let coalesce = move || {
                     let mut iter = steps.iter();
                     let first = iter.next().map(|s| s.delta.clone());
                     let coalesced = iter.fold(first, |acc, s| acc.map(|d| d.then(&s.delta)));
@@ -113,8 +133,8 @@ impl Plan {
                         Some(delta) => delta_update(&delta, &metrics),
                         None => Err(Status::internal("empty delta plan")),
                     }
-                })
-                .await
+                };
+                cell.get_or_try_init(|| blocking(coalesce)).await.cloned()
             }
         }
     }
@@ -156,7 +176,7 @@ mod tests {
     fn plan_kind(h: &History, held: Option<Version>) -> Option<(bool, usize)> {
         h.plan(held).map(|p| match p {
             Plan::Full(_) => (true, 0),
-            Plan::Deltas(d) => (false, d.len()),
+            Plan::Deltas(_, d) => (false, d.len()),
         })
     }
 
@@ -194,5 +214,8 @@ mod tests {
             (update.kind, update.base, update.version),
             (UpdateKind::Delta, Some(Version::new(1, 1)), Version::new(1, 4))
         );
+        // A second subscriber as far behind shares the same encoding.
+        let again = h.plan(Some(Version::new(1, 1))).unwrap().encode(&ReplicationMetrics::default()).await.unwrap();
+        assert!(Arc::ptr_eq(&update, &again));
     }
 }

@@ -10,11 +10,12 @@
 mod apply;
 mod history;
 pub mod metrics;
+mod send_queue;
 mod server;
 mod status;
 mod subscriber;
 pub mod wire;
 
-pub use server::{ServerSettings, SnapshotServer};
+pub use server::{ServerSettings, SnapshotServer, TOO_MANY_SUBSCRIBERS, TOO_SLOW};
 pub use status::SubscriberStatus;
 pub use subscriber::{SnapshotSubscriber, SubscribeError, SubscriberSettings};

@@ -5,35 +5,60 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 use tracing::{debug, info, info_span, warn, Instrument};
 
 use super::history::History;
 use super::metrics::ReplicationMetrics;
+use super::send_queue::{send_queue, Item, QueueReceiver, QueueSender, SendError};
 use crate::replication::wire::proto::snapshot_service_server::{SnapshotService, SnapshotServiceServer};
-use crate::replication::wire::proto::{SnapshotChunk, SubscribeRequest};
+use crate::replication::wire::proto::SubscribeRequest;
 use crate::replication::wire::version_from_wire;
 use crate::snapshot::{SnapshotReader, Version};
+use crate::telemetry::log_text::Untrusted;
 use crate::telemetry::trace;
 
 /// Message of the UNAVAILABLE status a deposed (or never elected) leader answers with.
 pub const NOT_LEADER: &str = "not the leader";
+
+/// Message of the RESOURCE_EXHAUSTED status a subscription beyond the limit is refused with.
+pub const TOO_MANY_SUBSCRIBERS: &str = "too many snapshot subscribers";
+
+/// Message of the RESOURCE_EXHAUSTED status a subscriber that stopped reading is cut off with.
+pub const TOO_SLOW: &str = "snapshot subscriber too slow: resubscribe";
 
 /// Limits of the snapshot server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ServerSettings {
     /// Deltas kept for resuming subscribers; one further behind gets a full snapshot.
     pub history: usize,
-    /// Chunks buffered per subscriber; a slower subscriber is sent one coalesced update later.
+    /// Chunks queued per subscriber; while it is full, new snapshots only move the version the
+    /// subscriber is sent next (one coalesced update).
     pub queue: usize,
+    /// A subscriber whose queue stays full this long is cut off with RESOURCE_EXHAUSTED (it
+    /// resubscribes, and gets a full snapshot or deltas as any subscriber).
+    pub stall: Duration,
+    /// Subscriptions open at once; more are refused with RESOURCE_EXHAUSTED. Each one that stops
+    /// reading still holds what the gRPC layer copied for it (about a chunk), so this bounds that.
+    pub max_subscribers: usize,
+    /// HTTP/2 pings on every subscriber's connection this often; one unanswered this long closes
+    /// the connection (a peer that reads nothing answers nothing), freeing its subscriptions.
+    pub keepalive: Duration,
 }
 
 impl Default for ServerSettings {
     fn default() -> Self {
-        ServerSettings { history: 64, queue: 8 }
+        ServerSettings {
+            history: 64,
+            queue: 8,
+            stall: Duration::from_secs(30),
+            max_subscribers: 256,
+            keepalive: Duration::from_secs(10),
+        }
     }
 }
 
@@ -78,7 +103,15 @@ impl SnapshotServer {
         SnapshotServer { shared: Arc::new(Shared { history, is_leader, settings, subscribers, metrics }) }
     }
 
-    /// The tonic service to add to a `tonic::transport::Server`.
+    /// The gRPC transport to serve [`Self::into_service`] on, with the keepalive of the settings.
+    pub fn transport(&self) -> tonic::transport::Server {
+        let keepalive = self.shared.settings.keepalive;
+        tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(keepalive))
+            .http2_keepalive_timeout(Some(keepalive))
+    }
+
+    /// The tonic service to add to a `tonic::transport::Server` (see [`Self::transport`]).
     pub fn into_service(self) -> SnapshotServiceServer<Self> {
         SnapshotServiceServer::new(self)
     }
@@ -86,6 +119,16 @@ impl SnapshotServer {
     /// Number of open subscriptions.
     pub fn subscribers(&self) -> usize {
         self.shared.subscribers.load(Ordering::Relaxed)
+    }
+
+    /// Takes a subscription slot, if one is free (given back when the guard is dropped).
+    fn reserve(&self) -> Option<Decrement> {
+        let max = self.shared.settings.max_subscribers;
+        self.shared
+            .subscribers
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
+            .ok()
+            .map(|_| Decrement(self.shared.clone()))
     }
 
     /// The latest version the server can send.
@@ -121,21 +164,25 @@ impl SnapshotService for SnapshotServer {
             return Err(Status::unavailable(NOT_LEADER));
         }
         let peer = request.remote_addr().map(|a| a.to_string()).unwrap_or_default();
+        let Some(slot) = self.reserve() else {
+            warn!(%peer, max = self.shared.settings.max_subscribers, "snapshot subscription refused: too many");
+            return Err(Status::resource_exhausted(TOO_MANY_SUBSCRIBERS));
+        };
         let req = request.into_inner();
         let held = version_from_wire(req.held.as_ref()).filter(|_| !req.require_full);
-        let span = info_span!("snapshot_subscriber", frontend = %req.frontend_id, %peer);
+        let span = info_span!("snapshot_subscriber", frontend = %Untrusted(&req.frontend_id), %peer);
         span.in_scope(|| info!(held = ?held, require_full = req.require_full, "subscribed"));
-        let (tx, rx) = mpsc::channel(self.shared.settings.queue.max(1));
+        let (tx, rx) = send_queue(self.shared.settings.queue);
         tokio::spawn(feed(self.shared.clone(), held, tx).instrument(span));
-        Ok(Response::new(FencedStream::new(rx, self.shared.is_leader.clone())))
+        Ok(Response::new(FencedStream::new(rx, self.shared.is_leader.clone(), slot)))
     }
 }
 
 /// Sends one subscriber what it lacks, then every new snapshot. Never buffers more than the
-/// channel holds: while the subscriber is slow, new snapshots only move the target version.
-async fn feed(shared: Arc<Shared>, mut sent: Option<Version>, tx: mpsc::Sender<Result<SnapshotChunk, Status>>) {
-    shared.subscribers.fetch_add(1, Ordering::Relaxed);
-    let _count = Decrement(&shared.subscribers);
+/// queue holds: while the subscriber is slow, new snapshots only move the target version; when
+/// it takes nothing for the stall deadline it is cut off, and what it did not read is released.
+async fn feed(shared: Arc<Shared>, mut sent: Option<Version>, tx: QueueSender) {
+    let stall = shared.settings.stall;
     let mut history = shared.history.clone();
     let mut is_leader = shared.is_leader.clone();
     loop {
@@ -145,7 +192,7 @@ async fn feed(shared: Arc<Shared>, mut sent: Option<Version>, tx: mpsc::Sender<R
                 Ok(u) => u,
                 Err(status) => {
                     warn!(%status, "cannot encode update");
-                    let _ = tx.send(Err(status)).await;
+                    tx.finish(status);
                     return;
                 }
             };
@@ -153,10 +200,19 @@ async fn feed(shared: Arc<Shared>, mut sent: Option<Version>, tx: mpsc::Sender<R
             debug!(version = %update.version, kind = ?update.kind, bytes = update.payload.len(), "sending update");
             // The build's W3C trace context, so the frontend's apply continues the push's trace.
             for chunk in update.chunks(latest, trace::inject(update.version)) {
-                tokio::select! {
+                let sent = tokio::select! {
                     biased;
                     _ = deposed(&mut is_leader) => return,
-                    r = tx.send(Ok(chunk)) => if r.is_err() { return },
+                    r = tx.send(Ok(chunk), stall) => r,
+                };
+                match sent {
+                    Ok(()) => {}
+                    Err(SendError::Gone) => return,
+                    Err(SendError::Stalled) => {
+                        warn!(?stall, "snapshot subscriber read nothing within the stall deadline: cut off");
+                        tx.cut_off(Status::resource_exhausted(TOO_SLOW));
+                        return;
+                    }
                 }
             }
             sent = Some(update.version);
@@ -165,7 +221,7 @@ async fn feed(shared: Arc<Shared>, mut sent: Option<Version>, tx: mpsc::Sender<R
             biased;
             _ = deposed(&mut is_leader) => return,
             r = history.changed() => if r.is_err() {
-                let _ = tx.try_send(Err(Status::unavailable("snapshot source closed")));
+                tx.finish(Status::unavailable("snapshot source closed"));
                 return;
             },
             _ = tx.closed() => return,
@@ -178,25 +234,29 @@ async fn deposed(is_leader: &mut watch::Receiver<bool>) {
     let _ = is_leader.wait_for(|leader| !*leader).await;
 }
 
-struct Decrement<'a>(&'a AtomicUsize);
+/// A subscription slot; the response stream holds it, since the stream (and what the gRPC layer
+/// buffered for it) lives until the subscriber reads it or its connection goes.
+struct Decrement(Arc<Shared>);
 
-impl Drop for Decrement<'_> {
+impl Drop for Decrement {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.0.subscribers.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
 /// The response stream of one subscription. Checks the leader flag before every item, so a
 /// deposed leader cannot deliver even chunks already queued: it ends with UNAVAILABLE.
 pub struct FencedStream {
-    rx: mpsc::Receiver<Result<SnapshotChunk, Status>>,
+    rx: QueueReceiver,
     deposed: Pin<Box<dyn Future<Output = ()> + Send>>,
     done: bool,
+    _slot: Decrement,
 }
 
 impl FencedStream {
-    fn new(rx: mpsc::Receiver<Result<SnapshotChunk, Status>>, mut is_leader: watch::Receiver<bool>) -> Self {
-        FencedStream { rx, deposed: Box::pin(async move { deposed(&mut is_leader).await }), done: false }
+    fn new(rx: QueueReceiver, mut is_leader: watch::Receiver<bool>, slot: Decrement) -> Self {
+        let deposed = Box::pin(async move { deposed(&mut is_leader).await });
+        FencedStream { rx, deposed, done: false, _slot: slot }
     }
 }
 
@@ -207,7 +267,7 @@ impl std::fmt::Debug for FencedStream {
 }
 
 impl Stream for FencedStream {
-    type Item = Result<SnapshotChunk, Status>;
+    type Item = Item;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         if self.done {
@@ -233,23 +293,33 @@ mod tests {
     use super::*;
     use crate::replication::wire::proto::UpdateKind;
     use crate::replication::wire::tests_support::state;
-    use crate::snapshot::{channel, ChangeSet, Snapshot};
+    use crate::snapshot::{channel, ChangeSet, Snapshot, SnapshotWriter};
+    use futures::future::poll_fn;
 
-    /// A subscriber that does not read holds at most `queue` chunks; when it reads again it gets one
-    /// update to the latest version, not every snapshot published meanwhile.
+    fn publisher(writer: &SnapshotWriter) -> impl Fn(u64, &[&str]) + '_ {
+        move |seq, names| {
+            let s = Snapshot::build(Version::new(1, seq), ChangeSet::default(), &state(names));
+            writer.publish(Arc::new(s)).unwrap();
+        }
+    }
+
+    async fn recv(rx: &mut QueueReceiver) -> Option<Item> {
+        poll_fn(|cx| rx.poll_recv(cx)).await
+    }
+
+    /// A subscriber that does not read holds at most `queue` chunks; when it reads again (within
+    /// the stall deadline) it gets one update to the latest version, not every snapshot since.
     #[tokio::test]
     async fn a_slow_subscriber_gets_one_coalesced_update() {
         let (writer, reader) = channel();
         let (_leader_tx, is_leader) = watch::channel(true);
-        let server = SnapshotServer::new(reader, is_leader, ServerSettings { history: 4, queue: 1 });
-        let publish = |seq: u64, names: &[&str]| {
-            let s = Snapshot::build(Version::new(1, seq), ChangeSet::default(), &state(names));
-            writer.publish(Arc::new(s)).unwrap();
-        };
+        let settings = ServerSettings { history: 4, queue: 1, ..Default::default() };
+        let server = SnapshotServer::new(reader, is_leader, settings);
+        let publish = publisher(&writer);
         publish(1, &["a"]);
-        let (tx, mut rx) = mpsc::channel(1);
+        let (tx, mut rx) = send_queue(1);
         let feeder = tokio::spawn(feed(server.shared.clone(), None, tx));
-        let first = rx.recv().await.unwrap().unwrap();
+        let first = recv(&mut rx).await.unwrap().unwrap();
         assert_eq!(first.kind, UpdateKind::Full as i32);
         let mut names = vec!["a".to_string()];
         for seq in 2..=40 {
@@ -261,7 +331,7 @@ mod tests {
             let _ = history.wait_for(|h| h.latest_version() == Some(Version::new(1, seq))).await;
         }
         let mut received = Vec::new();
-        while let Some(Ok(chunk)) = rx.recv().await {
+        while let Some(Ok(chunk)) = recv(&mut rx).await {
             let version = version_from_wire(chunk.version.as_ref()).unwrap();
             received.push((chunk.kind, version));
             if version == Version::new(1, 40) {
@@ -273,5 +343,35 @@ mod tests {
         // 38 snapshots behind with a history of 4: the catch-up is a full snapshot.
         assert_eq!(received.last(), Some(&(UpdateKind::Full as i32, Version::new(1, 40))), "{received:?}");
         feeder.abort();
+    }
+
+    /// A subscriber that reads nothing for the stall deadline is cut off: what it had queued is
+    /// released and its stream ends with RESOURCE_EXHAUSTED; its slot is freed with the stream.
+    #[tokio::test]
+    async fn a_stalled_subscriber_is_cut_off_and_releases_its_queue() {
+        let (writer, reader) = channel();
+        let (_leader_tx, is_leader) = watch::channel(true);
+        let settings =
+            ServerSettings { queue: 2, stall: Duration::from_millis(100), max_subscribers: 1, ..Default::default() };
+        let server = SnapshotServer::new(reader, is_leader, settings);
+        let publish = publisher(&writer);
+        publish(1, &["a"]);
+        let slot = server.reserve().expect("a free slot");
+        assert!(server.reserve().is_none(), "one subscriber at most");
+        let (tx, rx) = send_queue(settings.queue);
+        let mut stream = FencedStream::new(rx, server.shared.is_leader.clone(), slot);
+        let feeder = tokio::spawn(feed(server.shared.clone(), None, tx));
+        for seq in 2..=6 {
+            publish(seq, &["a", &format!("n{seq}")]);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::timeout(Duration::from_secs(5), feeder).await.expect("the feeder ends").expect("task");
+        let items: Vec<_> = tokio_stream::StreamExt::collect(&mut stream).await;
+        assert_eq!(items.len(), 1, "only the cut-off is left: {items:?}");
+        assert_eq!(items[0].as_ref().map(|_| ()).unwrap_err().code(), tonic::Code::ResourceExhausted);
+        assert_eq!(server.subscribers(), 1);
+        drop(stream);
+        assert_eq!(server.subscribers(), 0);
+        assert!(server.reserve().is_some());
     }
 }

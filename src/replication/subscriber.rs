@@ -17,7 +17,8 @@ use crate::drain::DrainWatcher;
 use crate::replication::wire::proto::snapshot_service_client::SnapshotServiceClient;
 use crate::replication::wire::proto::{SubscribeRequest, UpdateKind};
 use crate::replication::wire::{version_to_wire, Assembler, EncodedUpdate, WireError};
-use crate::security::link::LinkTls;
+use crate::security::link::{LinkTls, INGEST_SERVICE_ACCOUNT};
+use crate::security::Identity;
 use crate::snapshot::{SnapshotWriter, Version};
 use crate::telemetry::trace;
 
@@ -35,6 +36,9 @@ pub struct SubscriberSettings {
     /// Mutual TLS to the leader (its certificate checked for the host it advertises); `None`:
     /// plaintext.
     pub tls: Option<Arc<LinkTls>>,
+    /// With `tls`, the identity the leader's certificate must carry (an ingest node's); `None`:
+    /// the ingest identity beside this process's own.
+    pub leader_identity: Option<Identity>,
 }
 
 impl SubscriberSettings {
@@ -46,6 +50,7 @@ impl SubscriberSettings {
             backoff_max: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(5),
             tls: None,
+            leader_identity: None,
         }
     }
 }
@@ -199,7 +204,7 @@ struct Session<'a> {
 impl Session<'_> {
     async fn run(&mut self, info: &LeaderInfo, require_full: bool) -> Result<Infallible, SubscribeError> {
         let addr = info.addr.clone();
-        let mut client = connect(&addr, self.sub.settings.connect_timeout, self.sub.settings.tls.as_ref()).await?;
+        let mut client = connect(&addr, &self.sub.settings).await?;
         let request = SubscribeRequest {
             held: self.held.version.map(version_to_wire),
             frontend_id: self.sub.settings.frontend_id.clone(),
@@ -282,11 +287,8 @@ impl Session<'_> {
     }
 }
 
-async fn connect(
-    addr: &str,
-    timeout: Duration,
-    tls: Option<&Arc<LinkTls>>,
-) -> Result<SnapshotServiceClient<Channel>, SubscribeError> {
+async fn connect(addr: &str, settings: &SubscriberSettings) -> Result<SnapshotServiceClient<Channel>, SubscribeError> {
+    let timeout = settings.connect_timeout;
     let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
     let err = |source| SubscribeError::Connect { addr: addr.to_string(), source };
     let endpoint = Endpoint::from_shared(uri)
@@ -297,11 +299,15 @@ async fn connect(
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(10))
         .keep_alive_while_idle(true);
-    let channel = match tls {
-        // The connector does the TLS; tonic sees plain HTTP/2.
+    let channel = match &settings.tls {
+        // The connector does the TLS and checks the leader's identity; tonic sees plain HTTP/2.
         Some(link) => {
             let target = addr.split_once("://").map_or(addr, |(_, rest)| rest);
-            let connector = link.connector(target).map_err(|e| SubscribeError::Tls(e.to_string()))?;
+            let leader = match &settings.leader_identity {
+                Some(id) => id.clone(),
+                None => link.peer_identity(INGEST_SERVICE_ACCOUNT).map_err(|e| SubscribeError::Tls(e.to_string()))?,
+            };
+            let connector = link.connector(target, leader).map_err(|e| SubscribeError::Tls(e.to_string()))?;
             endpoint.connect_with_connector(connector).await.map_err(err)?
         }
         None => endpoint.connect().await.map_err(err)?,

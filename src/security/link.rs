@@ -1,6 +1,8 @@
 //! Mutual TLS between meshpilot's own processes (the ingest leader's snapshot stream to
 //! frontends): both ends hold a certificate from the CA for a control-plane identity, renewed
-//! at half its life, and a server admits only control-plane identities.
+//! at half its life. A server admits only the listed service accounts of its own namespace and
+//! trust domain; a client accepts a server only if its certificate carries the identity it
+//! expects (an address read from etcd proves nothing).
 
 use std::future::Future;
 use std::net::IpAddr;
@@ -13,11 +15,18 @@ use arc_swap::ArcSwap;
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::net::TcpStream;
+use tracing::warn;
 
 use super::ca::{CaError, CertificateAuthority};
 use super::identity::Identity;
 use super::serving::{serving_cert, ServingError, ServingNames};
-use super::tls::{self, ClientAuth, PeerFilter, TlsError};
+use super::tls::{self, certificate_identities, ClientAuth, PeerFilter, TlsError};
+
+/// The service accounts (SPIFFE names) ingest nodes and frontends link as (those of
+/// deploy/kustomize/base/rbac.yaml).
+pub const INGEST_SERVICE_ACCOUNT: &str = "meshpilot-ingest";
+/// See [`INGEST_SERVICE_ACCOUNT`].
+pub const FRONTEND_SERVICE_ACCOUNT: &str = "meshpilot-frontend";
 
 /// Why a link's TLS could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -83,33 +92,48 @@ impl LinkTls {
         Ok(fresh)
     }
 
-    /// A server configuration for `names` that requires a client certificate from the CA.
+    /// This process's link identity.
+    pub fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    /// The identity of `service_account` beside this process's own (same trust domain and
+    /// namespace): what a peer must prove to be that control-plane role.
+    pub fn peer_identity(&self, service_account: &str) -> Result<Identity, LinkError> {
+        Identity::new(self.identity.trust_domain().clone(), self.identity.namespace(), service_account)
+            .map_err(|e| LinkError::Tls(TlsError::Config(format!("service account {service_account:?}: {e}"))))
+    }
+
+    /// A server configuration for `names` that requires a client certificate from the CA; the
+    /// certificate also carries this process's identity, so clients can tell which role serves.
     pub async fn server_config(
         &self,
-        names: ServingNames,
+        mut names: ServingNames,
         stop: impl Future<Output = ()> + Send + 'static,
     ) -> Result<Arc<rustls::ServerConfig>, LinkError> {
+        names.identities.push(self.identity.clone());
         let cert = serving_cert(self.ca.clone(), names, stop).await?;
         Ok(tls::server_config(&self.roots, cert, ClientAuth::Required)?)
     }
 
-    /// Admits peers of this process's own namespace (the control plane's) only: any workload
-    /// of the mesh holds a certificate from the same CA, and snapshots hold the whole config.
-    pub fn same_namespace_only(&self) -> PeerFilter {
-        let namespace = self.identity.namespace().to_string();
-        Arc::new(move |ids: &[Identity]| ids.iter().any(|id| id.namespace() == namespace))
+    /// Admits only the identities of `service_accounts` in this process's own namespace (the
+    /// control plane's) and trust domain: every workload of the mesh, the control plane's own
+    /// gateways included, holds a certificate from the same CA, and snapshots hold every key.
+    pub fn only_service_accounts(&self, service_accounts: &[String]) -> PeerFilter {
+        let admitted: Vec<Identity> = service_accounts.iter().filter_map(|sa| self.peer_identity(sa).ok()).collect();
+        Arc::new(move |ids: &[Identity]| ids.iter().any(|id| admitted.contains(id)))
     }
 
     /// A connector for tonic that dials `addr` (`HOST:PORT`) over mutual TLS, checking the
-    /// server's certificate for HOST.
-    pub fn connector(self: &Arc<Self>, addr: &str) -> Result<LinkConnector, LinkError> {
+    /// server's certificate for HOST and that it carries `server` (the role it must prove).
+    pub fn connector(self: &Arc<Self>, addr: &str, server: Identity) -> Result<LinkConnector, LinkError> {
         let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h).trim_start_matches('[').trim_end_matches(']');
         let server_name = match host.parse::<IpAddr>() {
             Ok(ip) => ServerName::IpAddress(ip.into()),
             Err(_) => ServerName::try_from(host.to_string())
                 .map_err(|e| LinkError::Tls(TlsError::Config(format!("server name {host:?}: {e}"))))?,
         };
-        Ok(LinkConnector { addr: addr.to_string(), server_name, link: self.clone() })
+        Ok(LinkConnector { addr: addr.to_string(), server_name, server: Arc::new(server), link: self.clone() })
     }
 }
 
@@ -118,6 +142,7 @@ impl LinkTls {
 pub struct LinkConnector {
     addr: String,
     server_name: ServerName<'static>,
+    server: Arc<Identity>,
     link: Arc<LinkTls>,
 }
 
@@ -136,7 +161,29 @@ impl tower_service::Service<http::Uri> for LinkConnector {
             let config = this.link.client_config().await.map_err(std::io::Error::other)?;
             let tcp = TcpStream::connect(&this.addr).await?;
             let _ = tcp.set_nodelay(true);
-            let stream = tokio_rustls::TlsConnector::from(config).connect(this.server_name, tcp).await?;
+            let addr = &this.addr;
+            let stream = match tokio_rustls::TlsConnector::from(config).connect(this.server_name, tcp).await {
+                Ok(stream) => stream,
+                Err(error) => {
+                    warn!(%addr, %error, expected = %this.server, "refusing the peer: TLS handshake failed (no certificate from this CA, or not TLS)");
+                    return Err(error);
+                }
+            };
+            let presented = stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .map(|leaf| certificate_identities(leaf))
+                .unwrap_or_default();
+            if !presented.contains(&this.server) {
+                let presented: Vec<String> = presented.iter().map(ToString::to_string).collect();
+                warn!(%addr, ?presented, expected = %this.server, "refusing the peer: its certificate does not prove the expected identity");
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    format!("{addr} is not {}: its certificate names {presented:?}", this.server),
+                ));
+            }
             Ok(TokioIo::new(stream))
         })
     }

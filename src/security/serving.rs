@@ -9,6 +9,7 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use super::ca::{CaError, CertificateAuthority};
+use super::identity::Identity;
 use super::tls::{certified_key, ServingCert, TlsError};
 
 /// Why the serving certificate could not be made.
@@ -32,6 +33,8 @@ pub struct ServingNames {
     pub dns: Vec<String>,
     /// IP addresses.
     pub ips: Vec<IpAddr>,
+    /// SPIFFE identities (URI SANs) of the serving process (meshpilot's own links).
+    pub identities: Vec<Identity>,
 }
 
 impl ServingNames {
@@ -41,6 +44,7 @@ impl ServingNames {
         let mut names = ServingNames {
             dns: vec![format!("istiod.{namespace}.svc"), format!("istiod.{namespace}.svc.cluster.local")],
             ips: Vec::new(),
+            identities: Vec::new(),
         };
         names.add(extra);
         names
@@ -72,7 +76,7 @@ async fn issue(
     ttl: Duration,
 ) -> Result<Arc<rustls::sign::CertifiedKey>, ServingError> {
     let (ca, names) = (ca.clone(), names.clone());
-    let issued = tokio::task::spawn_blocking(move || ca.issue_serving(&names.dns, &names.ips, ttl))
+    let issued = tokio::task::spawn_blocking(move || ca.issue_serving_as(&names.dns, &names.ips, &names.identities, ttl))
         .await
         .map_err(|e| ServingError::Task(e.to_string()))??;
     Ok(certified_key(&issued.chain_pem, &issued.key_pem)?)

@@ -19,15 +19,12 @@ use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 use tracing::{debug, warn};
 
+use super::handshake::{HandshakeGate, HandshakeLimits};
 use super::identity::Identity;
+use crate::telemetry::log_text::{untrusted_list, Untrusted};
 
-/// A TLS handshake that takes longer is dropped (a slow or idle client holds nothing).
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Accepted connections waiting for the server to take them.
 const ACCEPTED_QUEUE: usize = 1024;
-/// Handshakes in progress at once; more connections wait in the kernel's backlog, so a flood of
-/// idle or slow clients cannot hold unbounded tasks and memory.
-const MAX_HANDSHAKES: usize = 1024;
 
 /// Why a TLS configuration could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -235,18 +232,25 @@ pub fn accept_filtered(
     config: Arc<rustls::ServerConfig>,
     filter: Option<PeerFilter>,
 ) -> tokio_stream::wrappers::ReceiverStream<Result<SecureConn, std::io::Error>> {
+    accept_limited(listener, config, filter, HandshakeGate::new(HandshakeLimits::default()))
+}
+
+/// As [`accept_filtered`], with the handshake limits of `gate`: a connection must start its
+/// handshake within a short deadline and finish it within another, idle connections hold no
+/// handshake slot, one address holds few, and some are kept for peers known from a recent
+/// handshake (see [`super::handshake`]).
+pub fn accept_limited(
+    listener: TcpListener,
+    config: Arc<rustls::ServerConfig>,
+    filter: Option<PeerFilter>,
+    gate: HandshakeGate,
+) -> tokio_stream::wrappers::ReceiverStream<Result<SecureConn, std::io::Error>> {
     let (tx, rx) = mpsc::channel(ACCEPTED_QUEUE);
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
-    let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
     tokio::spawn(async move {
         loop {
-            let permit = tokio::select! {
-                permit = handshakes.clone().acquire_owned() => match permit {
-                    Ok(p) => p,
-                    Err(_) => return,
-                },
-                _ = tx.closed() => return,
-            };
+            // Accepting never waits for a handshake slot: a new connection always gets its turn,
+            // and the gate closes the idle ones that hold nothing but a descriptor.
             let (tcp, remote) = tokio::select! {
                 accepted = listener.accept() => match accepted {
                     Ok(a) => a,
@@ -259,11 +263,21 @@ pub fn accept_filtered(
                 },
                 _ = tx.closed() => return,
             };
-            let (acceptor, tx, filter) = (acceptor.clone(), tx.clone(), filter.clone());
+            let (acceptor, tx, filter, gate) = (acceptor.clone(), tx.clone(), filter.clone(), gate.clone());
             tokio::spawn(async move {
-                let _permit = permit;
+                let accepted = std::time::Instant::now();
                 let _ = tcp.set_nodelay(true);
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                let slot = match gate.admit(&tcp, remote.ip(), accepted).await {
+                    Ok(slot) => slot,
+                    Err(refused) => {
+                        debug!(%remote, ?refused, "connection closed before its TLS handshake");
+                        return;
+                    }
+                };
+                let rest = gate.limits().handshake.saturating_sub(accepted.elapsed());
+                let handshake = tokio::time::timeout(rest, acceptor.accept(tcp)).await;
+                drop(slot);
+                match handshake {
                     Ok(Ok(stream)) => {
                         let identities = stream
                             .get_ref()
@@ -273,13 +287,14 @@ pub fn accept_filtered(
                             .map(|leaf| certificate_identities(leaf))
                             .unwrap_or_default();
                         if filter.is_some_and(|allow| !allow(&identities)) {
-                            warn!(%remote, ?identities, "TLS peer not allowed on this listener");
+                            warn!(%remote, identities = %untrusted_list(&identities), "TLS peer not allowed on this listener");
                             return;
                         }
+                        gate.completed(remote.ip());
                         let info = PeerInfo { remote: Some(remote), identities: Arc::new(identities) };
                         let _ = tx.send(Ok(SecureConn { inner: stream, info })).await;
                     }
-                    Ok(Err(e)) => debug!(%remote, error = %e, "TLS handshake failed"),
+                    Ok(Err(e)) => debug!(%remote, error = %Untrusted(&e.to_string()), "TLS handshake failed"),
                     Err(_) => debug!(%remote, "TLS handshake timed out"),
                 }
             });

@@ -80,6 +80,34 @@ pub fn gauge_value(n: impl TryInto<i64>) -> i64 {
     n.try_into().unwrap_or(i64::MAX)
 }
 
+/// Bounds the series a labelled metric may create from values it does not choose itself: a
+/// label set already seen, or one that fits under the cap, is kept; any other becomes the
+/// overflow value in every label. The sets seen are kept, so a series never changes its labels.
+#[derive(Debug, Clone)]
+pub struct SeriesCap {
+    max: usize,
+    seen: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<Vec<String>>>>,
+}
+
+impl SeriesCap {
+    /// At most `max` distinct label sets (plus the overflow one).
+    pub fn new(max: usize) -> SeriesCap {
+        SeriesCap { max, seen: Default::default() }
+    }
+
+    /// `labels` when its series exists or there is room for it, else `overflow` for each label.
+    pub fn admit<'a>(&self, labels: &[&'a str], overflow: &'a str) -> Vec<&'a str> {
+        let key: Vec<String> = labels.iter().map(|l| l.to_string()).collect();
+        let mut seen = self.seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if seen.contains(&key) || seen.len() < self.max {
+            seen.insert(key);
+            labels.to_vec()
+        } else {
+            vec![overflow; labels.len()]
+        }
+    }
+}
+
 /// Metrics every meshpilot process has, whatever its role.
 #[derive(Clone, Debug)]
 pub struct ProcessMetrics {
@@ -148,6 +176,15 @@ mod tests {
             "meshpilot_build_info{{id=\"a\",role=\"standalone\",version=\"{}\"}} 1",
             env!("CARGO_PKG_VERSION")
         )));
+    }
+
+    #[test]
+    fn a_series_cap_keeps_seen_sets_and_folds_the_rest() {
+        let cap = SeriesCap::new(2);
+        assert_eq!(cap.admit(&["a", "1"], "other"), ["a", "1"]);
+        assert_eq!(cap.admit(&["b", "1"], "other"), ["b", "1"]);
+        assert_eq!(cap.admit(&["c", "1"], "other"), ["other", "other"]);
+        assert_eq!(cap.admit(&["a", "1"], "other"), ["a", "1"]);
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! See [`otlp`] for the environment variables and the resource attributes.
 
 pub mod heap;
+pub mod log_text;
 pub mod metrics;
 pub mod otlp;
 mod otlp_metrics;

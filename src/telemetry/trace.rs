@@ -279,7 +279,7 @@ impl PushSpan {
         if !traced {
             return None;
         }
-        let span = info_span!(parent: None, "xds_push", proxy, version = %version, types = Empty, trace_id = Empty);
+        let span = info_span!(parent: None, "xds_push", proxy = %super::log_text::Untrusted(proxy), version = %version, types = Empty, trace_id = Empty);
         start(&span, Some(&parent));
         Some(PushSpan { span, pending: BTreeMap::new(), types: Vec::new(), sent: 0, nacked: false })
     }

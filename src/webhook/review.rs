@@ -9,6 +9,7 @@ use tracing::{debug, info};
 use crate::config::error::FieldError;
 use crate::config::object::{Kind, NETWORKING_GROUP};
 use crate::config::parse::{object_from_value, parse_object_checked, Document};
+use crate::telemetry::log_text::Untrusted;
 
 /// The `apiVersion` of the reviews this webhook answers.
 pub const ADMISSION_API_VERSION: &str = "admission.k8s.io/v1";
@@ -191,7 +192,7 @@ impl Verdict {
 pub fn review(request: &AdmissionRequest) -> Verdict {
     let dry_run = request.dry_run.unwrap_or(false);
     if !matches!(request.operation.as_str(), "CREATE" | "UPDATE") {
-        debug!(operation = %request.operation, dry_run, "operation not validated; allowed");
+        debug!(operation = %Untrusted(&request.operation), dry_run, "operation not validated; allowed");
         return Verdict::allow(Vec::new());
     }
     let Some(object) = request.object.clone() else {
@@ -202,12 +203,12 @@ pub fn review(request: &AdmissionRequest) -> Verdict {
     // never its contents (a reason may quote a value).
     match verdict.reason {
         Some(reason) => info!(
-            kind = %request.kind.kind, namespace = %request.namespace, name = %request.name,
-            operation = %request.operation, dry_run, reason = reason.label(), "configuration denied"
+            kind = %Untrusted(&request.kind.kind), namespace = %Untrusted(&request.namespace), name = %Untrusted(&request.name),
+            operation = %Untrusted(&request.operation), dry_run, reason = reason.label(), "configuration denied"
         ),
         None => debug!(
-            kind = %request.kind.kind, namespace = %request.namespace, name = %request.name,
-            operation = %request.operation, dry_run, "configuration allowed"
+            kind = %Untrusted(&request.kind.kind), namespace = %Untrusted(&request.namespace), name = %Untrusted(&request.name),
+            operation = %Untrusted(&request.operation), dry_run, "configuration allowed"
         ),
     }
     verdict

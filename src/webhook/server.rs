@@ -22,6 +22,7 @@ use super::review::{self, AdmissionReview};
 use crate::security::ca::CertificateAuthority;
 use crate::security::serving::{serving_cert, ServingError, ServingNames};
 use crate::security::tls::{self, ClientAuth, SecureConn, TlsError};
+use crate::telemetry::log_text::Untrusted;
 
 /// The largest review accepted: the API server's own request limit (3 MiB objects) with room
 /// for the old object of an update beside the new one.
@@ -109,8 +110,8 @@ impl axum::serve::Listener for TlsListener {
 
 async fn validate(State(metrics): State<WebhookMetrics>, headers: HeaderMap, body: Bytes) -> Response {
     let refuse = |status: StatusCode, message: String| {
-        metrics.http_error.with_label_values(&[status.as_str()]).inc();
-        debug!(%status, %message, "webhook request refused");
+        metrics.record_http_error(status.as_u16());
+        debug!(%status, message = %Untrusted(&message), "webhook request refused");
         (status, message).into_response()
     };
     if body.is_empty() {
@@ -128,14 +129,13 @@ async fn validate(State(metrics): State<WebhookMetrics>, headers: HeaderMap, bod
     let (answer, verdict) = review::respond(&review);
     if let Some(request) = &review.request {
         let r = &request.resource;
-        let labels = [r.group.as_str(), r.version.as_str(), r.resource.as_str()];
         let validated = matches!(request.operation.as_str(), "CREATE" | "UPDATE");
         match verdict.reason {
-            None if validated => metrics.passed.with_label_values(&labels).inc(),
+            None if validated => metrics.record_passed(r),
             // As istiod: operations it does not validate count as failures of their own kind.
-            None => metrics.failed.with_label_values(&[labels[0], labels[1], labels[2], "unsupported_operation"]).inc(),
+            None => metrics.record_failed(r, "unsupported_operation"),
             Some(_) if request.dry_run == Some(true) => {}
-            Some(reason) => metrics.failed.with_label_values(&[labels[0], labels[1], labels[2], reason.label()]).inc(),
+            Some(reason) => metrics.record_failed(r, reason.label()),
         }
     }
     match serde_json::to_vec(&answer) {

@@ -14,6 +14,7 @@ use super::changes;
 use super::debug::DebugResource;
 use super::isolation::{Holding, Isolation};
 use super::limits;
+use crate::telemetry::log_text::Untrusted;
 use super::names::NameSet;
 use super::response::{resources_field_of, Encoded};
 use super::session::{Outgoing, Session};
@@ -89,7 +90,7 @@ impl Protocol for StateOfTheWorld {
     ) -> Result<(), StreamEnd> {
         limits::check_names(req.resource_names.len()).map_err(over_limit)?;
         let Some(type_url) = TypeUrl::parse(&req.type_url) else {
-            debug!(proxy = %session.proxy.id, type_url = %limits::loggable(&req.type_url), "request for an unserved type ignored");
+            debug!(proxy = %Untrusted(&session.proxy.id), type_url = %Untrusted(&req.type_url), "request for an unserved type ignored");
             return Ok(());
         };
         let watch = self.watches.entry(type_url).or_default();

@@ -16,7 +16,7 @@ use tonic::Status;
 use tracing::debug;
 
 use super::dump::{self, DumpedType};
-use super::limits;
+use crate::telemetry::log_text::Untrusted;
 use super::status::{ConnectionStatus, TypeStatus};
 use super::stream::{Caller, ConnectionContext, Protocol, StreamEnd};
 use super::TypeUrl;
@@ -109,10 +109,10 @@ where
                 return StreamEnd::Dropped;
             }
             if failed {
-                return StreamEnd::Invalid(format!("debug request for {} refused", limits::loggable(type_url)));
+                return StreamEnd::Invalid(format!("debug request for {} refused", Untrusted(type_url)));
             }
         } else {
-            debug!(type_url = %limits::loggable(type_url), "a debug client asked for a config type; ignored");
+            debug!(type_url = %Untrusted(type_url), "a debug client asked for a config type; ignored");
         }
         request = match requests.next().await {
             Some(Ok(r)) => r,
@@ -148,7 +148,7 @@ pub async fn answer(
             // A proxy out of scope is answered as one not connected: its existence is not told.
             let conn = find_proxy(&connections, name)
                 .filter(|c| scope.covers(&c.proxy.namespace))
-                .ok_or_else(|| Status::not_found(format!("proxy {} is not connected here", limits::loggable(name))))?;
+                .ok_or_else(|| Status::not_found(format!("proxy {} is not connected here", Untrusted(name))))?;
             let snap = ctx.snapshots.current().ok_or_else(|| Status::unavailable("no snapshot yet"))?;
             let view = super::proxy::SharedView::new(conn.proxy.view());
             let mut generated = Vec::new();
@@ -162,7 +162,7 @@ pub async fn answer(
             // As istiod answers: each section of the dump is a resource of its own.
             Ok(dump::config_dump(&types).configs.into_iter().map(|section| (String::new(), section)).collect())
         }
-        other => Err(Status::unimplemented(format!("debug type {} is not served", limits::loggable(other)))),
+        other => Err(Status::unimplemented(format!("debug type {} is not served", Untrusted(other)))),
     }
 }
 

@@ -16,6 +16,7 @@ use super::changes::{self, Held};
 use super::debug::DebugResource;
 use super::isolation::{Holding, Isolation, Piece};
 use super::limits;
+use crate::telemetry::log_text::Untrusted;
 use super::response::{DeltaResource, Encoded};
 use super::session::{nonce_version, Outgoing, Session};
 use super::status::Transport;
@@ -144,7 +145,7 @@ impl Protocol for Delta {
             + req.initial_resource_versions.len();
         limits::check_names(names).map_err(over_limit)?;
         let Some(type_url) = TypeUrl::parse(&req.type_url) else {
-            debug!(proxy = %session.proxy.id, type_url = %limits::loggable(&req.type_url), "request for an unserved type ignored");
+            debug!(proxy = %Untrusted(&session.proxy.id), type_url = %Untrusted(&req.type_url), "request for an unserved type ignored");
             return Ok(());
         };
         let first = !self.watches.contains_key(&type_url);

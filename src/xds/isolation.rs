@@ -15,6 +15,7 @@ use bytes::Bytes;
 use envoy_types::pb::google::protobuf::Any;
 
 use super::cache::Generated;
+use crate::telemetry::log_text;
 use super::names::NameSet;
 use super::response::resources_field_of;
 
@@ -324,7 +325,8 @@ impl Isolation {
         for name in names {
             if let Some(piece) = sent.get(name) {
                 let (hash, version) = (piece.hash(), super::changes::resource_version(piece.hash()));
-                self.rejected.insert(name.clone(), Rejected { hash, version, message: message.to_string() });
+                let message = log_text::truncated(message, super::limits::MAX_NACK_DETAIL_CHARS).to_string();
+                self.rejected.insert(name.clone(), Rejected { hash, version, message });
             }
         }
     }

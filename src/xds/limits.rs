@@ -17,12 +17,16 @@ pub const MAX_RESOURCE_NAMES: usize = 50_000;
 pub const MAX_NODE_ID_BYTES: usize = 1024;
 /// Largest encoded node (id, metadata, locality, ...).
 pub const MAX_NODE_BYTES: usize = 64 * 1024;
+/// Characters of a NACK's error detail kept (`/debug/syncz`, `/debug/rejected`, the push trace)
+/// and logged; the same bound as every client text in logs (`telemetry::log_text`).
+pub const MAX_NACK_DETAIL_CHARS: usize = crate::telemetry::log_text::MAX_CHARS;
+/// Characters of a NACK's error detail searched for the names of the resources it rejects
+/// (Envoy's name them near the start; a longer detail is not read further).
+pub const MAX_NACK_SCANNED_CHARS: usize = 4096;
 /// Sustained requests per second a stream may send; faster ones wait (HTTP/2 back-pressure).
 pub const REQUESTS_PER_SECOND: f64 = 50.0;
 /// Requests a stream may send in a burst before the rate applies.
 pub const REQUEST_BURST: f64 = 200.0;
-/// Longest text from a client (node id, NACK message) put into one log line.
-pub const MAX_LOGGED_CHARS: usize = 256;
 
 /// A limit a request broke.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -97,29 +101,9 @@ impl RequestRate {
     }
 }
 
-/// Client text made safe for one log line: control characters escaped (no forged lines), and
-/// cut at [`MAX_LOGGED_CHARS`] with the original length noted.
-pub fn loggable(text: &str) -> String {
-    let mut out: String = text.chars().take(MAX_LOGGED_CHARS).flat_map(char::escape_debug).collect();
-    let total = text.chars().count();
-    if total > MAX_LOGGED_CHARS {
-        out.push_str(&format!("…({total} chars)"));
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn log_text_is_escaped_and_capped() {
-        assert_eq!(loggable("a\nb"), "a\\nb");
-        let long = "x".repeat(10_000_000);
-        let logged = loggable(&long);
-        assert!(logged.len() < MAX_LOGGED_CHARS + 32, "{}", logged.len());
-        assert!(logged.ends_with("…(10000000 chars)"));
-    }
 
     #[test]
     fn nodes_and_names_are_bounded() {

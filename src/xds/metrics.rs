@@ -45,6 +45,9 @@ pub struct XdsMetrics {
     pub cache_bytes: IntGauge,
     /// `meshpilot_xds_cache_entries`: (view, type) entries the generation cache holds.
     pub cache_entries: IntGauge,
+    /// `meshpilot_xds_secrets_withheld`: streams of gateways without a verified identity (the
+    /// plaintext port) that asked for secrets and were sent none.
+    pub secrets_withheld: IntCounter,
     /// `pilot_xds` version labels in use: clients choose them, so their number is bounded.
     versions: Arc<Mutex<BTreeSet<String>>>,
 }
@@ -137,6 +140,11 @@ impl XdsMetrics {
                 r,
                 "meshpilot_xds_cache_entries",
                 "Entries (proxy view and type) held by the generation cache.",
+            ),
+            secrets_withheld: counter(
+                r,
+                "meshpilot_xds_secrets_withheld",
+                "Gateway streams without a verified identity (plaintext port) that asked for secrets and were sent none.",
             ),
             versions: Arc::default(),
         };

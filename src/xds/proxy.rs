@@ -52,6 +52,10 @@ pub struct Proxy {
     pub mesh_id: String,
     /// What the agent's PROXY_CONFIG says, if it sent one.
     pub proxy_config: Option<ProxyConfigMeta>,
+    /// Whether the caller proved an identity of the proxy's namespace (the secure port): only
+    /// then may a gateway be sent its namespace's `credentialName` secrets. A node can never say
+    /// so itself; the stream sets it once the caller is authorized.
+    pub verified: bool,
 }
 
 /// Why a node cannot be served.
@@ -115,6 +119,7 @@ impl Proxy {
             workload_name: meta.workload_name.unwrap_or_default(),
             mesh_id: meta.mesh_id.unwrap_or_default(),
             proxy_config: meta.proxy_config,
+            verified: false,
         })
     }
 
@@ -163,6 +168,8 @@ impl Proxy {
             ips: if self.kind == ProxyKind::Sidecar { self.ips.clone() } else { Vec::new() },
             inbound: Vec::new(),
             agent_sds: !self.istio_version.is_empty(),
+            // Sidecars never get credentials: their views stay shared across both ports.
+            credentials: self.kind == ProxyKind::Router && self.verified,
         }
     }
 }

@@ -3,6 +3,7 @@
 //! and the ACK, NACK and send bookkeeping both protocols record alike.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -13,19 +14,17 @@ use tracing::{debug, info, warn};
 use super::cache::{Generated, ViewLease};
 use super::isolation::{Holding, Isolation, NackOutcome, Rejected};
 use super::limits;
-use super::proxy::{Proxy, SharedView};
+use super::proxy::{Proxy, ProxyKind, SharedView};
 use super::status::{Nack, Registration, Transport};
 use super::stream::{ConnectionContext, StreamEnd};
 use super::TypeUrl;
 use crate::snapshot::Snapshot;
+use crate::telemetry::log_text::{self, untrusted_list, Untrusted};
 use crate::telemetry::metrics::gauge_value;
 use crate::telemetry::trace::{self, PushTrace};
 
 /// How long a single response may wait for the stream before the proxy counts as stuck.
 const SEND_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Longest NACK message kept for `/debug/syncz` (Envoy's are a line or two).
-const MAX_NACK_MESSAGE: usize = 4096;
 
 /// One proxy's stream state shared by both protocols; `R` is the protocol's response message.
 pub struct Session<R> {
@@ -47,6 +46,8 @@ pub struct Session<R> {
     push_trace: PushTrace,
     /// Rejected resources per type, as counted in `meshpilot_xds_rejected_resources`.
     rejected_counts: BTreeMap<TypeUrl, usize>,
+    /// Whether the refusal of secrets to this unverified gateway was logged (once per stream).
+    secrets_withheld: AtomicBool,
 }
 
 /// What a response being sent carried, for metrics, traces and `/debug/syncz`.
@@ -79,7 +80,7 @@ impl<R> Session<R> {
         registration.update(|s| s.transport = transport);
         let view = SharedView::new(proxy.view());
         let view_lease = ctx.cache.hold(&view);
-        info!(proxy = %proxy.id, namespace = %proxy.namespace, ?transport, "proxy connected");
+        info!(proxy = %Untrusted(&proxy.id), namespace = %Untrusted(&proxy.namespace), cluster = %Untrusted(&proxy.cluster_id), ?transport, "proxy connected");
         let mut session = Session {
             view,
             view_lease,
@@ -91,6 +92,7 @@ impl<R> Session<R> {
             tx,
             push_trace: PushTrace::default(),
             rejected_counts: BTreeMap::new(),
+            secrets_withheld: AtomicBool::new(false),
             ctx: ctx.clone(),
         };
         // Readiness gate: nothing is served before the first full snapshot.
@@ -143,9 +145,26 @@ impl<R> Session<R> {
 
     /// The resources of `type_url` for this proxy in the current snapshot (`None` before the first).
     pub async fn generated(&self, type_url: TypeUrl) -> Option<(Arc<Snapshot>, Arc<Generated>)> {
+        if type_url == TypeUrl::Secret && self.proxy.kind == ProxyKind::Router && !self.proxy.verified {
+            self.withhold_secrets();
+        }
         let snapshot = self.snapshot.clone()?;
         let generated = self.ctx.cache.get(&snapshot, &self.view, type_url).await;
         Some((snapshot, generated))
+    }
+
+    /// Says once per stream why an unverified gateway gets no secret: its view generates none
+    /// (and leaves out the servers needing one), so the answer is empty whatever it asks for.
+    fn withhold_secrets(&self) {
+        if self.secrets_withheld.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        self.ctx.metrics.secrets_withheld.inc();
+        warn!(
+            proxy = %limits::loggable(&self.proxy.id),
+            namespace = %limits::loggable(&self.proxy.namespace),
+            "gateway asked for secrets without a verified identity: none sent; credentialName secrets are served only on the secure xDS port to a caller proving an identity of the gateway's namespace"
+        );
     }
 
     /// A fresh nonce for a response computed from `snapshot` (`VERSION-SEQ`).
@@ -157,7 +176,7 @@ impl<R> Session<R> {
     /// Counts an answer to a nonce that is no longer current.
     pub fn expired_nonce(&self, type_url: TypeUrl, nonce: &str) {
         self.ctx.metrics.xds_expired_nonce.with_label_values(&[type_url.short()]).inc();
-        debug!(proxy = %self.proxy.id, %type_url, nonce = %limits::loggable(nonce), "stale nonce ignored");
+        debug!(proxy = %Untrusted(&self.proxy.id), %type_url, nonce = %Untrusted(nonce), "stale nonce ignored");
     }
 
     /// Records a NACK of the response `nonce` that carried `sent`, and what `isolation` makes of
@@ -171,26 +190,28 @@ impl<R> Session<R> {
         sent: &Holding,
     ) -> bool {
         self.ctx.metrics.xds_rejects.with_label_values(&[type_url.short()]).inc();
-        self.push_trace.answered(nonce, Some(message));
-        let message = capped(message);
-        warn!(proxy = %self.proxy.id, %type_url, nonce = %limits::loggable(nonce), error = %limits::loggable(&message), "proxy rejected config (NACK)");
+        // What is kept and shown is bounded; the names of rejected resources are searched further.
+        let kept = log_text::truncated(message, limits::MAX_NACK_DETAIL_CHARS);
+        self.push_trace.answered(nonce, Some(kept));
+        warn!(proxy = %Untrusted(&self.proxy.id), %type_url, nonce = %Untrusted(nonce), error = %Untrusted(message), "proxy rejected config (NACK)");
+        let nonce = log_text::truncated(nonce, limits::MAX_NACK_DETAIL_CHARS);
         let nack = Nack {
             version: nonce_version(nonce),
             nonce: nonce.to_string(),
-            message: message.clone(),
+            message: kept.to_string(),
             at: SystemTime::now(),
         };
         self.registration.update(|s| s.type_mut(type_url).last_nack = Some(nack));
-        let outcome = isolation.on_nack(sent, &message);
+        let outcome = isolation.on_nack(sent, log_text::truncated(message, limits::MAX_NACK_SCANNED_CHARS));
         self.set_rejected(type_url, isolation.rejected().clone());
         match outcome {
             NackOutcome::Stuck => false,
             NackOutcome::Isolated(names) => {
-                warn!(proxy = %self.proxy.id, %type_url, resources = ?names, "rejected resources set aside; sending the rest");
+                warn!(proxy = %Untrusted(&self.proxy.id), %type_url, resources = %untrusted_list(&names), "rejected resources set aside; sending the rest");
                 true
             }
             NackOutcome::Bisecting => {
-                info!(proxy = %self.proxy.id, %type_url, "NACK names no resource; bisecting the changed ones");
+                info!(proxy = %Untrusted(&self.proxy.id), %type_url, "NACK names no resource; bisecting the changed ones");
                 true
             }
         }
@@ -261,7 +282,7 @@ impl<R> Session<R> {
                 out.count,
                 out.bytes,
             );
-            debug!(proxy = %self.proxy.id, %type_url, version = %out.version, nonce = %out.nonce, resources = out.count, bytes = out.bytes, trace_id, "pushed");
+            debug!(proxy = %Untrusted(&self.proxy.id), %type_url, version = %out.version, nonce = %out.nonce, resources = out.count, bytes = out.bytes, trace_id, "pushed");
         }
         self.registration.update(|s| {
             let t = s.type_mut(type_url);
@@ -313,17 +334,8 @@ impl<R> Session<R> {
             self.ctx.metrics.rejected_resources.with_label_values(&[type_url.short()]).sub(gauge_value(*count));
         }
         self.rejected_counts.clear();
-        info!(proxy = %self.proxy.id, reason = %end, "proxy disconnected");
+        info!(proxy = %Untrusted(&self.proxy.id), reason = %end, "proxy disconnected");
     }
-}
-
-/// A client's message, cut to [`MAX_NACK_MESSAGE`] bytes at a character boundary.
-fn capped(message: &str) -> String {
-    let mut end = message.len().min(MAX_NACK_MESSAGE);
-    while !message.is_char_boundary(end) {
-        end -= 1;
-    }
-    message[..end].to_string()
 }
 
 /// The snapshot version a nonce was issued for (`VERSION-SEQ`).

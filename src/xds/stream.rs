@@ -16,6 +16,7 @@ use tracing::warn;
 use super::admission::Admission;
 use super::cache::GenerationCache;
 use super::limits::{self, RequestRate};
+use crate::telemetry::log_text::Untrusted;
 use super::metrics::XdsMetrics;
 use super::proxy::Proxy;
 use super::response::Framed;
@@ -37,6 +38,11 @@ pub enum Caller {
 }
 
 impl Caller {
+    /// Whether the caller proved an identity (the secure port).
+    pub fn is_authenticated(&self) -> bool {
+        matches!(self, Caller::Authenticated(_))
+    }
+
     /// Checks the claimed node as istiod does: some identity has the proxy's namespace and, when
     /// the node names one, its service account; else the stream ends with PERMISSION_DENIED.
     pub fn authorize(&self, proxy: &Proxy) -> Result<(), Status> {
@@ -87,7 +93,7 @@ pub enum StreamEnd {
     #[error("{0}")]
     Invalid(String),
     /// The request broke a limit or did not decode; the client gets this status.
-    #[error("refused: {}", limits::loggable(.0.message()))]
+    #[error("refused: {}", Untrusted(.0.message()))]
     Refused(Status),
     /// The response channel is gone.
     #[error("response stream dropped")]
@@ -209,13 +215,15 @@ where
         ctx.admission.admit_stream().await;
         return super::debug::serve::<P, S>(ctx, &caller, first, requests, tx).await;
     }
-    let proxy = match Proxy::from_node(P::node(&first)) {
+    let mut proxy = match Proxy::from_node(P::node(&first)) {
         Ok(p) => p,
         Err(e) => return refuse(&tx, Status::invalid_argument(e.to_string())).await,
     };
     if let Err(status) = caller.authorize(&proxy) {
         return refuse(&tx, status).await;
     }
+    // Authorized above: an authenticated caller holds an identity of the node's namespace.
+    proxy.verified = caller.is_authenticated();
     // A storm of new streams waits here, before any generation, while pushes go on.
     ctx.admission.admit_stream().await;
     let deadline = ctx.admission.stream_deadline(age_seed(&proxy.id));
@@ -309,7 +317,7 @@ async fn push_snapshot<P: Protocol>(
 
 /// Ends a stream before it was registered: the client gets `status`, not OK.
 async fn refuse<R>(tx: &mpsc::Sender<Result<R, Status>>, status: Status) -> StreamEnd {
-    warn!(code = ?status.code(), reason = %limits::loggable(status.message()), "xDS stream refused");
+    warn!(code = ?status.code(), reason = %Untrusted(status.message()), "xDS stream refused");
     let _ = tx.send(Err(status.clone())).await;
     StreamEnd::Refused(status)
 }

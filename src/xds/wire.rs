@@ -31,6 +31,7 @@ use super::response::{Framed, GRPC_PREFIX};
 use super::stream::{serve_as, Caller, ConnectionContext, Protocol};
 use crate::security::tls::PeerInfo;
 use crate::security::Authenticator;
+use crate::telemetry::log_text::Untrusted;
 
 /// The gRPC service name of ADS.
 const SERVICE: &str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
@@ -90,7 +91,7 @@ impl tower_service::Service<http::Request<tonic::body::Body>> for AdsService {
                     match authn.authenticate(peer.as_ref(), &headers).await {
                         Ok(identities) => Caller::Authenticated(identities),
                         Err(e) => {
-                            warn!(remote = ?peer.and_then(|p| p.remote), error = %e, "xDS stream not authenticated");
+                            warn!(remote = ?peer.and_then(|p| p.remote), error = %Untrusted(&e.to_string()), "xDS stream not authenticated");
                             return Ok(e.status().into_http());
                         }
                     }

@@ -112,6 +112,8 @@ pub struct EnvoyBuilder {
     static_clusters: Vec<Value>,
     patch: Option<Value>,
     args: Vec<String>,
+    xds_tls: Option<Value>,
+    xds_token: Option<String>,
 }
 
 impl EnvoyBuilder {
@@ -165,6 +167,34 @@ impl EnvoyBuilder {
     pub fn delta(self) -> Self {
         self.bootstrap_patch(json!({"dynamic_resources": {"ads_config": {"api_type": "DELTA_GRPC"}}}))
     }
+    /// Dials the ADS cluster over TLS (meshpilot's secure port), checking the server's
+    /// certificate for `server_name` against `root_pem`, and presenting `client` (certificate
+    /// chain and key, PEM) as its client certificate when given.
+    pub fn xds_tls(mut self, server_name: &str, root_pem: &str, client: Option<(&str, &str)>) -> Self {
+        let mut common = json!({
+            "alpn_protocols": ["h2"],
+            "validation_context": {"trusted_ca": {"inline_string": root_pem},
+                "match_typed_subject_alt_names": [{"san_type": "DNS", "matcher": {"exact": server_name}}]}
+        });
+        if let Some((cert, key)) = client {
+            common["tls_certificates"] =
+                json!([{"certificate_chain": {"inline_string": cert}, "private_key": {"inline_string": key}}]);
+        }
+        self.xds_tls = Some(json!({
+            "name": "envoy.transport_sockets.tls",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                "sni": server_name,
+                "common_tls_context": common
+            }
+        }));
+        self
+    }
+    /// Sends `authorization: Bearer TOKEN` on the ADS stream (pilot-agent's way on the secure port).
+    pub fn xds_token(mut self, token: &str) -> Self {
+        self.xds_token = Some(token.to_string());
+        self
+    }
     /// An extra command-line argument.
     pub fn arg(mut self, arg: &str) -> Self {
         self.args.push(arg.to_string());
@@ -199,10 +229,21 @@ impl EnvoyBuilder {
                 }}}}]}]
             }
         });
+        let mut xds_cluster = xds_cluster;
+        if let Some(tls) = &self.xds_tls {
+            xds_cluster["transport_socket"] = tls.clone();
+        }
         let mut clusters = vec![xds_cluster];
         clusters.extend(self.static_clusters.iter().cloned());
         // initial_fetch_timeout 0s (as Istio's bootstrap has): Envoy waits for CDS/LDS forever,
         // so /ready is 200 only once xDS was delivered.
+        let mut grpc_service = json!({"envoy_grpc": {
+            "cluster_name": "xds",
+            "retry_policy": {"retry_back_off": {"base_interval": "0.1s", "max_interval": "0.5s"}}
+        }});
+        if let Some(token) = &self.xds_token {
+            grpc_service["initial_metadata"] = json!([{"key": "authorization", "value": format!("Bearer {token}")}]);
+        }
         let ads_source = json!({"ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3"});
         let admin = json!({"socket_address": {"address": self.admin_addr.ip().to_string(), "port_value": self.admin_addr.port()}});
         let mut b = json!({
@@ -213,10 +254,7 @@ impl EnvoyBuilder {
                     "api_type": "GRPC",
                     "transport_api_version": "V3",
                     "set_node_on_first_message_only": true,
-                    "grpc_services": [{"envoy_grpc": {
-                        "cluster_name": "xds",
-                        "retry_policy": {"retry_back_off": {"base_interval": "0.1s", "max_interval": "0.5s"}}
-                    }}]
+                    "grpc_services": [grpc_service]
                 },
                 "cds_config": ads_source,
                 "lds_config": ads_source,
@@ -310,6 +348,8 @@ impl Envoy {
             static_clusters: Vec::new(),
             patch: None,
             args: Vec::new(),
+            xds_tls: None,
+            xds_token: None,
         }
     }
 

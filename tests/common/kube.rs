@@ -14,7 +14,7 @@ use kube::discovery::{ApiCapabilities, ApiResource, Discovery, Scope};
 use kube::{Api, Client, Config};
 use serde_json::Value;
 
-use super::etcd::Etcd;
+use super::etcd::{Etcd, EtcdEndpoint};
 use super::poll::{poll, STARTUP_TIMEOUT};
 use super::ports::free_port;
 use super::process::{deref_to_process, temp_dir, Process, ProcessSpec};
@@ -138,8 +138,13 @@ impl KubeApi {
         let ca = d.join("ca.crt");
         let port = free_port();
         let path = |f: &str| d.join(f).display().to_string();
+        let store = etcd.endpoint();
         let spec = ProcessSpec::new("kube-apiserver", binary)
-            .args(["--etcd-servers".to_string(), etcd.endpoint()])
+            .args(["--etcd-servers".to_string(), store.url.clone()])
+            // The test etcd requires a client certificate (TLS by default, as deployed).
+            .args(etcd_file_flag("--etcd-cafile", &store.tls.ca))
+            .args(etcd_file_flag("--etcd-certfile", &store.tls.cert))
+            .args(etcd_file_flag("--etcd-keyfile", &store.tls.key))
             .args(["--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1"])
             .args(["--secure-port".to_string(), port.to_string()])
             .args([
@@ -171,7 +176,7 @@ impl KubeApi {
     }
 
     /// The etcd the API server stores in (meshpilot's election can share it: other keys).
-    pub fn etcd_endpoint(&self) -> String {
+    pub fn etcd_endpoint(&self) -> EtcdEndpoint {
         self.etcd.endpoint()
     }
 
@@ -401,4 +406,9 @@ impl Drop for PlainHttpFront {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// `[flag, file]` when `file` is set (an etcd TLS file), else nothing.
+fn etcd_file_flag(flag: &str, file: &Option<PathBuf>) -> Vec<String> {
+    file.iter().flat_map(|f| [flag.to_string(), f.display().to_string()]).collect()
 }

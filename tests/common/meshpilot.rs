@@ -10,11 +10,14 @@
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use serde_json::Value;
 
+use super::etcd::EtcdEndpoint;
 use super::http::{http_client_with_timeout, http_request, REQUEST_TIMEOUT};
 use super::poll::{poll, Outcome};
 use super::ports::free_addr;
@@ -40,11 +43,48 @@ pub enum Mode {
     Frontend,
 }
 
+/// The etcd a [`Meshpilot`] ingest node or frontend uses: a harness [`EtcdEndpoint`] (URL and
+/// the flags its TLS or plaintext needs), or a bare `--etcd-endpoints` value (no other flag).
+pub trait EtcdTarget {
+    /// `--etcd-endpoints`' value.
+    fn endpoints(&self) -> String;
+    /// The flags reaching it besides `--etcd-endpoints`.
+    fn etcd_args(&self) -> Vec<String>;
+}
+
+impl EtcdTarget for EtcdEndpoint {
+    fn endpoints(&self) -> String {
+        self.url.clone()
+    }
+    fn etcd_args(&self) -> Vec<String> {
+        self.meshpilot_args()
+    }
+}
+
+impl EtcdTarget for str {
+    fn endpoints(&self) -> String {
+        self.to_string()
+    }
+    fn etcd_args(&self) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+impl EtcdTarget for String {
+    fn endpoints(&self) -> String {
+        self.clone()
+    }
+    fn etcd_args(&self) -> Vec<String> {
+        Vec::new()
+    }
+}
+
 /// Options for a [`Meshpilot`]; see [`Meshpilot::standalone`], [`Meshpilot::ingest`] and
 /// [`Meshpilot::frontend`].
 pub struct MeshpilotBuilder {
     mode: Mode,
     etcd_endpoints: Option<String>,
+    etcd_args: Vec<String>,
     config_dir: Option<PathBuf>,
     mesh_config: Option<PathBuf>,
     id: Option<String>,
@@ -67,10 +107,11 @@ struct SecureXds {
 }
 
 impl MeshpilotBuilder {
-    fn new(mode: Mode, etcd_endpoints: Option<&str>, config_dir: Option<&Path>) -> MeshpilotBuilder {
+    fn new(mode: Mode, etcd: Option<&(impl EtcdTarget + ?Sized)>, config_dir: Option<&Path>) -> MeshpilotBuilder {
         MeshpilotBuilder {
             mode,
-            etcd_endpoints: etcd_endpoints.map(str::to_string),
+            etcd_endpoints: etcd.map(EtcdTarget::endpoints),
+            etcd_args: etcd.map(EtcdTarget::etcd_args).unwrap_or_default(),
             config_dir: config_dir.map(Path::to_path_buf),
             mesh_config: None,
             id: None,
@@ -178,6 +219,9 @@ impl MeshpilotBuilder {
     /// Spawns `meshpilot MODE ...` and returns at once; see [`Meshpilot::wait_ready`].
     pub fn start(self) -> Meshpilot {
         let admin_addr = self.admin_addr.unwrap_or_else(free_addr);
+        // Split mode runs the secure default (a mutual-TLS snapshot stream): every ingest node
+        // and frontend of one etcd shares one CA unless the test names its own.
+        let shared_ca = self.shared_ca_wanted().then(|| shared_ca(self.etcd_endpoints.as_deref().unwrap_or("")));
         let (subcommand, xds_addr, snapshot_addr) = match self.mode {
             Mode::Standalone => ("standalone", Some(self.xds_addr.unwrap_or_else(free_addr)), None),
             Mode::Ingest => ("ingest", None, Some(free_addr())),
@@ -211,6 +255,10 @@ impl MeshpilotBuilder {
             Some(id) => (format!("{subcommand} {id}"), "meshpilot-node-", NODE_REQUEST_TIMEOUT),
         };
         let dir = temp_dir(dir_prefix);
+        if let Some(shared) = &shared_ca {
+            flag("--cacerts-dir", Some(shared.path().display().to_string()));
+            flag("--ca-dir", Some(dir.path().join("ca").display().to_string()));
+        }
         let secure_xds_addr = self.secure_xds.as_ref().map(|s| s.addr);
         let webhook_addr = self.webhook.as_ref().map(|w| w.addr);
         if let Some(webhook) = &self.webhook {
@@ -219,7 +267,7 @@ impl MeshpilotBuilder {
                 flag("--webhook-tls-san", Some(webhook.sans.join(",")));
             }
             // The CA's files stay in the process's directory, not the working directory.
-            if self.secure_xds.is_none() {
+            if self.secure_xds.is_none() && shared_ca.is_none() {
                 flag("--ca-dir", Some(dir.path().join("ca").display().to_string()));
                 flag("--cacerts-dir", Some(dir.path().join("cacerts").display().to_string()));
             }
@@ -227,8 +275,10 @@ impl MeshpilotBuilder {
         match (&self.secure_xds, self.mode) {
             (Some(secure), _) => {
                 flag("--secure-xds-addr", Some(secure.addr.to_string()));
-                flag("--ca-dir", Some(dir.path().join("ca").display().to_string()));
-                flag("--cacerts-dir", Some(dir.path().join("cacerts").display().to_string()));
+                if shared_ca.is_none() {
+                    flag("--ca-dir", Some(dir.path().join("ca").display().to_string()));
+                    flag("--cacerts-dir", Some(dir.path().join("cacerts").display().to_string()));
+                }
                 if !secure.sans.is_empty() {
                     flag("--xds-tls-san", Some(secure.sans.join(",")));
                 }
@@ -237,6 +287,7 @@ impl MeshpilotBuilder {
             (None, Mode::Standalone | Mode::Frontend) => args.push("--no-secure-xds".into()),
             (None, Mode::Ingest) => {}
         }
+        args.extend(self.etcd_args);
         args.extend(self.args);
 
         let mut spec = ProcessSpec::new(label, Meshpilot::binary())
@@ -266,8 +317,36 @@ impl MeshpilotBuilder {
             webhook_addr,
             snapshot_addr,
             client: http_client_with_timeout(request_timeout),
+            shared_ca,
         }
     }
+
+    /// Whether this process gets its etcd's shared CA: an ingest node or frontend that names no
+    /// CA of its own and has no Kubernetes (there the istio-ca-secret is the shared CA).
+    fn shared_ca_wanted(&self) -> bool {
+        let named = |flags: &[&str]| self.args.iter().any(|a| flags.contains(&a.as_str()));
+        matches!(self.mode, Mode::Ingest | Mode::Frontend)
+            && !named(&["--cacerts-dir", "--ca-dir", "--kubeconfig", "--kubernetes"])
+    }
+}
+
+/// The CA (Istio plug-in files) every split-mode process of the etcd at `endpoint` shares,
+/// made before the first of them starts (so no two ingest nodes create roots of their own) and
+/// removed with the last of them.
+fn shared_ca(endpoint: &str) -> Arc<tempfile::TempDir> {
+    static SHARED: Mutex<BTreeMap<String, Weak<tempfile::TempDir>>> = Mutex::new(BTreeMap::new());
+    let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(dir) = shared.get(endpoint).and_then(Weak::upgrade) {
+        return dir;
+    }
+    let dir = Arc::new(temp_dir("meshpilot-shared-ca-"));
+    let material = meshpilot::security::ca::CertificateAuthority::self_signed_material(
+        &meshpilot::security::TrustDomain::default(),
+    )
+    .expect("a root for the shared CA");
+    material.write_dir(dir.path()).expect("writing the shared CA");
+    shared.insert(endpoint.to_string(), Arc::downgrade(&dir));
+    dir
 }
 
 /// One meshpilot process (standalone, ingest node or frontend) on 127.0.0.1 ports chosen at run
@@ -283,6 +362,8 @@ pub struct Meshpilot {
     webhook_addr: Option<SocketAddr>,
     snapshot_addr: Option<SocketAddr>,
     client: reqwest::Client,
+    /// The CA shared by the ingest nodes and frontends of its etcd (dropped after the process).
+    shared_ca: Option<Arc<tempfile::TempDir>>,
 }
 
 impl Meshpilot {
@@ -293,27 +374,27 @@ impl Meshpilot {
 
     /// `meshpilot standalone --config-dir DIR`.
     pub fn standalone(config_dir: impl AsRef<Path>) -> MeshpilotBuilder {
-        MeshpilotBuilder::new(Mode::Standalone, None, Some(config_dir.as_ref()))
+        MeshpilotBuilder::new(Mode::Standalone, None::<&str>, Some(config_dir.as_ref()))
     }
 
     /// `meshpilot ingest --etcd-endpoints ENDPOINTS --config-dir DIR`.
     /// `meshpilot standalone --kubeconfig FILE` (no config dir).
     pub fn standalone_on_kubernetes(kubeconfig: impl AsRef<Path>) -> MeshpilotBuilder {
-        MeshpilotBuilder::new(Mode::Standalone, None, None).kubeconfig(kubeconfig)
+        MeshpilotBuilder::new(Mode::Standalone, None::<&str>, None).kubeconfig(kubeconfig)
     }
 
-    pub fn ingest(etcd_endpoints: &str, config_dir: impl AsRef<Path>) -> MeshpilotBuilder {
-        MeshpilotBuilder::new(Mode::Ingest, Some(etcd_endpoints), Some(config_dir.as_ref()))
+    pub fn ingest(etcd: &(impl EtcdTarget + ?Sized), config_dir: impl AsRef<Path>) -> MeshpilotBuilder {
+        MeshpilotBuilder::new(Mode::Ingest, Some(etcd), Some(config_dir.as_ref()))
     }
 
     /// `meshpilot ingest --etcd-endpoints ENDPOINTS --kubeconfig FILE` (no config dir).
-    pub fn ingest_on_kubernetes(etcd_endpoints: &str, kubeconfig: impl AsRef<Path>) -> MeshpilotBuilder {
-        MeshpilotBuilder::new(Mode::Ingest, Some(etcd_endpoints), None).kubeconfig(kubeconfig)
+    pub fn ingest_on_kubernetes(etcd: &(impl EtcdTarget + ?Sized), kubeconfig: impl AsRef<Path>) -> MeshpilotBuilder {
+        MeshpilotBuilder::new(Mode::Ingest, Some(etcd), None).kubeconfig(kubeconfig)
     }
 
     /// `meshpilot frontend --etcd-endpoints ENDPOINTS`.
-    pub fn frontend(etcd_endpoints: &str) -> MeshpilotBuilder {
-        MeshpilotBuilder::new(Mode::Frontend, Some(etcd_endpoints), None)
+    pub fn frontend(etcd: &(impl EtcdTarget + ?Sized)) -> MeshpilotBuilder {
+        MeshpilotBuilder::new(Mode::Frontend, Some(etcd), None)
     }
 
     /// What it runs as.
@@ -354,6 +435,12 @@ impl Meshpilot {
     /// or a webhook.
     pub fn ca_dir(&self) -> PathBuf {
         self.process.dir().join("ca")
+    }
+
+    /// The CA files (Istio plug-in layout) an ingest node or frontend shares with the others of
+    /// its etcd (see [`MeshpilotBuilder::start`]); `None` when the test named a CA itself.
+    pub fn shared_ca_dir(&self) -> Option<PathBuf> {
+        self.shared_ca.as_ref().map(|d| d.path().to_path_buf())
     }
 
     /// The snapshot address (ingest).

@@ -7,6 +7,8 @@
 //! keeps their temp dirs (bootstraps, logs).
 #![allow(dead_code)]
 
+/// meshpilot's ADS server in the test process, serving snapshots the test builds.
+pub mod ads;
 /// HTTP backends (axum) that tell which backend answered and echo the request.
 pub mod backend;
 /// Test certificates: a mesh root and SPIFFE workload leaves (rcgen).
@@ -27,6 +29,8 @@ pub mod envoy;
 pub mod etcd;
 /// Config files and how they are edited.
 pub mod files;
+/// Floods of idle TCP connections, as an attacker holding a listener's sockets opens them.
+pub mod flood;
 /// HTTP clients and requests.
 pub mod http;
 /// A client aimed at one proxy listener.
@@ -59,5 +63,7 @@ pub mod secure;
 pub mod sidecar;
 /// In-process meshpilot parts in their own task, stopped gracefully or dropped.
 pub mod task;
+/// An HTTPS client of the validating webhook, as the API server talks to it.
+pub mod webhook;
 /// The hashing load balancer in front of the frontends.
 pub mod xds_lb;

@@ -9,7 +9,7 @@ use tracing::{debug, info, warn};
 
 use super::{ElectionError, LeaderInfo};
 use crate::backoff::Backoff;
-use crate::cluster::etcd::{within, EtcdError};
+use crate::cluster::etcd::{logged, logged_bytes, within, EtcdError};
 
 /// How long a `leader` or `observe` request may take before etcd counts as unreachable.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -84,16 +84,24 @@ impl LeaderWatch {
     }
 
     fn publish(&self, kv: Option<&KeyValue>) {
-        let new = kv.map(|kv| LeaderInfo {
-            addr: String::from_utf8_lossy(kv.value()).into_owned(),
-            term: u64::try_from(kv.create_revision()).unwrap_or(0),
+        // The value is whatever the election key's writer put there; frontends dial it and
+        // everything downstream logs it, so only a plausible address is taken (else: no leader).
+        let new = kv.and_then(|kv| match std::str::from_utf8(kv.value()) {
+            Ok(addr) if is_address(addr) => {
+                Some(LeaderInfo { addr: addr.to_string(), term: u64::try_from(kv.create_revision()).unwrap_or(0) })
+            }
+            _ => {
+                warn!(election = %self.name, value = %logged_bytes(kv.value()), "leader value is not an address; ignored");
+                None
+            }
         });
         self.leader.send_if_modified(|current| {
             if *current == new {
                 return false;
             }
             match &new {
-                Some(l) => info!(election = %self.name, addr = %l.addr, term = l.term, "leader"),
+                // The address is etcd's value: whoever wrote it chose it.
+                Some(l) => info!(election = %self.name, addr = %logged(&l.addr), term = l.term, "leader"),
                 None => info!(election = %self.name, "no leader"),
             }
             *current = new;
@@ -102,7 +110,31 @@ impl LeaderWatch {
     }
 }
 
+/// Longest leader address taken: a DNS name (253) in brackets with a port.
+const MAX_ADDRESS_LEN: usize = 261;
+
+/// `host:port`-like: not empty, bounded, printable ASCII without spaces (no control characters
+/// to forge log lines with, nothing a dial could not use anyway).
+fn is_address(value: &str) -> bool {
+    !value.is_empty() && value.len() <= MAX_ADDRESS_LEN && value.bytes().all(|b| b.is_ascii_graphic())
+}
+
 /// etcd's answer to `leader` when nobody is campaigning ("election: no leader").
 fn is_no_leader(e: &EtcdError) -> bool {
     matches!(e, EtcdError::Client(etcd_client::Error::GRpcStatus(s)) if s.message().contains("no leader"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plausible_addresses_are_leaders() {
+        assert!(is_address("10.0.0.1:15020"));
+        assert!(is_address("[fd00::1]:15020"));
+        assert!(!is_address(""));
+        assert!(!is_address("10.0.0.1:15020\n{\"level\":\"INFO\"}"));
+        assert!(!is_address("a b:1"));
+        assert!(!is_address(&"a".repeat(MAX_ADDRESS_LEN + 1)));
+    }
 }

@@ -9,7 +9,7 @@
 //!   from `leader()` then `observe()`; the last known value is kept while etcd is unreachable.
 //!
 //! ```ignore
-//! let client = meshpilot::cluster::etcd::connect(&["http://127.0.0.1:2379".into()]).await?;
+//! let client = meshpilot::cluster::etcd::connect_with_tls(&["https://127.0.0.1:2379".into()], &tls).await?;
 //! let candidate = Candidate::new(client.clone(), ElectionSettings::new("ingest-0", "10.0.0.1:15020"));
 //! let mut leadership = candidate.leadership();
 //! tokio::spawn(candidate.run(shutdown_signal)); // resigns and revokes its lease on shutdown

@@ -9,10 +9,12 @@ use tracing::{debug, info, warn};
 
 use super::{Member, Members};
 use crate::backoff::Backoff;
-use crate::cluster::etcd::{within, EtcdError};
+use crate::cluster::etcd::{logged, logged_bytes, within, EtcdError};
 
 /// How long a request may take before etcd counts as unreachable.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Member ids a "members changed" line names (the count says how many there are).
+const MAX_LOGGED_MEMBERS: usize = 16;
 
 /// Watches the members under a prefix; see the module docs.
 pub struct MembersWatch {
@@ -103,7 +105,7 @@ impl MembersWatch {
         let members = Members::new(answer.kvs().iter().filter_map(|kv| {
             let id = kv.key().strip_prefix(self.prefix.as_bytes())?;
             let (Ok(id), Ok(addr)) = (std::str::from_utf8(id), kv.value_str()) else {
-                warn!(key = %String::from_utf8_lossy(kv.key()), "member key or address is not UTF-8; ignored");
+                warn!(key = %logged_bytes(kv.key()), "member key or address is not UTF-8; ignored");
                 return None;
             };
             Some(Member { id: id.to_string(), addr: addr.to_string() })
@@ -112,7 +114,9 @@ impl MembersWatch {
             if *current == members {
                 return false;
             }
-            info!(prefix = %self.prefix, members = ?members.ids().collect::<Vec<_>>(), "members changed");
+            // Ids are etcd keys anyone who can write etcd chooses: few, each capped and escaped.
+            let shown: Vec<String> = members.ids().take(MAX_LOGGED_MEMBERS).map(logged).collect();
+            info!(prefix = %self.prefix, count = members.len(), members = ?shown, "members changed");
             *current = members;
             true
         });

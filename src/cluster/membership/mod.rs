@@ -3,7 +3,7 @@
 //! prefix for the current member set ([`MembersWatch`]).
 //!
 //! ```ignore
-//! let client = meshpilot::cluster::etcd::connect(&endpoints).await?;
+//! let client = meshpilot::cluster::etcd::connect_with_tls(&endpoints, &tls).await?;
 //! let registration = Registration::new(client.clone(), MembershipSettings::new("fe-0", "10.0.0.5:15010"));
 //! tokio::spawn(registration.run(shutdown_signal)); // revokes (deregisters at once) on shutdown
 //! let watch = MembersWatch::new(client, DEFAULT_PREFIX);

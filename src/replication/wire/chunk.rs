@@ -8,8 +8,11 @@ use super::proto::{PayloadEncoding, SnapshotChunk, UpdateKind};
 use super::{version_from_wire, version_to_wire, WireError};
 use crate::snapshot::Version;
 
-/// Payload bytes per chunk: a quarter of gRPC's 4 MiB default message limit.
-pub const CHUNK_SIZE: usize = 1024 * 1024;
+/// Payload bytes per chunk, far below gRPC's 4 MiB message limit. The gRPC layer copies each
+/// message into its stream's own buffer, and a subscriber that stops reading keeps the last one
+/// for as long as its connection lives; with 1 MiB chunks that was 1.1 MB per such subscriber.
+/// Receivers accept any chunk size, so this can change without a protocol change.
+pub const CHUNK_SIZE: usize = 64 * 1024;
 
 /// Largest reassembled payload a frontend accepts (bounds memory against a broken peer).
 pub const MAX_PAYLOAD: usize = 1024 * 1024 * 1024;

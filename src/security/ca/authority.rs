@@ -169,7 +169,23 @@ impl CertificateAuthority {
 
     /// A new key and serving certificate for `dns_names` and `ips` (the secure xDS port): CPU work.
     pub fn issue_serving(&self, dns_names: &[String], ips: &[IpAddr], ttl: Duration) -> Result<IssuedKeyPair, CaError> {
+        self.issue_serving_as(dns_names, ips, &[], ttl)
+    }
+
+    /// As [`Self::issue_serving`], the certificate also carrying `identities` (URI SANs): a
+    /// control-plane server proving its role to the clients of a link: CPU work.
+    pub fn issue_serving_as(
+        &self,
+        dns_names: &[String],
+        ips: &[IpAddr],
+        identities: &[Identity],
+        ttl: Duration,
+    ) -> Result<IssuedKeyPair, CaError> {
         let mut sans = Vec::new();
+        for identity in identities {
+            let uri = identity.to_string().try_into().map_err(|e: rcgen::Error| CaError::Sign(e.to_string()))?;
+            sans.push(SanType::URI(uri));
+        }
         for name in dns_names {
             let name =
                 name.clone().try_into().map_err(|e: rcgen::Error| CaError::Settings(format!("SAN {name:?}: {e}")))?;

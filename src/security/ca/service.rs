@@ -11,6 +11,7 @@ use super::metrics::CaMetrics;
 use super::CaError;
 use crate::security::authn::Authenticator;
 use crate::security::tls::PeerInfo;
+use crate::telemetry::log_text::Untrusted;
 
 /// Istio's CA API, generated from `proto/istio/v1/auth/ca.proto`.
 #[allow(missing_docs, clippy::all)]
@@ -64,7 +65,7 @@ impl IstioCertificateService for CaService {
         let peer = request.extensions().get::<PeerInfo>().cloned();
         let headers = request.metadata().clone().into_headers();
         let callers = self.authn.authenticate(peer.as_ref(), &headers).await.map_err(|e| {
-            warn!(remote = ?peer.as_ref().and_then(|p| p.remote), error = %e, "CA request not authenticated");
+            warn!(remote = ?peer.as_ref().and_then(|p| p.remote), error = %Untrusted(&e.to_string()), "CA request not authenticated");
             self.metrics.authentication_failure.inc();
             e.status()
         })?;
@@ -85,7 +86,7 @@ impl IstioCertificateService for CaService {
         match signed {
             Ok(cert_chain) => {
                 self.metrics.success.inc();
-                info!(identity = %for_log, "CA: certificate issued");
+                info!(identity = %Untrusted(&for_log), "CA: certificate issued");
                 Ok(Response::new(IstioCertificateResponse { cert_chain }))
             }
             Err(e) => {
@@ -94,7 +95,7 @@ impl IstioCertificateService for CaService {
                     CaError::BadCsr(_) => self.metrics.csr_parsing_error.inc(),
                     _ => self.metrics.csr_sign_error.inc(),
                 }
-                warn!(caller = %for_log, error = %e, "CA: request refused");
+                warn!(caller = %Untrusted(&for_log), error = %Untrusted(&e.to_string()), "CA: request refused");
                 Err(status_of(&e))
             }
         }

@@ -71,9 +71,15 @@ pub async fn load_or_create(source: &CaSource) -> Result<CaMaterial, CaError> {
                 return Ok(material);
             }
             let material = generate(&source.trust_domain).await?;
-            material.write_dir(dir)?;
-            info!(dir = %dir.display(), "CA: created a self-signed root");
-            Ok(material)
+            match claim_dir(dir, &material)? {
+                true => {
+                    info!(dir = %dir.display(), "CA: created a self-signed root");
+                    Ok(material)
+                }
+                // Another process sharing the directory created its root first: everyone uses that one.
+                false => CaMaterial::read_dir(dir)?
+                    .ok_or_else(|| CaError::Io(format!("{}: a root appeared but cannot be read", dir.display()))),
+            }
         }
         RootStore::Secret { client, namespace, create } => {
             let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
@@ -99,6 +105,29 @@ pub async fn load_or_create(source: &CaSource) -> Result<CaMaterial, CaError> {
                 Err(e) => Err(kube_error(e)),
             }
         }
+    }
+}
+
+/// Writes `material` into `dir` only if no other process has put a root there first: written
+/// aside, then renamed onto `dir` (which fails once `dir` holds files). `Ok(false)`: someone else won.
+fn claim_dir(dir: &std::path::Path, material: &CaMaterial) -> Result<bool, CaError> {
+    let io = |what: &std::path::Path, e: std::io::Error| CaError::Io(format!("{}: {e}", what.display()));
+    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    std::fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "ca".into());
+    // Unique per process and per attempt: tasks of one process may race too.
+    static ATTEMPT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let attempt = ATTEMPT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let aside = parent.join(format!(".{name}.{}.{attempt}.tmp", std::process::id()));
+    let _ = std::fs::remove_dir_all(&aside);
+    material.write_dir(&aside)?;
+    let claimed = std::fs::rename(&aside, dir).is_ok();
+    if !claimed {
+        let _ = std::fs::remove_dir_all(&aside);
+    }
+    match claimed || dir.join(super::material::CA_CERT).exists() {
+        true => Ok(claimed),
+        false => Err(CaError::Io(format!("{}: cannot create the CA's directory", dir.display()))),
     }
 }
 
@@ -172,6 +201,23 @@ mod tests {
         // A half-written directory is an error, not a new root.
         std::fs::remove_file(dir.path().join("ca").join(CA_KEY)).expect("remove");
         assert!(load_or_create(&source(dir.path())).await.is_err());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn processes_sharing_a_directory_agree_on_one_root() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let loads: Vec<_> = (0..4)
+            .map(|_| {
+                let source = source(dir.path());
+                tokio::spawn(async move { load_or_create(&source).await.expect("loaded") })
+            })
+            .collect();
+        let mut roots = Vec::new();
+        for load in loads {
+            roots.push(load.await.expect("joined").root_cert);
+        }
+        let stored = CaMaterial::read_dir(&dir.path().join("ca")).expect("read").expect("stored");
+        assert!(roots.iter().all(|r| *r == stored.root_cert), "every loader uses the stored root");
     }
 
     #[tokio::test]

@@ -129,7 +129,7 @@ impl SharedBoard {
         if b.error_messages.len() < KEPT_ERRORS {
             b.error_messages.push(format!("proxy {i}: {message}"));
         }
-        tracing::debug!(proxy = i, error = %message, "stream error");
+        tracing::debug!(proxy = i, error = %crate::telemetry::log_text::Untrusted(&message.to_string()), "stream error");
     }
 
     /// Starts phase `name`: per-proxy counters restart.

@@ -20,6 +20,7 @@ use tracing::{debug, warn};
 
 use super::grpc::{self, Outbound, ProstDecode};
 use crate::drain::DrainWatcher;
+use crate::telemetry::log_text::Untrusted;
 use crate::sim::capture::{Capture, Mode, INITIAL_PHASE};
 use crate::xds::proxy::NodeMetadata;
 
@@ -157,7 +158,7 @@ impl Replay {
                 None => {
                     let key = workload_key(request.node());
                     let Some(w) = self.workloads.get(&key).cloned() else {
-                        warn!(workload = %key, "no capture for this workload; ending the stream");
+                        warn!(workload = %Untrusted(&key), "no capture for this workload; ending the stream");
                         let _ = tx.send(Err(Status::not_found(format!("the capture holds no workload {key:?}")))).await;
                         break;
                     };

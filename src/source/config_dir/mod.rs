@@ -8,8 +8,13 @@
 //!   place (written elsewhere first, the atomic way) cannot be half done and is used at its first
 //!   read, without waiting for a quiet period either; a file whose `stat` stamp is unchanged (and
 //!   not racily recent, see [`STAMP_MARGIN`]) is not read again; a file that had
-//!   objects and turns empty (or disappears) must stay so for a few reads (about 250 ms) before
-//!   its objects are deleted;
+//!   objects and disappears must stay gone for a few reads (about 250 ms) before its objects are
+//!   deleted;
+//! - a file that had objects and turns blank (zero length, or only whitespace, comments and
+//!   `---`) keeps serving every one of them until it is removed or written with content: an
+//!   in-place writer (`cmd > file`) leaves the file blank for as long as the command takes, and
+//!   policies must not vanish meanwhile (a DENY AuthorizationPolicy would fail open). Content
+//!   that leaves an object out deletes it (an edit); `[]` or an empty List deletes them all;
 //! - a file or directory that cannot be read keeps what it contributed and is reported (a config
 //!   error with its path, in `/debug/configz`, and `meshpilot_config_source_errors`);
 //! - the directory itself vanishing is an outage, not a deletion: everything stays served, it is

@@ -19,8 +19,9 @@ use crate::source::fswatch::Arrivals;
 /// Equal reads a changed file needs before its content is used.
 const SETTLE_READS: usize = 2;
 
-/// Equal reads (about 250 ms) a file that had objects needs when it turns empty or disappears
-/// before its objects are deleted: a truncate-then-write may pause between the two.
+/// Equal reads (about 250 ms) a file that had objects needs when it disappears before its objects
+/// are deleted: a delete-then-create (`rm f; cp new f`) pauses between the two. (A file that turns
+/// blank deletes nothing at all, see [`is_blank`].)
 const EMPTY_SETTLE_READS: usize = 6;
 
 /// One valid object of a file, and which document of the file it is.
@@ -130,15 +131,11 @@ impl Read {
         }
     }
 
-    /// Whether using this read would delete objects the file has now (it is gone or blank).
+    /// Whether using this read would delete every object the file has now (it is gone). A blank
+    /// file deletes none (see [`is_blank`]).
     fn drops_objects_of(&self, previous: Option<&FileState>) -> bool {
         let had_objects = previous.is_some_and(|p| !p.objects.is_empty());
-        had_objects
-            && match self {
-                Read::Text { text, .. } => text.trim().is_empty(),
-                Read::Failed(e) => matches!(e, ReadError::Vanished),
-                Read::Unchanged => false,
-            }
+        had_objects && matches!(self, Read::Failed(ReadError::Vanished))
     }
 }
 
@@ -505,8 +502,47 @@ fn reparsed(path: &Path, text: &str, hash: u64, previous: Option<FileState>) -> 
     }
 }
 
-/// Parses a file's new text; invalid documents keep the previous valid version of their object.
+/// Whether `text` holds no document at all: only blank lines, comments and document markers.
+///
+/// A file that had objects and turns blank keeps serving them until it is removed or written
+/// with content (an empty List or `[]` counts as content: it deletes them). A blank file is
+/// what every in-place writer (`cmd > file`) leaves until its first bytes arrive, however long
+/// the command takes; dropping its objects then would withdraw policies (a DENY
+/// AuthorizationPolicy among them) for that long, failing open.
+fn is_blank(text: &str) -> bool {
+    text.lines().all(|line| {
+        let content = line.split('#').next().unwrap_or_default().trim();
+        matches!(content, "" | "---" | "...")
+    })
+}
+
+/// The state of a file that turned blank while it had objects: they stay, with a config error
+/// saying why, so the state shows in `/debug/configz`.
+fn blank_keeping(path: &Path, hash: u64, previous: FileState) -> FileState {
+    let shown = path.display().to_string();
+    warn!(file = %shown, objects = previous.objects.len(), "config file is empty; the objects it held stay served until it is removed or written with content");
+    let error = ConfigError {
+        file: shown,
+        document: 0,
+        object: None,
+        error: FieldError::new(
+            "",
+            format!(
+                "file is empty; the {} objects it held stay served until it is removed or written with content",
+                previous.objects.len()
+            ),
+        ),
+        policy_selector: None,
+    };
+    FileState { content_hash: hash, stamp: None, objects: previous.objects, errors: vec![error], ignored: previous.ignored }
+}
+
+/// Parses a file's new text; invalid documents keep the previous valid version of their object,
+/// and a blank file keeps all of them (see [`is_blank`]).
 fn parse(path: &Path, text: &str, hash: u64, previous: FileState) -> FileState {
+    if !previous.objects.is_empty() && is_blank(text) {
+        return blank_keeping(path, hash, previous);
+    }
     let shown = path.display().to_string();
     let mut state = FileState { content_hash: hash, ..Default::default() };
     let mut rejected = Vec::new();

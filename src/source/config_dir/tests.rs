@@ -87,14 +87,86 @@ fn truncate_then_write_never_withdraws_the_object() {
     assert!(state.errors().is_empty());
 }
 
+const AP: &str = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: deny, namespace: default}\nspec: {action: DENY, rules: [{to: [{operation: {paths: [/admin]}}]}]}\n";
+
 #[test]
-fn a_file_that_stays_empty_deletes_its_objects() {
+fn a_file_that_turns_blank_keeps_its_objects_until_removed_or_rewritten() {
+    // Reproduction: `: > policy.yaml`, then the content written back 0.6 s later, withdrew the
+    // DENY AuthorizationPolicy (and the gateway's RBAC filter) for the time in between.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policy.yaml");
+    let both = format!("{VS}---\n{AP}");
+    std::fs::write(&file, &both).unwrap();
+    let mut state = DirState::default();
+    assert_eq!(state.rescan(dir.path()).changes.len(), 2);
+    for blank in ["", " \n\n", "# being written\n---\n", "---\n...\n"] {
+        std::fs::write(&file, blank).unwrap();
+        let rescan = state.rescan(dir.path());
+        assert!(rescan.changes.is_empty(), "{blank:?} deleted: {:?}", names(&rescan.changes));
+        assert_eq!(state.merged.len(), 2, "{blank:?}");
+        assert_eq!(reasons(&state).len(), 1, "the kept objects are reported: {:?}", reasons(&state));
+        assert!(reasons(&state)[0].1.contains("file is empty; the 2 objects it held stay served"));
+    }
+    // Content again: the file is what it says, and the report goes.
+    std::fs::write(&file, AP).unwrap();
+    let rewritten = state.rescan(dir.path());
+    assert_eq!(names(&rewritten.changes), vec![("r".to_string(), false)], "an edit that leaves an object out deletes it");
+    assert!(state.errors().is_empty(), "{:?}", reasons(&state));
+    // Blank again, then removed: removal deletes what it kept.
+    std::fs::write(&file, "").unwrap();
+    assert!(state.rescan(dir.path()).changes.is_empty());
+    std::fs::remove_file(&file).unwrap();
+    let removed = state.rescan(dir.path());
+    assert_eq!(names(&removed.changes), vec![("deny".to_string(), false)]);
+    assert!(state.errors().is_empty() && state.merged.is_empty());
+}
+
+#[test]
+fn an_explicit_empty_list_deletes_the_objects() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policy.yaml");
+    for empty in ["[]\n", "apiVersion: v1\nkind: List\nitems: []\n"] {
+        std::fs::write(&file, AP).unwrap();
+        let mut state = DirState::default();
+        state.rescan(dir.path());
+        std::fs::write(&file, "").unwrap();
+        assert!(state.rescan(dir.path()).changes.is_empty());
+        std::fs::write(&file, empty).unwrap();
+        let rescan = state.rescan(dir.path());
+        assert_eq!(names(&rescan.changes), vec![("deny".to_string(), false)], "{empty:?}");
+        assert!(state.errors().is_empty(), "{empty:?}: {:?}", reasons(&state));
+    }
+}
+
+#[test]
+fn a_slow_in_place_write_never_withdraws_a_policy() {
+    // The attack's timing: truncated, then written 0.6 s later (longer than any settling).
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policy.yaml");
+    std::fs::write(&file, AP).unwrap();
+    let mut state = DirState::default();
+    state.rescan(dir.path());
+    let updated = AP.replace("/admin", "/admin*");
+    let writer = write_in_place_later(&file, &updated, Duration::from_millis(600));
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(500) {
+        let rescan = state.rescan(dir.path());
+        assert!(rescan.changes.iter().all(|(_, v)| v.is_some()), "deleted: {:?}", names(&rescan.changes));
+        assert_eq!(state.merged.len(), 1);
+    }
+    writer.join().unwrap();
+    let rescan = state.rescan(dir.path());
+    assert_eq!(names(&rescan.changes), vec![("deny".to_string(), true)], "an update, never a deletion");
+}
+
+#[test]
+fn a_removed_file_deletes_its_objects_after_settling() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("vs.yaml");
     std::fs::write(&file, VS).unwrap();
     let mut state = DirState::default();
     state.rescan(dir.path());
-    std::fs::write(&file, " \n\n").unwrap();
+    std::fs::remove_file(&file).unwrap();
     let started = Instant::now();
     let rescan = state.rescan(dir.path());
     assert_eq!(names(&rescan.changes), vec![("r".to_string(), false)]);

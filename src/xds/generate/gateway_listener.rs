@@ -121,12 +121,13 @@ fn server_chains(scope: &Scope<'_>, server: &GatewayServer<'_>, stat_prefix: &st
     } else {
         server.server.name.clone()
     };
-    // A credential must be servable where this proxy runs (Istio reads it from there).
-    let tls = server
-        .server
-        .tls
-        .as_ref()
-        .filter(|t| t.credential_name.is_empty() || scope.snapshot.credential_ready(scope.namespace(), t));
+    // A credential must be servable where this proxy runs (Istio reads it from there), and to
+    // this proxy: an unverified gateway (plaintext port) is sent no secret, so a server needing
+    // one is left out rather than waiting for a secret that never comes.
+    let tls = server.server.tls.as_ref().filter(|t| {
+        t.credential_name.is_empty()
+            || (super::secret::may_have_credentials(scope) && scope.snapshot.credential_ready(scope.namespace(), t))
+    });
     match &server.kind {
         ServerKind::Http => {}
         ServerKind::HttpsTerminated { route_name } => {

@@ -2,7 +2,9 @@
 //! gateways originate) name in `credentialName`, as Envoy
 //! `Secret`s named `kubernetes://NAME` (certificate and key) and `kubernetes://NAME-cacert` (the
 //! CA, from the Secret's own `ca.crt` or a `NAME-cacert` Secret). Istio's rule: only a gateway
-//! proxy in the Secret's namespace is sent it; sidecars and other namespaces get nothing.
+//! proxy in the Secret's namespace is sent it, and only once its caller proved an identity of
+//! that namespace (the secure port); sidecars, other namespaces and the plaintext port get
+//! nothing, whatever node they claim.
 
 use envoy_types::pb::envoy::config::core::v3::{data_source, DataSource};
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
@@ -18,7 +20,7 @@ use crate::xds::proxy::ProxyKind;
 
 /// The secrets a proxy may be sent.
 pub(super) fn secrets(scope: &Scope<'_>) -> Vec<Resource> {
-    if scope.view.kind != ProxyKind::Router {
+    if !may_have_credentials(scope) {
         return Vec::new();
     }
     let mut out = Vec::new();
@@ -42,6 +44,12 @@ pub(super) fn secrets(scope: &Scope<'_>) -> Vec<Resource> {
     out
 }
 
+/// Whether the view may hold its namespace's credentials: a gateway whose caller proved an
+/// identity of that namespace. Anyone can claim a `router~` node on the plaintext port.
+pub(super) fn may_have_credentials(scope: &Scope<'_>) -> bool {
+    scope.view.kind == ProxyKind::Router && scope.view.credentials
+}
+
 fn named(name: &str, kind: secret::Type) -> Secret {
     Secret { name: name.to_string(), r#type: Some(kind) }
 }
@@ -63,7 +71,7 @@ mod tests {
     use crate::registry::kubernetes::{KubeObject, KubeSecret, PrivateKey};
     use crate::snapshot::{ChangeSet, Snapshot, SourceState, Version};
     use crate::xds::generate::generate;
-    use crate::xds::generate::testing::{decode, find, names, router, sidecar, unpack};
+    use crate::xds::generate::testing::{decode, find, names, plaintext_router, router, sidecar, unpack};
     use crate::xds::TypeUrl;
 
     const GATEWAY: &str = r#"
@@ -140,6 +148,36 @@ spec:
         assert!(web.contains("\"kubernetes://web-cert\"") && web.contains("Ads"), "{web}");
         assert!(tls("0.0.0.0_8443").contains("\"kubernetes://mtls-cert-cacert\""));
         assert!(s.errors.is_empty(), "{:?}", s.errors);
+    }
+
+    #[test]
+    fn a_gateway_without_a_verified_identity_gets_no_secret_and_no_server_needing_one() {
+        let s = snapshot_with(vec![
+            secret("gateways", "web-cert", "CERT", "KEY", ""),
+            secret("gateways", "mtls-cert", "CERT2", "KEY2", "CA"),
+        ]);
+        let labels = [("istio", "ingress")];
+        // Anyone may claim a `router~` node on the plaintext port.
+        let forged = plaintext_router("gateways", &labels);
+        assert!(names(&s, &forged, TypeUrl::Secret).is_empty());
+        assert_eq!(names(&s, &forged, TypeUrl::Listener), ["0.0.0.0_80"], "no listener waits for a secret");
+        let verified = router("gateways", &labels);
+        assert_eq!(names(&s, &verified, TypeUrl::Listener), ["0.0.0.0_443", "0.0.0.0_80", "0.0.0.0_8443"]);
+        assert_ne!(forged, verified, "the two never share a cached generation");
+    }
+
+    #[tokio::test]
+    async fn the_cache_never_serves_a_verified_gateways_secrets_to_an_unverified_one() {
+        use crate::xds::cache::GenerationCache;
+        use crate::xds::proxy::SharedView;
+        let s = Arc::new(snapshot_with(vec![secret("gateways", "web-cert", "CERT", "KEY", "")]));
+        let cache = Arc::new(GenerationCache::default());
+        let labels = [("istio", "ingress")];
+        let (verified, forged) =
+            (SharedView::new(router("gateways", &labels)), SharedView::new(plaintext_router("gateways", &labels)));
+        let _leases = (cache.hold(&verified), cache.hold(&forged));
+        assert_eq!(cache.get(&s, &verified, TypeUrl::Secret).await.resources.len(), 1);
+        assert!(cache.get(&s, &forged, TypeUrl::Secret).await.resources.is_empty());
     }
 
     #[test]

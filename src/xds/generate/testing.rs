@@ -125,6 +125,7 @@ pub(crate) fn sidecar(namespace: &str, labels: &[(&str, &str)]) -> ProxyView {
         ips: Vec::new(),
         inbound: Vec::new(),
         agent_sds: true,
+        credentials: false,
     }
 }
 
@@ -133,7 +134,8 @@ pub(crate) fn sidecar_at(namespace: &str, labels: &[(&str, &str)], ips: &[&str])
     ProxyView { ips: ips.iter().map(|ip| ip.to_string()).collect(), ..sidecar(namespace, labels) }
 }
 
-/// A gateway proxy in `namespace` with `labels`.
+/// A gateway proxy in `namespace` with `labels`, connected with a verified identity of its
+/// namespace (the secure port).
 pub(crate) fn router(namespace: &str, labels: &[(&str, &str)]) -> ProxyView {
     ProxyView {
         kind: ProxyKind::Router,
@@ -143,7 +145,13 @@ pub(crate) fn router(namespace: &str, labels: &[(&str, &str)]) -> ProxyView {
         ips: Vec::new(),
         inbound: Vec::new(),
         agent_sds: true,
+        credentials: true,
     }
+}
+
+/// The same gateway on the plaintext port: no identity proved.
+pub(crate) fn plaintext_router(namespace: &str, labels: &[(&str, &str)]) -> ProxyView {
+    ProxyView { credentials: false, ..router(namespace, labels) }
 }
 
 fn labels_of(labels: &[(&str, &str)]) -> Labels {

@@ -9,6 +9,7 @@ use serde::Serialize;
 use tracing::debug;
 
 use crate::config::api::Labels;
+use crate::telemetry::log_text::Untrusted;
 
 /// How traffic reaches a sidecar's listeners (`INTERCEPTION_MODE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -95,7 +96,7 @@ fn interception(mode: &str) -> Interception {
         "TPROXY" => Interception::Tproxy,
         "REDIRECT" => Interception::Redirect,
         other => {
-            debug!(mode = other, "unknown INTERCEPTION_MODE; treated as REDIRECT");
+            debug!(mode = %Untrusted(other), "unknown INTERCEPTION_MODE; treated as REDIRECT");
             Interception::Redirect
         }
     }
@@ -116,7 +117,7 @@ fn instance_ips(list: &str) -> Vec<String> {
         match item.parse::<IpAddr>() {
             Ok(ip) if !out.contains(&ip.to_string()) => out.push(ip.to_string()),
             Ok(_) => {}
-            Err(_) => debug!(address = item, "INSTANCE_IPS entry is not an IP address; ignored"),
+            Err(_) => debug!(address = %Untrusted(item), "INSTANCE_IPS entry is not an IP address; ignored"),
         }
     }
     out

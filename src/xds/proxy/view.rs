@@ -52,6 +52,10 @@ pub struct ProxyView {
     /// certificate over SDS: only then are optional mutual TLS shapes (PERMISSIVE inbound TLS,
     /// auto mTLS) generated. Required ones (STRICT, ISTIO_MUTUAL) are generated regardless.
     pub agent_sds: bool,
+    /// Whether this is a gateway whose caller proved an identity of its namespace: only such a
+    /// view holds the namespace's `credentialName` secrets (and the servers that use them). Part
+    /// of the view, so a verified and an unverified gateway never share a cached generation.
+    pub credentials: bool,
 }
 
 impl ProxyView {

@@ -11,6 +11,9 @@ use super::{local_dir, read};
 /// Flags of `meshpilot ingest` the deployment may use.
 pub const INGEST_FLAGS: &[&str] = &[
     "--etcd-endpoints",
+    "--etcd-cacert",
+    "--etcd-cert",
+    "--etcd-key",
     "--kubernetes",
     "--kubeconfig",
     "--domain",
@@ -23,6 +26,9 @@ pub const INGEST_FLAGS: &[&str] = &[
     "--id",
     "--lease-ttl",
     "--cacerts-dir",
+    "--ca-dir",
+    "--insecure-snapshot-stream",
+    "--snapshot-peer-service-accounts",
     "--webhook-addr",
     "--webhook-service",
     "--webhook-tls-san",
@@ -31,6 +37,9 @@ pub const INGEST_FLAGS: &[&str] = &[
 /// Flags of `meshpilot frontend` the deployment may use.
 pub const FRONTEND_FLAGS: &[&str] = &[
     "--etcd-endpoints",
+    "--etcd-cacert",
+    "--etcd-cert",
+    "--etcd-key",
     "--xds-addr",
     "--advertise-addr",
     "--admin-addr",
@@ -41,12 +50,15 @@ pub const FRONTEND_FLAGS: &[&str] = &[
     "--no-plaintext-xds",
     "--xds-tls-san",
     "--cacerts-dir",
+    "--ca-dir",
+    "--insecure-snapshot-stream",
     "--kubernetes",
     "--kubeconfig",
     "--namespace",
 ];
 /// Flags that take no value (clap `SetTrue`: `--flag`, never `--flag=VALUE`).
-pub const SWITCHES: &[&str] = &["--kubernetes", "--no-secure-xds", "--no-plaintext-xds"];
+pub const SWITCHES: &[&str] =
+    &["--kubernetes", "--no-secure-xds", "--no-plaintext-xds", "--insecure-snapshot-stream"];
 /// Where `meshpilot ingest` reads config from: at least one is required.
 pub const INGEST_SOURCES: &[&str] = &["--kubernetes", "--kubeconfig", "--config-dir"];
 /// Two ways to name the cluster: at most one of them.
@@ -138,6 +150,7 @@ pub fn parse_cli(args: &[String]) -> Result<Cli, Vec<String>> {
     if !cli.has("--etcd-endpoints") {
         problems.push(format!("`meshpilot {subcommand}` needs --etcd-endpoints"));
     }
+    problems.extend(etcd_access_problems(&cli));
     if subcommand == "ingest" {
         if !INGEST_SOURCES.iter().any(|f| cli.has(f)) {
             problems.push(format!("`meshpilot ingest` needs a config source: one of {INGEST_SOURCES:?}"));
@@ -151,6 +164,23 @@ pub fn parse_cli(args: &[String]) -> Result<Cli, Vec<String>> {
     } else {
         Err(problems)
     }
+}
+
+/// etcd must be reached as meshpilot's default demands: every endpoint `https://`, with the
+/// CA and the client certificate etcd's `--client-cert-auth` requires (`--insecure-etcd` is no
+/// flag the deployment may use at all).
+pub fn etcd_access_problems(cli: &Cli) -> Vec<String> {
+    let mut problems = Vec::new();
+    let endpoints = cli.flags.get("--etcd-endpoints").map(String::as_str).unwrap_or_default();
+    for endpoint in endpoints.split(',').filter(|e| !e.starts_with("https://")) {
+        problems.push(format!("etcd endpoint {endpoint:?} is not https://"));
+    }
+    for flag in ["--etcd-cacert", "--etcd-cert", "--etcd-key"] {
+        if !cli.has(flag) {
+            problems.push(format!("`meshpilot {}` needs {flag} (etcd requires client certificates)", cli.subcommand));
+        }
+    }
+    problems
 }
 
 /// Whether `container` runs meshpilot (by its image).
