@@ -226,7 +226,8 @@ async fn certificates_of_the_ca_for_other_identities_get_nothing() {
     }
     assert!(ingest.logs().contains("TLS peer not allowed"), "no refusal logged:\n{}", ingest.logs());
     // Frontends and ingest nodes get in with the same client: the refusals are the identities' doing.
-    let admitted = [("cluster.local", NAMESPACE, "meshpilot-frontend"), ("cluster.local", NAMESPACE, "meshpilot-ingest")];
+    let admitted =
+        [("cluster.local", NAMESPACE, "meshpilot-frontend"), ("cluster.local", NAMESPACE, "meshpilot-ingest")];
     for identity in admitted {
         let got = subscribe(addr, Some(client_tls(&ca, Some(identity)))).await;
         assert!(matches!(got, Ok(n) if n > 0), "{identity:?} got no snapshot: {got:?}");

@@ -101,8 +101,7 @@ fn tls_with_identity(cacerts: &std::path::Path, identity: &Identity) -> Arc<rust
 /// Runs `etcdctl --endpoints ENDPOINT ARGS...` and returns its output; panics on failure.
 async fn etcdctl(etcd: &Etcd, args: &[&str]) -> String {
     let out = tokio::process::Command::new("etcdctl")
-        .arg("--endpoints")
-        .arg(etcd.endpoint())
+        .args(etcd.endpoint().etcdctl_args())
         .args(args)
         .output()
         .await
@@ -131,7 +130,8 @@ async fn leader_lease(etcd: &Etcd) -> String {
 async fn clusters_served(frontend: &Meshpilot, name: &str) -> Vec<String> {
     let spec = SimProxySpec::sidecar(&frontend.xds_url(), "default", name, "10.1.0.9");
     let proxy = SimProxy::connect(spec).await.expect("ADS stream");
-    let got = proxy.wait_for(CONVERGE_TIMEOUT, |s| s.types.get(&TypeUrl::Cluster).is_some_and(|t| t.responses > 0)).await;
+    let got =
+        proxy.wait_for(CONVERGE_TIMEOUT, |s| s.types.get(&TypeUrl::Cluster).is_some_and(|t| t.responses > 0)).await;
     assert!(got, "no CDS response from {}", frontend.label());
     let state = proxy.state();
     state.types.get(&TypeUrl::Cluster).map(|t| t.names.iter().cloned().collect()).unwrap_or_default()
@@ -156,16 +156,17 @@ async fn a_rogue_leader_key_in_etcd_does_not_make_frontends_follow_it() {
     let watching = SimProxy::connect(SimProxySpec::sidecar(&frontend.xds_url(), "default", "watching", "10.1.0.8"))
         .await
         .expect("ADS stream");
-    let has_real = |s: &SimState| {
-        s.types.get(&TypeUrl::Cluster).is_some_and(|t| t.names.contains(REAL_CLUSTER))
-    };
+    let has_real = |s: &SimState| s.types.get(&TypeUrl::Cluster).is_some_and(|t| t.names.contains(REAL_CLUSTER));
     assert!(watching.wait_for(CONVERGE_TIMEOUT, has_real).await, "the proxy never got the real cluster");
 
     let cacerts = frontend.shared_ca_dir().expect("the harness's shared CA");
     let frontend_identity = Identity::new(TrustDomain::default(), "istio-system", "meshpilot-frontend").expect("id");
     let rogues = [
         ("plaintext", Rogue::start(None).await),
-        ("TLS, same CA, a frontend's identity", Rogue::start(Some(tls_with_identity(&cacerts, &frontend_identity))).await),
+        (
+            "TLS, same CA, a frontend's identity",
+            Rogue::start(Some(tls_with_identity(&cacerts, &frontend_identity))).await,
+        ),
     ];
     for (i, (what, rogue)) in rogues.iter().enumerate() {
         let refusals_before = frontend.logs().matches("refusing the peer").count();
@@ -182,10 +183,9 @@ async fn a_rogue_leader_key_in_etcd_does_not_make_frontends_follow_it() {
         assert!(named, "{what}: etcd's rogue leader never reached the frontend");
         // Until the frontend refused the rogue twice, or subscribed to it.
         let refusals = async || frontend.logs().matches("refusing the peer").count();
-        let _ = poll(CONVERGE_TIMEOUT, async || {
-            refusals().await >= refusals_before + 2 || rogue.server.subscribers() > 0
-        })
-        .await;
+        let _ =
+            poll(CONVERGE_TIMEOUT, async || refusals().await >= refusals_before + 2 || rogue.server.subscribers() > 0)
+                .await;
         assert_eq!(rogue.server.subscribers(), 0, "{what}: the frontend subscribed to the rogue");
         assert_eq!(followed(&frontend).await.map(|(_, connected)| connected), Some(false), "{what}: connected");
 

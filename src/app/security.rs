@@ -177,7 +177,7 @@ pub async fn load_ca(
         match loaded {
             Err(e @ CaError::NotCreatedYet(_)) => {
                 // Loud at first and then now and again: a frontend pointed at the wrong files waits forever.
-                if waits % 15 == 0 {
+                if waits.is_multiple_of(15) {
                     warn!(reason = %e, "waiting for the CA's root (not ready until then)");
                 }
                 waits = waits.saturating_add(1);

@@ -76,9 +76,10 @@ async fn issue(
     ttl: Duration,
 ) -> Result<Arc<rustls::sign::CertifiedKey>, ServingError> {
     let (ca, names) = (ca.clone(), names.clone());
-    let issued = tokio::task::spawn_blocking(move || ca.issue_serving_as(&names.dns, &names.ips, &names.identities, ttl))
-        .await
-        .map_err(|e| ServingError::Task(e.to_string()))??;
+    let issued =
+        tokio::task::spawn_blocking(move || ca.issue_serving_as(&names.dns, &names.ips, &names.identities, ttl))
+            .await
+            .map_err(|e| ServingError::Task(e.to_string()))??;
     Ok(certified_key(&issued.chain_pem, &issued.key_pem)?)
 }
 

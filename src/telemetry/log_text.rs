@@ -77,7 +77,9 @@ fn write_escaped(f: &mut fmt::Formatter<'_>, c: char) -> fmt::Result {
         '\r' => f.write_str("\\r"),
         '\t' => f.write_str("\\t"),
         '\\' => f.write_str("\\\\"),
-        c if c.is_control() || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}') => {
+        c if c.is_control()
+            || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}') =>
+        {
             write!(f, "{}", c.escape_unicode())
         }
         c => f.write_char(c),

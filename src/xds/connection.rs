@@ -14,13 +14,13 @@ use super::changes;
 use super::debug::DebugResource;
 use super::isolation::{Holding, Isolation};
 use super::limits;
-use crate::telemetry::log_text::Untrusted;
 use super::names::NameSet;
 use super::response::{resources_field_of, Encoded};
 use super::session::{Outgoing, Session};
 use super::status::Transport;
 use super::stream::{over_limit, Protocol, StreamEnd};
 use super::TypeUrl;
+use crate::telemetry::log_text::Untrusted;
 
 /// Per-type subscription state.
 #[derive(Debug, Default)]

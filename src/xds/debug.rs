@@ -16,10 +16,10 @@ use tonic::Status;
 use tracing::debug;
 
 use super::dump::{self, DumpedType};
-use crate::telemetry::log_text::Untrusted;
 use super::status::{ConnectionStatus, TypeStatus};
 use super::stream::{Caller, ConnectionContext, Protocol, StreamEnd};
 use super::TypeUrl;
+use crate::telemetry::log_text::Untrusted;
 
 /// What every debug type URL starts with.
 pub const PREFIX: &str = "istio.io/debug/";

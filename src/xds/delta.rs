@@ -16,13 +16,13 @@ use super::changes::{self, Held};
 use super::debug::DebugResource;
 use super::isolation::{Holding, Isolation, Piece};
 use super::limits;
-use crate::telemetry::log_text::Untrusted;
 use super::response::{DeltaResource, Encoded};
 use super::session::{nonce_version, Outgoing, Session};
 use super::status::Transport;
 use super::stream::{over_limit, Protocol, StreamEnd};
 use super::subscription::Subscription;
 use super::TypeUrl;
+use crate::telemetry::log_text::Untrusted;
 
 /// Responses of one type awaiting an answer; older ones are forgotten (their answers then
 /// count as expired nonces).

@@ -15,9 +15,9 @@ use bytes::Bytes;
 use envoy_types::pb::google::protobuf::Any;
 
 use super::cache::Generated;
-use crate::telemetry::log_text;
 use super::names::NameSet;
 use super::response::resources_field_of;
+use crate::telemetry::log_text;
 
 /// One resource of a generation, shared: the generation and an index into it.
 #[derive(Debug, Clone)]

@@ -161,8 +161,8 @@ impl<R> Session<R> {
         }
         self.ctx.metrics.secrets_withheld.inc();
         warn!(
-            proxy = %limits::loggable(&self.proxy.id),
-            namespace = %limits::loggable(&self.proxy.namespace),
+            proxy = %Untrusted(&self.proxy.id),
+            namespace = %Untrusted(&self.proxy.namespace),
             "gateway asked for secrets without a verified identity: none sent; credentialName secrets are served only on the secure xDS port to a caller proving an identity of the gateway's namespace"
         );
     }

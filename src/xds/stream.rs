@@ -16,7 +16,6 @@ use tracing::warn;
 use super::admission::Admission;
 use super::cache::GenerationCache;
 use super::limits::{self, RequestRate};
-use crate::telemetry::log_text::Untrusted;
 use super::metrics::XdsMetrics;
 use super::proxy::Proxy;
 use super::response::Framed;
@@ -26,6 +25,7 @@ use super::TypeUrl;
 use crate::drain::DrainWatcher;
 use crate::security::Identity;
 use crate::snapshot::{Snapshot, SnapshotReader};
+use crate::telemetry::log_text::Untrusted;
 
 /// Who opened a stream.
 #[derive(Debug, Clone, PartialEq, Eq)]

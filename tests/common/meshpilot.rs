@@ -8,9 +8,9 @@
 //! let fe = Meshpilot::frontend(&etcd.endpoint()).id("fe-a").start();
 //! ```
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;

@@ -20,8 +20,8 @@ use tracing::{debug, warn};
 
 use super::grpc::{self, Outbound, ProstDecode};
 use crate::drain::DrainWatcher;
-use crate::telemetry::log_text::Untrusted;
 use crate::sim::capture::{Capture, Mode, INITIAL_PHASE};
+use crate::telemetry::log_text::Untrusted;
 use crate::xds::proxy::NodeMetadata;
 
 /// Responses queued per stream before a push waits for the proxy to read.

@@ -534,7 +534,13 @@ fn blank_keeping(path: &Path, hash: u64, previous: FileState) -> FileState {
         ),
         policy_selector: None,
     };
-    FileState { content_hash: hash, stamp: None, objects: previous.objects, errors: vec![error], ignored: previous.ignored }
+    FileState {
+        content_hash: hash,
+        stamp: None,
+        objects: previous.objects,
+        errors: vec![error],
+        ignored: previous.ignored,
+    }
 }
 
 /// Parses a file's new text; invalid documents keep the previous valid version of their object,

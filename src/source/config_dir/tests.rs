@@ -110,7 +110,11 @@ fn a_file_that_turns_blank_keeps_its_objects_until_removed_or_rewritten() {
     // Content again: the file is what it says, and the report goes.
     std::fs::write(&file, AP).unwrap();
     let rewritten = state.rescan(dir.path());
-    assert_eq!(names(&rewritten.changes), vec![("r".to_string(), false)], "an edit that leaves an object out deletes it");
+    assert_eq!(
+        names(&rewritten.changes),
+        vec![("r".to_string(), false)],
+        "an edit that leaves an object out deletes it"
+    );
     assert!(state.errors().is_empty(), "{:?}", reasons(&state));
     // Blank again, then removed: removal deletes what it kept.
     std::fs::write(&file, "").unwrap();

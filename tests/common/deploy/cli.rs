@@ -57,8 +57,7 @@ pub const FRONTEND_FLAGS: &[&str] = &[
     "--namespace",
 ];
 /// Flags that take no value (clap `SetTrue`: `--flag`, never `--flag=VALUE`).
-pub const SWITCHES: &[&str] =
-    &["--kubernetes", "--no-secure-xds", "--no-plaintext-xds", "--insecure-snapshot-stream"];
+pub const SWITCHES: &[&str] = &["--kubernetes", "--no-secure-xds", "--no-plaintext-xds", "--insecure-snapshot-stream"];
 /// Where `meshpilot ingest` reads config from: at least one is required.
 pub const INGEST_SOURCES: &[&str] = &["--kubernetes", "--kubeconfig", "--config-dir"];
 /// Two ways to name the cluster: at most one of them.
