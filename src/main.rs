@@ -329,6 +329,11 @@ struct AdmissionArgs {
     /// proxies spread over frontends added since; `0s`: never.
     #[arg(long, default_value = "30m", value_parser = parse_duration)]
     max_stream_age: Duration,
+    /// Bytes the generated Envoy config may take, cached or held by connected proxies; past
+    /// them, a proxy whose configuration no connected proxy shares is refused (RESOURCE_EXHAUSTED)
+    /// and retries, here or through another frontend.
+    #[arg(long, default_value_t = meshpilot::xds::cache::DEFAULT_BUDGET_BYTES)]
+    max_config_memory_bytes: usize,
 }
 
 impl AdmissionArgs {
@@ -337,6 +342,7 @@ impl AdmissionArgs {
             new_streams_per_second: self.max_new_streams_per_second,
             push_concurrency: self.push_concurrency,
             max_stream_age: (!self.max_stream_age.is_zero()).then_some(self.max_stream_age),
+            config_memory_bytes: self.max_config_memory_bytes,
         }
     }
 }

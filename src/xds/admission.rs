@@ -34,6 +34,9 @@ pub struct AdmissionSettings {
     pub push_concurrency: usize,
     /// Streams end after this long (plus jitter); `None`: never.
     pub max_stream_age: Option<Duration>,
+    /// Bytes generated config may take, cached or held by connections: beyond them, a proxy
+    /// whose configuration no connected proxy shares is refused.
+    pub config_memory_bytes: usize,
 }
 
 impl Default for AdmissionSettings {
@@ -42,6 +45,7 @@ impl Default for AdmissionSettings {
             new_streams_per_second: DEFAULT_NEW_STREAMS_PER_SECOND,
             push_concurrency: DEFAULT_PUSH_CONCURRENCY,
             max_stream_age: Some(DEFAULT_MAX_STREAM_AGE),
+            config_memory_bytes: super::cache::DEFAULT_BUDGET_BYTES,
         }
     }
 }

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
+use prometheus::IntGauge;
 use tokio::sync::{OnceCell, Semaphore};
 
 use super::generate::{
@@ -34,6 +35,22 @@ pub struct Generated {
     /// All resources laid out as a state-of-the-world response's `resources` field: a response
     /// carrying them all sends this buffer as it is.
     pub field: Bytes,
+    /// Its bytes counted in the cache's live total for as long as anything holds it.
+    charge: Option<Charge>,
+}
+
+/// A generation's bytes in the live total of the cache that made it, given back when the last
+/// holder (the cache, a connection, a stream lagging on an older snapshot) drops it.
+#[derive(Debug)]
+struct Charge {
+    live: IntGauge,
+    bytes: i64,
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.live.sub(self.bytes);
+    }
 }
 
 impl Generated {
@@ -61,7 +78,15 @@ impl Generated {
     /// Sorted resources and their hashes, encoded.
     fn laid_out(resources: Vec<Resource>, hashes: Vec<u64>) -> Generated {
         let (field, encoded) = resources_field(resources.iter().map(|r| &r.body));
-        Generated { resources, hashes, encoded, field }
+        Generated { resources, hashes, encoded, field, charge: None }
+    }
+
+    /// This generation, its bytes counted in `live` until it is dropped.
+    fn charged(mut self, live: &IntGauge) -> Generated {
+        let bytes = gauge_value(self.bytes());
+        live.add(bytes);
+        self.charge = Some(Charge { live: live.clone(), bytes });
+        self
     }
 
     /// This generation with `fresh` (sorted by name) in place of the resources of the same
@@ -103,8 +128,19 @@ fn resource_hash(r: &Resource) -> u64 {
     h.digest()
 }
 
-/// Memory the cache may hold by default: about 800 distinct views of a 2,000-service mesh.
+/// Memory the generated config of a frontend may take by default: about 100 distinct views of a
+/// 2,000-service mesh (each stream of a view shares its generations).
 pub const DEFAULT_BUDGET_BYTES: usize = 512 * 1024 * 1024;
+
+/// A new distinct view refused: the generated config alive already takes the whole budget.
+#[derive(Debug, thiserror::Error)]
+#[error("this frontend's generated config takes {live} bytes, at its budget of {budget} (--max-config-memory-bytes): a proxy with a configuration no connected proxy shares is not admitted; retry later or through another frontend")]
+pub struct OverBudget {
+    /// Bytes of generated config alive.
+    pub live: usize,
+    /// The budget.
+    pub budget: usize,
+}
 
 /// One cached generation of one type for one view.
 #[derive(Default)]
@@ -436,11 +472,16 @@ impl Generation {
 /// when a newer snapshot is first asked for; within one, the entries of a view go when the last
 /// connection holding it ([`ViewLease`]) goes, and the least recently used go when the cache
 /// exceeds its memory budget. Any client can invent views (labels are metadata it sends), so
-/// nothing here may grow with what clients claim, only with what connected proxies hold.
+/// nothing here may grow with what clients claim, only with what connected proxies hold; and
+/// what connections hold counts too: every generation's bytes stay in the live total until its
+/// last holder drops it, and a new distinct view is admitted only while that total is within
+/// the budget ([`GenerationCache::admit`]).
 pub struct GenerationCache {
     current: ArcSwap<Generation>,
     metrics: XdsMetrics,
     budget: usize,
+    /// Bytes of every generation alive, wherever it is held (`meshpilot_xds_generated_bytes`).
+    live: IntGauge,
     tick: AtomicU64,
     held: Mutex<HashMap<SharedView, usize>>,
     /// Generations running at once: each builds a whole proxy's config in memory, so a burst of
@@ -469,6 +510,7 @@ impl GenerationCache {
     pub fn new(metrics: XdsMetrics, budget: usize) -> GenerationCache {
         GenerationCache {
             current: ArcSwap::from_pointee(Generation::new(Version::default())),
+            live: metrics.generated_bytes.clone(),
             metrics,
             budget,
             tick: AtomicU64::new(0),
@@ -483,6 +525,45 @@ impl GenerationCache {
     pub fn hold(self: &Arc<Self>, view: &SharedView) -> ViewLease {
         *self.lock_held().entry(view.clone()).or_default() += 1;
         ViewLease { cache: self.clone(), view: view.clone() }
+    }
+
+    /// Holds `view` for a new connection unless it needs config of its own while the generated
+    /// config alive is at the budget. A view that resolves in `snapshot` as a held one does (the
+    /// pods of one deployment, whatever their IPs and pod-template labels) costs nothing more:
+    /// its streams share that view's generations. Without this bound, streams each claiming
+    /// another namespace or label took a frontend to several times its budget, since what a
+    /// connection holds outlives the cache's eviction.
+    pub fn admit(
+        self: &Arc<Self>,
+        snapshot: Option<&Arc<Snapshot>>,
+        view: &SharedView,
+    ) -> Result<ViewLease, OverBudget> {
+        let live = self.live_bytes();
+        let admitted = live < self.budget
+            || self.lock_held().contains_key(view)
+            || snapshot.is_some_and(|snapshot| self.shares_resolution(snapshot, view));
+        if !admitted {
+            self.metrics.views_refused.inc();
+            return Err(OverBudget { live, budget: self.budget });
+        }
+        Ok(self.hold(view))
+    }
+
+    /// Whether `view` resolves in `snapshot` as a view some connection holds; if not, its
+    /// resolution is forgotten again (a refused caller leaves nothing behind).
+    fn shares_resolution(&self, snapshot: &Arc<Snapshot>, view: &SharedView) -> bool {
+        let Some(generation) = self.generation_of(snapshot) else { return false };
+        let resolved = generation.resolve(snapshot, view);
+        let shared = generation.lock_resolved().users.get(&resolved).is_some_and(|users| *users > 1);
+        if !shared {
+            generation.forget(view);
+        }
+        shared
+    }
+
+    /// Bytes of generated config alive: in the cache, held by connections, or both.
+    pub fn live_bytes(&self) -> usize {
+        usize::try_from(self.live.get()).unwrap_or(0)
     }
 
     /// Bytes held by the current generation.
@@ -520,6 +601,7 @@ impl GenerationCache {
         let mut generated_here = false;
         let generating = self.generating.clone();
         let (generations, patches) = (self.generations.clone(), self.patches.clone());
+        let live = self.live.clone();
         let generated = entry
             .cell
             .get_or_init(|| async {
@@ -565,7 +647,7 @@ impl GenerationCache {
                 let before = previous.or_else(|| owner.as_ref().and_then(|g| g.take_previous(&key, false)).map(|(g, _)| g));
                 match before {
                     Some(before) if before.same_content(&generated) => before,
-                    _ => Arc::new(generated),
+                    _ => Arc::new(generated.charged(&live)),
                 }
             })
             .await
@@ -894,6 +976,40 @@ spec: {hosts: [b.example.com], location: MESH_INTERNAL, resolution: STATIC, port
             .map(|v| cache.current.load().lock().contains_key(&(Resolved(v.clone()), TypeUrl::Cluster)))
             .collect();
         assert_eq!(cached, [true, false, true, true, false]);
+    }
+
+    #[tokio::test]
+    async fn generations_held_by_connections_count_until_dropped_and_bound_new_views() {
+        let snap = Arc::new(snapshot(MESH));
+        let probe = GenerationCache::default();
+        let one = probe.get(&snap, &sidecar("default", &[]), TypeUrl::Cluster).await.bytes();
+        // Room for two views' clusters.
+        let cache = Arc::new(GenerationCache::new(XdsMetrics::default(), one * 2 + one / 2));
+        let views: Vec<_> = (0..4).map(|i| sidecar(&format!("ns{i}"), &[])).collect();
+        let mut leases = Vec::new();
+        let mut held = Vec::new();
+        for v in &views[..3] {
+            leases.push(cache.admit(Some(&snap), v).expect("within the budget"));
+            // What a connection holds once it sent it: the cache may evict its entry, the bytes stay.
+            held.push(cache.get(&snap, v, TypeUrl::Cluster).await);
+        }
+        assert!(cache.bytes() <= one * 2 + one / 2, "the cache itself evicted down to its budget");
+        assert_eq!(cache.live_bytes(), one * 3, "what connections hold counts although evicted");
+        let refused = cache.admit(Some(&snap), &views[3]).err().expect("a fourth distinct view is refused");
+        assert_eq!((refused.live, refused.budget), (one * 3, one * 2 + one / 2));
+        assert_eq!(cache.metrics.views_refused.get(), 1);
+        // Another stream of a view already held costs nothing: admitted; so is another pod that
+        // resolves as a held view (its IP is nobody's endpoint, its labels nobody's selector's).
+        let again = cache.admit(Some(&snap), &views[0]).expect("a held view is admitted");
+        let sibling = sidecar_at("ns0", &[("pod-template-hash", "x1")], &["10.0.0.9"]);
+        assert_ne!(sibling, views[0]);
+        let sibling = cache.admit(Some(&snap), &sibling).expect("a view resolving as a held one is admitted");
+        assert_eq!(cache.metrics.views_refused.get(), 1);
+        // Connections going give their bytes back, and a new view is admitted again.
+        drop((again, sibling, leases.pop(), held.pop(), leases.pop(), held.pop()));
+        assert_eq!(cache.live_bytes(), one);
+        assert!(cache.admit(Some(&snap), &views[3]).is_ok());
+        assert_eq!(cache.metrics.generated_bytes.get(), i64::try_from(one).expect("small"));
     }
 
     #[tokio::test]

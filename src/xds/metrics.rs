@@ -45,6 +45,12 @@ pub struct XdsMetrics {
     pub cache_bytes: IntGauge,
     /// `meshpilot_xds_cache_entries`: (view, type) entries the generation cache holds.
     pub cache_entries: IntGauge,
+    /// `meshpilot_xds_generated_bytes`: bytes of generated resources alive, in the cache or held
+    /// by connections (what the memory budget bounds).
+    pub generated_bytes: IntGauge,
+    /// `meshpilot_xds_views_refused`: streams refused (RESOURCE_EXHAUSTED) because their proxy's
+    /// configuration is one no connected proxy shares and generated config is at its budget.
+    pub views_refused: IntCounter,
     /// `meshpilot_xds_secrets_withheld`: streams of gateways without a verified identity (the
     /// plaintext port) that asked for secrets and were sent none.
     pub secrets_withheld: IntCounter,
@@ -140,6 +146,16 @@ impl XdsMetrics {
                 r,
                 "meshpilot_xds_cache_entries",
                 "Entries (proxy view and type) held by the generation cache.",
+            ),
+            generated_bytes: gauge(
+                r,
+                "meshpilot_xds_generated_bytes",
+                "Bytes of generated resources alive, in the generation cache or held by connections.",
+            ),
+            views_refused: counter(
+                r,
+                "meshpilot_xds_views_refused",
+                "Streams refused because their proxy's configuration is shared by no connected proxy and generated config is at its memory budget.",
             ),
             secrets_withheld: counter(
                 r,

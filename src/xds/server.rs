@@ -7,7 +7,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::{Stream, StreamExt};
 
 use super::admission::{Admission, AdmissionSettings};
-use super::cache::{GenerationCache, DEFAULT_BUDGET_BYTES};
+use super::cache::GenerationCache;
 use super::metrics::XdsMetrics;
 use super::status::ConnectionRegistry;
 use super::stream::ConnectionContext;
@@ -31,7 +31,7 @@ impl AdsServer {
         drain: DrainWatcher,
         admission: AdmissionSettings,
     ) -> Self {
-        let cache = Arc::new(GenerationCache::new(metrics.clone(), DEFAULT_BUDGET_BYTES));
+        let cache = Arc::new(GenerationCache::new(metrics.clone(), admission.config_memory_bytes));
         let admission = Arc::new(Admission::new(admission));
         let control_plane = super::debug::control_plane_identifier("meshpilot").into();
         AdsServer { ctx: ConnectionContext { snapshots, cache, registry, metrics, drain, admission, control_plane } }

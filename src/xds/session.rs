@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use tonic::Status;
 use tracing::{debug, info, warn};
 
-use super::cache::{Generated, ViewLease};
+use super::cache::{Generated, OverBudget, ViewLease};
 use super::isolation::{Holding, Isolation, NackOutcome, Rejected};
 use super::limits;
 use super::proxy::{Proxy, ProxyKind, SharedView};
@@ -75,11 +75,12 @@ impl<R> Session<R> {
         proxy: Proxy,
         transport: Transport,
         tx: mpsc::Sender<Result<R, Status>>,
-    ) -> Self {
+    ) -> Result<Self, OverBudget> {
+        let view = SharedView::new(proxy.view());
+        let current = ctx.snapshots.current();
+        let view_lease = ctx.cache.admit(current.as_ref(), &view)?;
         let registration = ctx.registry.register(proxy.clone());
         registration.update(|s| s.transport = transport);
-        let view = SharedView::new(proxy.view());
-        let view_lease = ctx.cache.hold(&view);
         info!(proxy = %Untrusted(&proxy.id), namespace = %Untrusted(&proxy.namespace), cluster = %Untrusted(&proxy.cluster_id), ?transport, "proxy connected");
         let mut session = Session {
             view,
@@ -96,10 +97,10 @@ impl<R> Session<R> {
             ctx: ctx.clone(),
         };
         // Readiness gate: nothing is served before the first full snapshot.
-        if let Some(snapshot) = ctx.snapshots.current() {
+        if let Some(snapshot) = current {
             session.use_snapshot(snapshot);
         }
-        session
+        Ok(session)
     }
 
     /// Serves from `snapshot` from now on, with the proxy's identity as its registry knows it.
@@ -128,7 +129,8 @@ impl<R> Session<R> {
         }
         let view = SharedView::new(proxy.view());
         if view != self.view {
-            // The new lease is taken before the old one drops, so a shared view is never released in between.
+            // The new lease is taken before the old one drops, so a shared view is never released in
+            // between. A connected proxy whose Pod changed is not refused: it moves, leaving its old view.
             self.view_lease = self.ctx.cache.hold(&view);
             self.view = view;
         }

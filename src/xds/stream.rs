@@ -227,7 +227,10 @@ where
     // A storm of new streams waits here, before any generation, while pushes go on.
     ctx.admission.admit_stream().await;
     let deadline = ctx.admission.stream_deadline(age_seed(&proxy.id));
-    let mut session = Session::new(ctx.clone(), proxy, P::TRANSPORT, tx);
+    let mut session = match Session::new(ctx.clone(), proxy, P::TRANSPORT, tx.clone()) {
+        Ok(session) => session,
+        Err(over) => return refuse(&tx, Status::resource_exhausted(over.to_string())).await,
+    };
     let mut snapshots = ctx.snapshots.clone();
     let drain = ctx.drain.clone();
     let mut rate = RequestRate::default();
