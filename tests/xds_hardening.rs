@@ -292,6 +292,9 @@ fn rss_mb(pid: u32) -> f64 {
     kb / 1024.0
 }
 
+/// A flood: its name, how many streams, and each stream's namespace and `app` label.
+type Flood = (&'static str, usize, fn(usize) -> (String, String));
+
 /// The two floods of issue 27's finding 5 against a standalone meshpilot at its default budget
 /// (512 MiB): 600 plaintext streams each claiming its own namespace on a 2,000-service mesh, and
 /// 300 streams of one namespace each with its own `app` label, which a Sidecar selector reads.
@@ -307,7 +310,7 @@ async fn distinct_view_floods_stay_within_the_memory_budget() {
     mp.wait_ready(TIMEOUT).await;
     let pid = mp.pid().expect("running");
     let url = mp.xds_url();
-    let floods: [(&str, usize, fn(usize) -> (String, String)); 2] = [
+    let floods: [Flood; 2] = [
         ("600 streams, each its own namespace", 600, |i| (format!("flood{i}"), "a".to_string())),
         ("300 streams of ns0, each its own app label", 300, |i| ("ns0".to_string(), format!("app{i}"))),
     ];
