@@ -110,27 +110,26 @@ start etcd "$ETCD_BIN" --name local --data-dir "$WORK_DIR/etcd" \
     --peer-cert-file "$ETCD_TLS/server.crt" --peer-key-file "$ETCD_TLS/server.key" \
     --peer-trusted-ca-file "$ETCD_TLS/ca.crt" --peer-client-cert-auth
 wait_http etcd http://127.0.0.1:2381/health
-ETCD_FLAGS=(--etcd-endpoints https://127.0.0.1:2379 --etcd-cacert "$ETCD_TLS/ca.crt" --etcd-cert "$ETCD_TLS/client.crt" --etcd-key "$ETCD_TLS/client.key")
 
 # The snapshot stream is mutual TLS from one CA: ingest-1 creates its self-signed root in
 # $CA_DIR, the others start once it is there (two creating roots at once would not agree), and
 # the frontends read it too (a frontend without Kubernetes never makes a root of its own).
 CA_DIR="$WORK_DIR/ca"
-start ingest-1 "$MESHPILOT" ingest "${ETCD_FLAGS[@]}" --config-dir "$CONFIG_DIR" --mesh-config "$MESH_CONFIG" --snapshot-addr 127.0.0.1:15121 --advertise-addr 127.0.0.1:15121 --admin-addr 127.0.0.1:15131 --id ingest-1 --ca-dir "$CA_DIR"
+start ingest-1 "$MESHPILOT" ingest --etcd-endpoints https://127.0.0.1:2379 --etcd-cacert "$ETCD_TLS/ca.crt" --etcd-cert "$ETCD_TLS/client.crt" --etcd-key "$ETCD_TLS/client.key" --config-dir "$CONFIG_DIR" --mesh-config "$MESH_CONFIG" --snapshot-addr 127.0.0.1:15121 --advertise-addr 127.0.0.1:15121 --admin-addr 127.0.0.1:15131 --id ingest-1 --ca-dir "$CA_DIR"
 for ((i = 0; i < 600; i++)); do
     [[ -f "$CA_DIR/ca-cert.pem" ]] && break
     kill -0 "${PID_OF[ingest-1]}" 2>/dev/null || die "ingest-1 exited; see $WORK_DIR/logs/ingest-1.log"
     sleep 0.1
 done
 [[ -f "$CA_DIR/ca-cert.pem" ]] || die "ingest-1 made no CA in $CA_DIR; see $WORK_DIR/logs/ingest-1.log"
-start ingest-2 "$MESHPILOT" ingest "${ETCD_FLAGS[@]}" --config-dir "$CONFIG_DIR" --mesh-config "$MESH_CONFIG" --snapshot-addr 127.0.0.1:15122 --advertise-addr 127.0.0.1:15122 --admin-addr 127.0.0.1:15132 --id ingest-2 --ca-dir "$CA_DIR"
-start ingest-3 "$MESHPILOT" ingest "${ETCD_FLAGS[@]}" --config-dir "$CONFIG_DIR" --mesh-config "$MESH_CONFIG" --snapshot-addr 127.0.0.1:15123 --advertise-addr 127.0.0.1:15123 --admin-addr 127.0.0.1:15133 --id ingest-3 --ca-dir "$CA_DIR"
+start ingest-2 "$MESHPILOT" ingest --etcd-endpoints https://127.0.0.1:2379 --etcd-cacert "$ETCD_TLS/ca.crt" --etcd-cert "$ETCD_TLS/client.crt" --etcd-key "$ETCD_TLS/client.key" --config-dir "$CONFIG_DIR" --mesh-config "$MESH_CONFIG" --snapshot-addr 127.0.0.1:15122 --advertise-addr 127.0.0.1:15122 --admin-addr 127.0.0.1:15132 --id ingest-2 --ca-dir "$CA_DIR"
+start ingest-3 "$MESHPILOT" ingest --etcd-endpoints https://127.0.0.1:2379 --etcd-cacert "$ETCD_TLS/ca.crt" --etcd-cert "$ETCD_TLS/client.crt" --etcd-key "$ETCD_TLS/client.key" --config-dir "$CONFIG_DIR" --mesh-config "$MESH_CONFIG" --snapshot-addr 127.0.0.1:15123 --advertise-addr 127.0.0.1:15123 --admin-addr 127.0.0.1:15133 --id ingest-3 --ca-dir "$CA_DIR"
 
 # Member ids fe-1/fe-2 are the hash_key of their endpoints in deploy/local/xds-lb.yaml.
 # Plaintext xDS only here (both would bind the secure port 15012); they follow the leader over
 # mutual TLS from the ingest nodes' CA in $CA_DIR.
-start fe-1 "$MESHPILOT" frontend "${ETCD_FLAGS[@]}" --xds-addr 127.0.0.1:15111 --advertise-addr 127.0.0.1:15111 --admin-addr 127.0.0.1:15141 --id fe-1 --proxy-key namespace-service-account --no-secure-xds --ca-dir "$CA_DIR"
-start fe-2 "$MESHPILOT" frontend "${ETCD_FLAGS[@]}" --xds-addr 127.0.0.1:15112 --advertise-addr 127.0.0.1:15112 --admin-addr 127.0.0.1:15142 --id fe-2 --proxy-key namespace-service-account --no-secure-xds --ca-dir "$CA_DIR"
+start fe-1 "$MESHPILOT" frontend --etcd-endpoints https://127.0.0.1:2379 --etcd-cacert "$ETCD_TLS/ca.crt" --etcd-cert "$ETCD_TLS/client.crt" --etcd-key "$ETCD_TLS/client.key" --xds-addr 127.0.0.1:15111 --advertise-addr 127.0.0.1:15111 --admin-addr 127.0.0.1:15141 --id fe-1 --proxy-key namespace-service-account --no-secure-xds --ca-dir "$CA_DIR"
+start fe-2 "$MESHPILOT" frontend --etcd-endpoints https://127.0.0.1:2379 --etcd-cacert "$ETCD_TLS/ca.crt" --etcd-cert "$ETCD_TLS/client.crt" --etcd-key "$ETCD_TLS/client.key" --xds-addr 127.0.0.1:15112 --advertise-addr 127.0.0.1:15112 --admin-addr 127.0.0.1:15142 --id fe-2 --proxy-key namespace-service-account --no-secure-xds --ca-dir "$CA_DIR"
 
 start xds-lb "$ENVOY" -c deploy/local/xds-lb.yaml --disable-hot-restart --log-level warn
 
