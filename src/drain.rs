@@ -56,6 +56,11 @@ impl DrainWatcher {
         DrainBlocker { _hold: self._hold }
     }
 
+    /// Whether the drain has started.
+    pub fn is_draining(&self) -> bool {
+        *self.signal.borrow()
+    }
+
     /// Resolves when the drain starts, without giving up the watcher (for `select!` loops).
     pub async fn draining(&self) {
         let mut signal = self.signal.clone();

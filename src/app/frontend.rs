@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::TryFutureExt;
 use serde::Serialize;
 use serde_json::json;
 use tokio::sync::watch;
@@ -12,6 +13,7 @@ use tracing::info;
 
 use super::security::{self, SecuritySettings};
 use super::servers;
+use super::tasks::Tasks;
 use super::{Process, RoleError};
 use crate::admin::{AdminState, DebugAccess, NodeStatus, XdsState};
 use crate::cluster::election::{LeaderWatch, DEFAULT_ELECTION_NAME};
@@ -75,6 +77,7 @@ pub struct OwnershipSummary {
 /// Runs until the drain starts; the membership is revoked before the process exits.
 pub async fn run(settings: FrontendNodeSettings, process: Process, drain: DrainWatcher) -> Result<(), RoleError> {
     let ready = Ready::new();
+    let mut tasks = Tasks::new(&drain);
     let first_snapshot = ready.register_task("first snapshot from the leader");
     let xds_listener = match settings.plaintext_xds {
         true => Some(servers::bind("xDS server", settings.xds_addr).await?),
@@ -90,7 +93,7 @@ pub async fn run(settings: FrontendNodeSettings, process: Process, drain: DrainW
     let leader_watch = LeaderWatch::new(client.clone(), DEFAULT_ELECTION_NAME);
     let leader = leader_watch.leader();
     let w = drain.clone();
-    tokio::spawn(async move { leader_watch.run(w.draining()).await });
+    tasks.spawn_finishing("leader watch", async move { leader_watch.run(w.draining()).await });
 
     let link_mtls = !settings.security.insecure_snapshot_stream;
     if !link_mtls {
@@ -116,11 +119,12 @@ pub async fn run(settings: FrontendNodeSettings, process: Process, drain: DrainW
     let (writer, reader) = snapshot::channel();
     let subscriber = SnapshotSubscriber::new(subscriber_settings, leader, writer);
     let sub_status = subscriber.status();
-    tokio::spawn(subscriber.run(drain.clone()));
+    tasks.spawn_finishing("snapshot subscriber", subscriber.run(drain.clone()));
     let replication_metrics = ReplicationMetrics::register(&process.registry);
-    tokio::spawn(export_subscriber_metrics(sub_status.clone(), replication_metrics, process.metrics.clone()));
+    let exported = export_subscriber_metrics(sub_status.clone(), replication_metrics, process.metrics.clone());
+    tasks.spawn("subscriber metrics", exported);
     let mut first = reader.clone();
-    tokio::spawn(async move {
+    tasks.spawn_once("first snapshot", async move {
         first.first().await;
         drop(first_snapshot);
     });
@@ -131,11 +135,11 @@ pub async fn run(settings: FrontendNodeSettings, process: Process, drain: DrainW
     let registered = registration.registered();
     let w = drain.clone();
     // Held until the registration is revoked: the member leaves the ring before the process exits.
-    tokio::spawn(async move { registration.run(w.draining()).await });
+    tasks.spawn_finishing("membership registration", async move { registration.run(w.draining()).await });
     let members_watch = MembersWatch::new(client, DEFAULT_PREFIX);
     let members = members_watch.members();
     let w = drain.clone();
-    tokio::spawn(async move { members_watch.run(w.draining()).await });
+    tasks.spawn_finishing("members watch", async move { members_watch.run(w.draining()).await });
 
     let xds_metrics = XdsMetrics::register(&process.registry);
     let connections = Arc::new(ConnectionRegistry::new(xds_metrics.clone()));
@@ -149,14 +153,15 @@ pub async fn run(settings: FrontendNodeSettings, process: Process, drain: DrainW
         summary_tx,
         cluster_metrics,
     );
-    tokio::spawn(tracking);
+    tasks.spawn("ownership tracking", tracking);
 
     let ads = AdsServer::new(reader.clone(), connections.clone(), xds_metrics, drain.clone(), settings.admission)
         .with_server_id(&format!("frontend/{}", settings.id));
     let secure = match (secure_listener, ca) {
         (Some(listener), Some(ca)) => Some((
             listener,
-            security::start_with_ca(&settings.security, ca, kube, reader.clone(), &process.registry, &drain).await?,
+            security::start_with_ca(&settings.security, ca, kube, reader.clone(), &process.registry, &mut tasks)
+                .await?,
         )),
         _ => None,
     };
@@ -176,8 +181,9 @@ pub async fn run(settings: FrontendNodeSettings, process: Process, drain: DrainW
     };
     info!(id = %settings.id, advertise = %settings.advertise_addr, "frontend started");
     tokio::try_join!(
-        servers::serve_xds_ports(xds_listener, secure, ads, drain.clone()),
-        servers::serve_admin(admin_listener, admin_state, drain),
+        servers::serve_xds_ports(xds_listener, secure, ads, drain.clone()).map_err(RoleError::from),
+        servers::serve_admin(admin_listener, admin_state, drain).map_err(RoleError::from),
+        tasks.supervise().map_err(RoleError::from),
     )?;
     Ok(())
 }

@@ -9,12 +9,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::TryFutureExt;
 use serde_json::json;
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use super::security::{self, SecuritySettings};
 use super::servers;
+use super::tasks::Tasks;
 use super::{pipeline, webhook, Process, RoleError};
 use crate::admin::{AdminState, NodeStatus};
 use crate::cluster::election::{Candidate, ElectionSettings, Leadership};
@@ -62,6 +64,7 @@ pub struct IngestNodeSettings {
 /// Runs until the drain starts; a leader resigns before its task lets the drain complete.
 pub async fn run(settings: IngestNodeSettings, process: Process, drain: DrainWatcher) -> Result<(), RoleError> {
     let ready = Ready::new();
+    let mut tasks = Tasks::new(&drain);
     let first_snapshot = ready.register_task("first snapshot");
     let snapshot_listener = servers::bind("snapshot server", settings.snapshot_addr).await?;
     let admin_listener = servers::bind("admin server", settings.admin_addr).await?;
@@ -69,8 +72,9 @@ pub async fn run(settings: IngestNodeSettings, process: Process, drain: DrainWat
     let client = crate::cluster::etcd::connect_with_tls(&settings.etcd_endpoints, &settings.etcd_tls).await?;
 
     // Standbys build snapshots too (term 0 until they lead), so a failover starts warm.
-    let pipeline = pipeline::start(&settings.sources, settings.debounce, 0, first_snapshot, &process, &drain).await?;
-    let (local, events_tx, ingest_task) = (pipeline.snapshots, pipeline.events, pipeline.task);
+    let pipeline =
+        pipeline::start(&settings.sources, settings.debounce, 0, first_snapshot, &process, &mut tasks).await?;
+    let (local, events_tx) = (pipeline.snapshots, pipeline.events);
 
     let cluster_metrics = ClusterMetrics::register(&process.registry);
     let mut election = ElectionSettings::new(settings.id.clone(), settings.advertise_addr.clone());
@@ -79,12 +83,12 @@ pub async fn run(settings: IngestNodeSettings, process: Process, drain: DrainWat
     let leadership = candidate.leadership();
     let campaign_drain = drain.clone();
     // The task holds its drain watcher until the candidate has resigned and revoked its lease.
-    tokio::spawn(async move { candidate.run(campaign_drain.draining()).await });
+    tasks.spawn_finishing("election campaign", async move { candidate.run(campaign_drain.draining()).await });
 
     let (is_leader_tx, is_leader) = watch::channel(false);
     let (published_writer, published) = snapshot::channel();
-    tokio::spawn(follow_leadership(leadership.clone(), events_tx, is_leader_tx, cluster_metrics));
-    tokio::spawn(publish_when_leading(local.clone(), leadership.clone(), published_writer));
+    tasks.spawn("leadership", follow_leadership(leadership.clone(), events_tx, is_leader_tx, cluster_metrics));
+    tasks.spawn("leader's publisher", publish_when_leading(local.clone(), leadership.clone(), published_writer));
 
     if let Some(kube) = &settings.sources.kubernetes {
         // The leader keeps the CA's root (istio-ca-secret) published in every namespace.
@@ -92,7 +96,7 @@ pub async fn run(settings: IngestNodeSettings, process: Process, drain: DrainWat
             Ok(client) => {
                 let security = SecuritySettings { namespace: kube.namespace.clone(), ..settings.security.clone() };
                 // (The same namespace as `settings.security.namespace`: both are --namespace.)
-                security::keep_root_published(client, security, is_leader.clone(), drain.clone());
+                security::keep_root_published(client, security, is_leader.clone(), &mut tasks);
             }
             Err(e) => warn!(error = %e, "no Kubernetes client for the CA's root ConfigMaps"),
         }
@@ -117,7 +121,7 @@ pub async fn run(settings: IngestNodeSettings, process: Process, drain: DrainWat
             let ca = security::load_ca(&settings.security, kube.as_ref(), &drain).await?;
             let (namespace, leading) = (&settings.security.namespace, Some(is_leader.clone()));
             Some(
-                webhook::start(webhook_settings, listener, ca, namespace, kube, leading, &process.registry, &drain)
+                webhook::start(webhook_settings, listener, ca, namespace, kube, leading, &process.registry, &mut tasks)
                     .await?,
             )
         }
@@ -129,7 +133,7 @@ pub async fn run(settings: IngestNodeSettings, process: Process, drain: DrainWat
     let members_watch = MembersWatch::new(client, DEFAULT_PREFIX);
     let members = members_watch.members();
     let w = drain.clone();
-    tokio::spawn(async move { members_watch.run(w.draining()).await });
+    tasks.spawn_finishing("members watch", async move { members_watch.run(w.draining()).await });
     let status = node_status(&settings, leadership, server.clone(), local.clone(), members);
     info!(id = %settings.id, advertise = %settings.advertise_addr, "ingest node started");
     let admin_state = AdminState {
@@ -143,16 +147,12 @@ pub async fn run(settings: IngestNodeSettings, process: Process, drain: DrainWat
         renders: crate::admin::render_limit(),
         debug_access: None,
     };
-    let served = tokio::try_join!(
-        servers::serve_snapshots(snapshot_listener, server, snapshot_tls, drain.clone()),
-        servers::serve_admin(admin_listener, admin_state, drain.clone()),
-        webhook::serve(webhook, drain),
-    );
-    if served.is_err() {
-        ingest_task.abort();
-    }
-    let _ = ingest_task.await;
-    served?;
+    tokio::try_join!(
+        servers::serve_snapshots(snapshot_listener, server, snapshot_tls, drain.clone()).map_err(RoleError::from),
+        servers::serve_admin(admin_listener, admin_state, drain.clone()).map_err(RoleError::from),
+        webhook::serve(webhook, drain).map_err(RoleError::from),
+        tasks.supervise().map_err(RoleError::from),
+    )?;
     Ok(())
 }
 

@@ -15,6 +15,7 @@ mod pipeline;
 pub mod security;
 mod servers;
 pub mod standalone;
+mod tasks;
 pub mod webhook;
 
 use std::future::Future;
@@ -45,6 +46,9 @@ pub enum RoleError {
     /// The validating webhook's TLS could not be set up.
     #[error(transparent)]
     Webhook(#[from] crate::webhook::server::WebhookTlsError),
+    /// A task of the role ended before the drain, or panicked.
+    #[error(transparent)]
+    Task(#[from] tasks::TaskError),
 }
 
 /// How long a terminating process drains before it exits regardless: Kubernetes would SIGKILL it

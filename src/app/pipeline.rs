@@ -1,10 +1,9 @@
 //! The snapshot pipeline both building roles run: sources → ingest → a snapshot channel.
 
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 
+use super::tasks::Tasks;
 use super::Process;
-use crate::drain::DrainWatcher;
 use crate::ingest::{self, DebounceSettings, IngestEvent, IngestMetrics, IngestSettings};
 use crate::readiness::BlockReady;
 use crate::snapshot::{self, SnapshotReader};
@@ -16,8 +15,6 @@ pub struct Pipeline {
     pub snapshots: SnapshotReader,
     /// Where more events (new leader terms) reach ingest.
     pub events: mpsc::Sender<IngestEvent>,
-    /// The ingest loop; it ends with the drain.
-    pub task: JoinHandle<()>,
 }
 
 /// Starts ingest with its first snapshot in `term`, then the sources feeding it; `first_snapshot`
@@ -28,18 +25,18 @@ pub async fn start(
     term: u64,
     first_snapshot: BlockReady,
     process: &Process,
-    drain: &DrainWatcher,
+    tasks: &mut Tasks,
 ) -> Result<Pipeline, SourceError> {
+    let drain = tasks.drain().clone();
     let (events, events_rx) = mpsc::channel(ingest::EVENT_QUEUE);
     let (writer, snapshots) = snapshot::channel();
     let settings = IngestSettings { term, debounce, sources: sources.ids(), ready: first_snapshot };
     let metrics = IngestMetrics::register(&process.registry);
     // Ingest runs first: the sources send their initial state before `start` returns.
-    let task = tokio::spawn(ingest::run(events_rx, writer, settings, metrics, process.metrics.clone(), drain.clone()));
+    let ingest = ingest::run(events_rx, writer, settings, metrics, process.metrics.clone(), drain.clone());
+    tasks.spawn_finishing("ingest", ingest);
     let source_metrics = source::SourceMetrics::register(&process.registry);
-    if let Err(e) = source::start(sources, events.clone(), source_metrics, drain.clone()).await {
-        task.abort();
-        return Err(e);
-    }
-    Ok(Pipeline { snapshots, events, task })
+    // On an error the role ends, and its tasks (ingest among them) with it.
+    source::start(sources, events.clone(), source_metrics, drain).await?;
+    Ok(Pipeline { snapshots, events })
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
+use super::tasks::Tasks;
 use crate::drain::DrainWatcher;
 use crate::security::ca::metrics::CaMetrics;
 use crate::security::ca::root_publisher;
@@ -110,10 +111,10 @@ pub async fn start(
     kube: Option<kube::Client>,
     snapshots: SnapshotReader,
     registry: &Registry,
-    drain: &DrainWatcher,
+    tasks: &mut Tasks,
 ) -> Result<Security, SecurityError> {
-    let ca = load_ca(settings, kube.as_ref(), drain).await?;
-    start_with_ca(settings, ca, kube, snapshots, registry, drain).await
+    let ca = load_ca(settings, kube.as_ref(), tasks.drain()).await?;
+    start_with_ca(settings, ca, kube, snapshots, registry, tasks).await
 }
 
 /// As [`start`], with the CA already loaded.
@@ -123,10 +124,11 @@ pub async fn start_with_ca(
     kube: Option<kube::Client>,
     snapshots: SnapshotReader,
     registry: &Registry,
-    drain: &DrainWatcher,
+    tasks: &mut Tasks,
 ) -> Result<Security, SecurityError> {
     let trust_domain = SharedTrustDomain::new(TrustDomain::default());
-    follow_trust_domain(trust_domain.clone(), snapshots, drain.clone());
+    tasks.spawn("trust domain", follow_trust_domain(trust_domain.clone(), snapshots));
+    let drain = tasks.drain();
     if kube.is_none() {
         info!("no Kubernetes: the secure port authenticates client certificates only (no token review)");
     }
@@ -219,25 +221,21 @@ pub async fn link_tls(
     LinkTls::new(ca, identity).await.map_err(|e| SecurityError::Link(e.to_string()))
 }
 
-/// Keeps `trust_domain` at the mesh config's `trustDomain` of each new snapshot.
-fn follow_trust_domain(trust_domain: SharedTrustDomain, mut snapshots: SnapshotReader, drain: DrainWatcher) {
-    tokio::spawn(async move {
-        let mut next = snapshots.first().await;
-        while let Some(snapshot) = next {
-            match TrustDomain::new(&snapshot.mesh.trust_domain) {
-                Ok(td) if td != trust_domain.get() => {
-                    info!(trust_domain = %td, "identities use the mesh config's trust domain");
-                    trust_domain.set(td);
-                }
-                Ok(_) => {}
-                Err(e) => warn!(error = %e, "mesh config trustDomain ignored"),
+/// Keeps `trust_domain` at the mesh config's `trustDomain` of each new snapshot, until the
+/// snapshots end.
+async fn follow_trust_domain(trust_domain: SharedTrustDomain, mut snapshots: SnapshotReader) {
+    let mut next = snapshots.first().await;
+    while let Some(snapshot) = next {
+        match TrustDomain::new(&snapshot.mesh.trust_domain) {
+            Ok(td) if td != trust_domain.get() => {
+                info!(trust_domain = %td, "identities use the mesh config's trust domain");
+                trust_domain.set(td);
             }
-            next = tokio::select! {
-                s = snapshots.next() => s,
-                _ = drain.draining() => None,
-            };
+            Ok(_) => {}
+            Err(e) => warn!(error = %e, "mesh config trustDomain ignored"),
         }
-    });
+        next = snapshots.next().await;
+    }
 }
 
 /// On an ingest node with Kubernetes: loads (or creates) the CA's root in the `istio-ca-secret`
@@ -247,9 +245,10 @@ pub fn keep_root_published(
     client: kube::Client,
     settings: SecuritySettings,
     is_leader: tokio::sync::watch::Receiver<bool>,
-    drain: DrainWatcher,
+    tasks: &mut Tasks,
 ) {
-    tokio::spawn(async move {
+    let drain = tasks.drain().clone();
+    tasks.spawn_finishing("CA root publisher", async move {
         let source = CaSource {
             plugin_dir: settings.plugin_dir.clone(),
             root_store: RootStore::Secret {

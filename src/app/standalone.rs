@@ -4,10 +4,12 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use futures::TryFutureExt;
 use tracing::info;
 
 use super::security::{self, SecuritySettings};
 use super::servers;
+use super::tasks::Tasks;
 use super::{pipeline, webhook, Process, RoleError};
 use crate::admin::{AdminState, DebugAccess, XdsState};
 use crate::drain::DrainWatcher;
@@ -45,6 +47,7 @@ pub struct StandaloneSettings {
 /// Runs until the drain starts.
 pub async fn run(settings: StandaloneSettings, process: Process, drain: DrainWatcher) -> Result<(), RoleError> {
     let ready = Ready::new();
+    let mut tasks = Tasks::new(&drain);
     let first_snapshot = ready.register_task("first snapshot");
     let xds_bound = ready.register_task("xDS listener");
     let xds_listener = match settings.plaintext_xds {
@@ -59,8 +62,9 @@ pub async fn run(settings: StandaloneSettings, process: Process, drain: DrainWat
     let webhook_listener = webhook::bind(settings.webhook.as_ref()).await?;
 
     // Term 1: a standalone process is its own, permanent leader.
-    let pipeline = pipeline::start(&settings.sources, settings.debounce, 1, first_snapshot, &process, &drain).await?;
-    let (reader, ingest_task) = (pipeline.snapshots, pipeline.task);
+    let pipeline =
+        pipeline::start(&settings.sources, settings.debounce, 1, first_snapshot, &process, &mut tasks).await?;
+    let reader = pipeline.snapshots;
 
     let xds_metrics = XdsMetrics::register(&process.registry);
     let connections = Arc::new(ConnectionRegistry::new(xds_metrics.clone()));
@@ -70,11 +74,13 @@ pub async fn run(settings: StandaloneSettings, process: Process, drain: DrainWat
         Some(listener) => {
             let kube = security::kube_client(settings.sources.kubernetes.as_ref().map(|k| &k.cluster)).await?;
             let security =
-                security::start(&settings.security, kube.clone(), reader.clone(), &process.registry, &drain).await?;
+                security::start(&settings.security, kube.clone(), reader.clone(), &process.registry, &mut tasks)
+                    .await?;
             // A standalone process is its own leader: it keeps the root ConfigMaps.
             if let Some(client) = kube {
                 let (root, w) = (security.ca.root_pem().to_string(), drain.clone());
-                tokio::spawn(root_publisher::run(client, root, async move { w.draining().await }));
+                let published = root_publisher::run(client, root, async move { w.draining().await });
+                tasks.spawn_finishing("CA root publisher", published);
             }
             Some((listener, security))
         }
@@ -90,7 +96,7 @@ pub async fn run(settings: StandaloneSettings, process: Process, drain: DrainWat
             let namespace = &settings.security.namespace;
             // A standalone process is its own leader: it keeps the caBundle (`None`: always).
             Some(
-                webhook::start(webhook_settings, listener, ca, namespace, kube, None, &process.registry, &drain)
+                webhook::start(webhook_settings, listener, ca, namespace, kube, None, &process.registry, &mut tasks)
                     .await?,
             )
         }
@@ -112,16 +118,13 @@ pub async fn run(settings: StandaloneSettings, process: Process, drain: DrainWat
     };
     info!(config_dir = ?settings.sources.config_dir, kubernetes = settings.sources.kubernetes.is_some(), "standalone meshpilot started");
     drop(xds_bound);
-    let served = tokio::try_join!(
-        servers::serve_xds_ports(xds_listener, secure, ads, drain.clone()),
-        servers::serve_admin(admin_listener, admin_state, drain.clone()),
-        webhook::serve(webhook, drain),
-    );
-    // The servers stop once the drain started, and ingest with them; a failed server stops it here.
-    if served.is_err() {
-        ingest_task.abort();
-    }
-    let _ = ingest_task.await;
-    served?;
+    // The servers stop once the drain started, and the tasks with them; a failed server or task
+    // ends the role, and the rest are dropped.
+    tokio::try_join!(
+        servers::serve_xds_ports(xds_listener, secure, ads, drain.clone()).map_err(RoleError::from),
+        servers::serve_admin(admin_listener, admin_state, drain.clone()).map_err(RoleError::from),
+        webhook::serve(webhook, drain).map_err(RoleError::from),
+        tasks.supervise().map_err(RoleError::from),
+    )?;
     Ok(())
 }

@@ -8,6 +8,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::servers::{self, ServeError};
+use super::tasks::Tasks;
 use crate::drain::DrainWatcher;
 use crate::security::ca::CertificateAuthority;
 use crate::telemetry::metrics::Registry;
@@ -41,13 +42,13 @@ pub async fn start(
     kube: Option<kube::Client>,
     is_leader: Option<watch::Receiver<bool>>,
     registry: &Registry,
-    drain: &DrainWatcher,
+    tasks: &mut Tasks,
 ) -> Result<Webhook, WebhookTlsError> {
-    let w = drain.clone();
+    let w = tasks.drain().clone();
     let hosts = settings.serving_hosts(namespace);
     let tls = server::tls_config(ca.clone(), &hosts, async move { w.draining().await }).await?;
     if let Some(client) = kube {
-        keep_ca_bundle(client, settings.config_name.clone(), ca.root_pem().to_string(), is_leader, drain.clone());
+        keep_ca_bundle(client, settings.config_name.clone(), ca.root_pem().to_string(), is_leader, tasks);
     }
     Ok(Webhook { listener, tls, metrics: WebhookMetrics::register(registry) })
 }
@@ -67,15 +68,16 @@ fn keep_ca_bundle(
     name: String,
     root_pem: String,
     is_leader: Option<watch::Receiver<bool>>,
-    drain: DrainWatcher,
+    tasks: &mut Tasks,
 ) {
+    let drain = tasks.drain().clone();
     let Some(is_leader) = is_leader else {
-        tokio::spawn(
-            async move { ca_bundle::run(client, name, root_pem, async move { drain.draining().await }).await },
-        );
+        let kept = async move { ca_bundle::run(client, name, root_pem, async move { drain.draining().await }).await };
+        tasks.spawn_finishing("webhook caBundle", kept);
         return;
     };
-    tokio::spawn(super::while_leading(is_leader, drain, move |stop| {
+    let kept = super::while_leading(is_leader, drain, move |stop| {
         ca_bundle::run(client.clone(), name.clone(), root_pem.clone(), stop)
-    }));
+    });
+    tasks.spawn_finishing("webhook caBundle", kept);
 }
