@@ -140,7 +140,7 @@ mod tests {
         tasks.spawn("forever", std::future::pending());
         tasks.spawn_once("one shot", async {});
         tasks.spawn("leader watch", async {});
-        let failure = tasks.supervise().await.err().expect("a failure");
+        let failure = tasks.supervise().await.expect_err("a failure");
         assert!(matches!(failure, TaskError::Ended("leader watch")), "{failure}");
     }
 
@@ -150,7 +150,7 @@ mod tests {
         let mut tasks = Tasks::new(&watcher);
         tasks.spawn("forever", std::future::pending());
         tasks.spawn_once("subscriber", async { panic!("bad snapshot") });
-        let failure = tasks.supervise().await.err().expect("a failure");
+        let failure = tasks.supervise().await.expect_err("a failure");
         assert_eq!(failure.to_string(), "task \"subscriber\" panicked: bad snapshot");
     }
 
