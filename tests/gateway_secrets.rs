@@ -77,6 +77,18 @@ fn gateway_node(ns: &str) -> Node {
     }
 }
 
+/// Every response of `responses` until the server is quiet for [`QUIET`] or ends the stream.
+async fn until_quiet<T>(mut responses: tonic::Streaming<T>) -> Result<Vec<T>, tonic::Status> {
+    let mut got = Vec::new();
+    while let Ok(next) = tokio::time::timeout(QUIET, responses.message()).await {
+        match next? {
+            Some(r) => got.push(r),
+            None => break,
+        }
+    }
+    Ok(got)
+}
+
 /// A state-of-the-world stream as `node`: sends `requests` (the node on the first), then
 /// collects every response until the server is quiet or ends the stream.
 async fn sotw(
@@ -96,16 +108,10 @@ async fn sotw(
         .expect("queued");
     }
     let mut client = AggregatedDiscoveryServiceClient::new(channel);
-    let mut responses = client.stream_aggregated_resources(ReceiverStream::new(rx)).await?.into_inner();
-    let mut got = Vec::new();
-    while let Ok(next) = tokio::time::timeout(QUIET, responses.message()).await {
-        match next? {
-            Some(r) => got.push(r),
-            None => break,
-        }
-    }
+    let responses = client.stream_aggregated_resources(ReceiverStream::new(rx)).await?.into_inner();
+    let got = until_quiet(responses).await;
     drop(tx);
-    Ok(got)
+    got
 }
 
 /// As [`sotw`], over delta xDS: each request subscribes to `names` of its type.
@@ -126,16 +132,10 @@ async fn delta(
         .expect("queued");
     }
     let mut client = AggregatedDiscoveryServiceClient::new(channel);
-    let mut responses = client.delta_aggregated_resources(ReceiverStream::new(rx)).await?.into_inner();
-    let mut got = Vec::new();
-    while let Ok(next) = tokio::time::timeout(QUIET, responses.message()).await {
-        match next? {
-            Some(r) => got.push(r),
-            None => break,
-        }
-    }
+    let responses = client.delta_aggregated_resources(ReceiverStream::new(rx)).await?.into_inner();
+    let got = until_quiet(responses).await;
     drop(tx);
-    Ok(got)
+    got
 }
 
 /// Whether any of `bytes` holds either namespace's private key.

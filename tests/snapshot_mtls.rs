@@ -6,26 +6,21 @@
 
 mod common;
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use common::etcd::Etcd;
 use common::files::temp_dir_with;
 use common::meshpilot::Meshpilot;
 use common::poll::STARTUP_TIMEOUT;
-use hyper_util::rt::TokioIo;
+use common::secure::TlsConnector;
 use meshpilot::replication::wire::proto::snapshot_service_client::SnapshotServiceClient;
 use meshpilot::replication::wire::proto::SubscribeRequest;
 use meshpilot::security::ca::{CaMaterial, CaSettings, CertificateAuthority};
 use meshpilot::security::tls;
 use meshpilot::security::{Identity, TrustDomain};
-use rustls::pki_types::ServerName;
-use tokio::net::TcpStream;
 
 const SERVICE_ENTRY: &str = "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: ext, namespace: \
                              default}\nspec:\n  hosts: [ext.example.com]\n  ports: [{number: 80, name: http, protocol: \
@@ -59,33 +54,6 @@ fn client_tls(ca: &CertificateAuthority, identity: Option<(&str, &str, &str)>) -
     tls::client_config(&roots, Some((&issued.chain_pem, &issued.key_pem))).expect("client config")
 }
 
-/// Dials the snapshot port over TLS with a test-made client configuration.
-#[derive(Clone)]
-struct RawTls {
-    addr: SocketAddr,
-    config: Arc<rustls::ClientConfig>,
-}
-
-impl tower_service::Service<http::Uri> for RawTls {
-    type Response = TokioIo<tokio_rustls::client::TlsStream<TcpStream>>;
-    type Error = std::io::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _uri: http::Uri) -> Self::Future {
-        let this = self.clone();
-        Box::pin(async move {
-            let tcp = TcpStream::connect(this.addr).await?;
-            let name = ServerName::IpAddress(this.addr.ip().into());
-            let stream = tokio_rustls::TlsConnector::from(this.config).connect(name, tcp).await?;
-            Ok(TokioIo::new(stream))
-        })
-    }
-}
-
 /// What a raw gRPC `Subscribe` to `addr` gets: `Ok(bytes)` of the first chunk of a snapshot, or
 /// why it got none. `tls`: `None` for plaintext.
 async fn subscribe(addr: SocketAddr, tls: Option<Arc<rustls::ClientConfig>>) -> Result<usize, String> {
@@ -95,7 +63,7 @@ async fn subscribe(addr: SocketAddr, tls: Option<Arc<rustls::ClientConfig>>) -> 
             .connect_timeout(Duration::from_secs(5));
         let channel = match tls {
             None => endpoint.connect().await,
-            Some(config) => endpoint.connect_with_connector(RawTls { addr, config }).await,
+            Some(config) => endpoint.connect_with_connector(TlsConnector::to_ip(addr, config)).await,
         }
         .map_err(|e| format!("connect: {e:?}"))?;
         let request = SubscribeRequest { frontend_id: "attacker".into(), ..Default::default() };

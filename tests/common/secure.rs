@@ -53,13 +53,20 @@ pub fn csr(uri: &str) -> String {
     params.serialize_request(&key).expect("csr").pem().expect("pem")
 }
 
-/// Connects over TLS to `addr`, checking its certificate for `server_name` against `root_pem`
-/// and presenting `client` (chain, key) when given.
+/// Connects over TLS to `addr` with `config`, checking the server's certificate for
+/// `server_name`: a connector for tonic's `connect_with_connector` (tonic sees plain HTTP/2).
 #[derive(Clone)]
-struct TlsConnector {
+pub struct TlsConnector {
     addr: SocketAddr,
     server_name: ServerName<'static>,
     config: Arc<rustls::ClientConfig>,
+}
+
+impl TlsConnector {
+    /// Dials `addr`, expecting a certificate for its IP address.
+    pub fn to_ip(addr: SocketAddr, config: Arc<rustls::ClientConfig>) -> TlsConnector {
+        TlsConnector { addr, server_name: ServerName::IpAddress(addr.ip().into()), config }
+    }
 }
 
 impl tower_service::Service<http::Uri> for TlsConnector {
