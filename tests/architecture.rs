@@ -677,7 +677,6 @@ const CYCLES_LEFT: &[&str] = &[
     "snapshot",
     "source",
     "source::kubernetes",
-    "telemetry",
     "xds",
     "xds::generate",
     "xds::generate::authz",

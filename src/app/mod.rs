@@ -23,7 +23,8 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use crate::drain::{self, DrainWatcher};
-use crate::telemetry::metrics::{ProcessMetrics, Registry};
+use crate::telemetry::metrics::Registry;
+use crate::telemetry::process::ProcessMetrics;
 
 pub use servers::ServeError;
 

@@ -10,11 +10,13 @@
 //!
 //! See [`otlp`] for the environment variables and the resource attributes.
 
+pub mod export;
 pub mod heap;
 pub mod log_text;
 pub mod metrics;
 pub mod otlp;
 mod otlp_metrics;
+pub mod process;
 pub mod trace;
 
 use tracing::Level;
@@ -23,7 +25,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
-pub use otlp::Telemetry;
+pub use export::Telemetry;
 
 /// What a process is; its telemetry carries this as `meshpilot.role`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
