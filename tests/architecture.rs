@@ -332,6 +332,9 @@ struct FileScan {
     /// Modules written inline (`mod x { … }`), outside unit tests.
     inline: Vec<Vec<String>>,
     paths: Vec<PathRef>,
+    /// Single identifiers outside `use` and paths, with their module and line: a name a `pub use`
+    /// brought in is a use of its module when the own file's code names it.
+    words: Vec<(Vec<String>, String, usize)>,
 }
 
 /// Parses one `use` tree from `toks[*i]` into its leaves: the path, the name it binds, its line.
@@ -485,6 +488,9 @@ fn scan_file(text: &str, module: &[String]) -> FileScan {
                 scan.paths.push(PathRef { module: current(&inline), segments, line, binds: None, public: false });
                 continue;
             }
+            _ if is_ident(text) && (i == 0 || !matches!(toks[i - 1].text.as_str(), "::" | ".")) => {
+                scan.words.push((current(&inline), text.to_string(), toks[i].line));
+            }
             _ => {}
         }
         i += 1;
@@ -500,6 +506,8 @@ struct Crate {
     children: BTreeMap<Vec<String>, BTreeSet<String>>,
     /// Module → name → the absolute path a top-level `use` binds it to.
     names: BTreeMap<Vec<String>, BTreeMap<String, Vec<String>>>,
+    /// The same, for `pub use` (any `pub(…)`) only.
+    reexports: BTreeMap<Vec<String>, BTreeMap<String, Vec<String>>>,
     /// Module of the file → what the file names.
     scans: BTreeMap<Vec<String>, FileScan>,
 }
@@ -507,8 +515,13 @@ struct Crate {
 impl Crate {
     fn read() -> Crate {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let mut krate =
-            Crate { files: BTreeMap::new(), children: BTreeMap::new(), names: BTreeMap::new(), scans: BTreeMap::new() };
+        let mut krate = Crate {
+            files: BTreeMap::new(),
+            children: BTreeMap::new(),
+            names: BTreeMap::new(),
+            reexports: BTreeMap::new(),
+            scans: BTreeMap::new(),
+        };
         let mut queue = vec![(Vec::<String>::new(), root.join("src/lib.rs"))];
         while let Some((module, file)) = queue.pop() {
             let text = std::fs::read_to_string(&file).expect("read module file");
@@ -535,15 +548,19 @@ impl Crate {
             krate.files.insert(module.clone(), rel);
             krate.scans.insert(module, scan);
         }
-        let mut names = BTreeMap::new();
+        let (mut names, mut reexports) = (BTreeMap::new(), BTreeMap::new());
         for scan in krate.scans.values() {
             for path in &scan.paths {
                 if let (Some(name), Some(absolute)) = (&path.binds, krate.absolute(&path.segments, &path.module)) {
+                    if path.public {
+                        let bound = reexports.entry(path.module.clone()).or_insert_with(BTreeMap::new);
+                        bound.insert(name.clone(), absolute.clone());
+                    }
                     names.entry(path.module.clone()).or_insert_with(BTreeMap::new).insert(name.clone(), absolute);
                 }
             }
         }
-        krate.names = names;
+        (krate.names, krate.reexports) = (names, reexports);
         krate
     }
 
@@ -590,20 +607,27 @@ impl Crate {
     /// Module with children → the edges among them; a node is a child, or [`OWN_FILE`].
     fn sibling_edges(&self) -> BTreeMap<Vec<String>, Edges> {
         let mut graphs: BTreeMap<Vec<String>, Edges> = BTreeMap::new();
-        for (file_module, scan) in &self.scans {
-            for path in &scan.paths {
-                let Some(absolute) = self.absolute(&path.segments, &path.module) else { continue };
-                let target = self.defining_module(&absolute, 0);
-                let from = &path.module;
-                let common = from.iter().zip(&target).take_while(|(a, b)| a == b).count();
-                let node = |m: &Vec<String>| m.get(common).cloned().unwrap_or_else(|| OWN_FILE.to_string());
-                let (a, b) = (node(from), node(&target));
-                // Declaring and re-exporting children are the parent's job, not uses.
-                if a == b || (a == OWN_FILE && path.public) {
-                    continue;
-                }
-                let at = format!("{}:{}", self.files[file_module], path.line);
+        let mut add = |from: &Vec<String>, absolute: &[String], reexport: bool, at: String| {
+            let target = self.defining_module(absolute, 0);
+            let common = from.iter().zip(&target).take_while(|(a, b)| a == b).count();
+            let node = |m: &Vec<String>| m.get(common).cloned().unwrap_or_else(|| OWN_FILE.to_string());
+            let (a, b) = (node(from), node(&target));
+            // Declaring and re-exporting children are the parent's job, not uses.
+            if a != b && !(a == OWN_FILE && reexport) {
                 graphs.entry(from[..common].to_vec()).or_default().entry((a, b)).or_default().push(at);
+            }
+        };
+        for (file_module, scan) in &self.scans {
+            let file = &self.files[file_module];
+            for path in &scan.paths {
+                if let Some(absolute) = self.absolute(&path.segments, &path.module) {
+                    add(&path.module, &absolute, path.public, format!("{file}:{}", path.line));
+                }
+            }
+            for (module, word, line) in &scan.words {
+                if let Some(absolute) = self.reexports.get(module).and_then(|r| r.get(word)) {
+                    add(module, absolute, false, format!("{file}:{line}"));
+                }
             }
         }
         graphs
@@ -621,45 +645,41 @@ impl Crate {
     }
 }
 
-/// Every cycle that is the shortest one through some node of the graph, each once.
+/// For every edge on a cycle, the shortest cycle through it, each cycle once: every import that
+/// could be the one to remove shows up.
 fn shortest_cycles(edges: &Edges) -> Vec<Vec<String>> {
     let mut next: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for (a, b) in edges.keys() {
         next.entry(a).or_default().push(b);
     }
     let mut cycles = BTreeSet::new();
-    for &start in next.keys() {
-        // Breadth-first from the start's successors back to the start.
-        let mut came_from: BTreeMap<&str, &str> = BTreeMap::new();
-        let mut queue = std::collections::VecDeque::from([start]);
-        let mut found = false;
+    for (a, b) in edges.keys() {
+        // Breadth-first from `b` back to `a`.
+        let mut came_from: BTreeMap<&str, &str> = BTreeMap::from([(b.as_str(), a.as_str())]);
+        let mut queue = std::collections::VecDeque::from([b.as_str()]);
         while let Some(node) = queue.pop_front() {
+            if node == a {
+                break;
+            }
             for &succ in next.get(node).into_iter().flatten() {
-                if succ == start {
-                    came_from.insert(start, node);
-                    found = true;
-                    break;
-                }
                 if let std::collections::btree_map::Entry::Vacant(e) = came_from.entry(succ) {
                     e.insert(node);
                     queue.push_back(succ);
                 }
             }
-            if found {
-                break;
-            }
         }
-        if !found {
+        if !came_from.contains_key(a.as_str()) || a == b {
             continue;
         }
-        let mut cycle = vec![start.to_string()];
-        let mut at = came_from[start];
-        while at != start {
+        let mut cycle = vec![a.clone()];
+        let mut at = came_from[a.as_str()];
+        while at != b {
             cycle.push(at.to_string());
             at = came_from[at];
         }
+        cycle.push(b.clone());
         cycle.reverse();
-        // Start at the smallest node, so each cycle is kept once.
+        // Now b … a; start at the smallest node, so each cycle is kept once.
         let min = (0..cycle.len()).min_by_key(|&k| &cycle[k]).unwrap_or(0);
         cycle.rotate_left(min);
         cycles.insert(cycle);
@@ -691,7 +711,9 @@ fn no_import_cycles_between_siblings_at_any_depth() {
         for cycle in shortest_cycles(&edges) {
             if CYCLES_LEFT.contains(&parent.join("::").as_str()) {
                 still_left.insert(parent.join("::"));
-                continue;
+                if std::env::var_os("ALL_CYCLES").is_none() {
+                    continue;
+                }
             }
             let mut line = krate.label(&parent, &cycle[0]);
             for (k, node) in cycle.iter().enumerate() {
