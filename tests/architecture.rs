@@ -693,7 +693,6 @@ const CYCLES_LEFT: &[&str] = &[
     "admin",
     "app",
     "config::validation",
-    "registry",
     "snapshot",
     "source",
     "source::kubernetes",
