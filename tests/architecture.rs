@@ -693,7 +693,6 @@ const CYCLES_LEFT: &[&str] = &[
     "admin",
     "app",
     "config::validation",
-    "snapshot",
     "source",
     "source::kubernetes",
     "xds",
