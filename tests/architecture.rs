@@ -692,7 +692,6 @@ fn shortest_cycles(edges: &Edges) -> Vec<Vec<String>> {
 const CYCLES_LEFT: &[&str] = &[
     "admin",
     "app",
-    "config::validation",
     "source",
     "source::kubernetes",
     "xds",
