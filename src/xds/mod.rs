@@ -14,6 +14,7 @@ pub mod limits;
 pub mod metrics;
 pub mod names;
 pub mod proxy;
+pub mod resource_version;
 pub mod response;
 pub mod server;
 pub mod session;
