@@ -13,9 +13,9 @@ use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, Delt
 use tracing::debug;
 
 use super::changes::{self, Held};
-use super::debug::DebugResource;
 use super::isolation::{Holding, Isolation, Piece};
 use super::limits;
+use super::protocol::DebugResource;
 use super::resource_version;
 use super::response::{DeltaResource, Encoded};
 use super::session::{nonce_version, Outgoing, Session};
