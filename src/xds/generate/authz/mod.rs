@@ -22,8 +22,8 @@ use envoy_types::pb::envoy::extensions::filters::network::rbac::v3::Rbac as Netw
 use rbac::ChainKind;
 
 use super::network_filter::{http_filter, network_filter};
+use super::resource::Resource;
 use super::scope::Scope;
-use super::Resource;
 use crate::config::api::authorization_policy::Action;
 use crate::snapshot::RejectedPolicy;
 
