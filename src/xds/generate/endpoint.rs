@@ -9,7 +9,7 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 };
 
 use super::auto_mtls::endpoint_metadata;
-use super::cluster::{outbound_clusters, outbound_clusters_of, OutboundCluster};
+use super::outbound_clusters::{outbound_clusters, outbound_clusters_of, OutboundCluster};
 use super::proto::{resource, socket_address, u32_value};
 use super::resource::Resource;
 use super::scope::Scope;

@@ -30,6 +30,7 @@ mod listener;
 mod mtls;
 mod names;
 mod network_filter;
+mod outbound_clusters;
 mod proto;
 mod resource;
 mod route;
