@@ -687,23 +687,12 @@ fn shortest_cycles(edges: &Edges) -> Vec<Vec<String>> {
     cycles.into_iter().collect()
 }
 
-/// Modules whose children still import each other in a ring, while they are untangled one by
-/// one. Each must still hold a cycle, so the list only shrinks; it is empty when the work is done.
-const CYCLES_LEFT: &[&str] = &["app"];
-
 #[test]
 fn no_import_cycles_between_siblings_at_any_depth() {
     let krate = Crate::read();
     let mut report = Vec::new();
-    let mut still_left = BTreeSet::new();
     for (parent, edges) in krate.sibling_edges() {
         for cycle in shortest_cycles(&edges) {
-            if CYCLES_LEFT.contains(&parent.join("::").as_str()) {
-                still_left.insert(parent.join("::"));
-                if std::env::var_os("ALL_CYCLES").is_none() {
-                    continue;
-                }
-            }
             let mut line = krate.label(&parent, &cycle[0]);
             for (k, node) in cycle.iter().enumerate() {
                 let to = &cycle[(k + 1) % cycle.len()];
@@ -714,8 +703,6 @@ fn no_import_cycles_between_siblings_at_any_depth() {
             report.push(line);
         }
     }
-    let gone: Vec<_> = CYCLES_LEFT.iter().filter(|m| !still_left.contains(**m)).collect();
-    assert!(gone.is_empty(), "no cycle left under {gone:?}: remove them from CYCLES_LEFT");
     assert!(
         report.is_empty(),
         "{} import cycles among sibling modules; move what both sides need to the module it \
@@ -723,4 +710,18 @@ fn no_import_cycles_between_siblings_at_any_depth() {
         report.len(),
         report.join("\n  ")
     );
+}
+
+#[test]
+fn the_sibling_check_reads_every_path_form_and_finds_rings() {
+    let text = "use super::{a, b::{c, D as E}};\nfn f() { crate::x::y(); self::z::w(\"super::s\"); }\n\
+                #[cfg(test)]\nmod tests { use super::q; }\n";
+    let scan = scan_file(text, &["m".to_string(), "n".to_string()]);
+    let paths: Vec<String> = scan.paths.iter().map(|p| p.segments.join("::")).collect();
+    assert_eq!(paths, ["super::a", "super::b::c", "super::b::D", "crate::x::y", "self::z::w"]);
+    let mut edges = Edges::new();
+    edges.insert(("a".to_string(), "b".to_string()), vec!["a.rs:1".to_string()]);
+    edges.insert(("b".to_string(), "a".to_string()), vec!["b.rs:2".to_string()]);
+    edges.insert(("b".to_string(), "c".to_string()), vec!["b.rs:3".to_string()]);
+    assert_eq!(shortest_cycles(&edges), [["a", "b"]]);
 }

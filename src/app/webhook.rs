@@ -75,7 +75,7 @@ fn keep_ca_bundle(
         );
         return;
     };
-    tokio::spawn(super::while_leading(is_leader, drain, move |stop| {
+    tokio::spawn(super::leadership::while_leading(is_leader, drain, move |stop| {
         ca_bundle::run(client.clone(), name.clone(), root_pem.clone(), stop)
     }));
 }
