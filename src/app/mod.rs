@@ -11,6 +11,7 @@
 
 pub mod frontend;
 pub mod ingest;
+mod leadership;
 mod pipeline;
 pub mod security;
 mod servers;
@@ -24,7 +25,8 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use crate::drain::{self, DrainWatcher};
-use crate::telemetry::metrics::{ProcessMetrics, Registry};
+use crate::telemetry::metrics::Registry;
+use crate::telemetry::process::ProcessMetrics;
 
 pub use servers::ServeError;
 
@@ -160,30 +162,4 @@ async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
-}
-
-/// Runs `task` each time this node becomes leader, until leadership is lost or the drain starts
-/// (the future `task` is given resolves then); returns when the drain starts.
-async fn while_leading<F, Fut>(mut is_leader: tokio::sync::watch::Receiver<bool>, drain: DrainWatcher, mut task: F)
-where
-    F: FnMut(std::pin::Pin<Box<dyn Future<Output = ()> + Send>>) -> Fut,
-    Fut: Future<Output = ()>,
-{
-    loop {
-        if *is_leader.borrow_and_update() {
-            let mut lost = is_leader.clone();
-            let d = drain.clone();
-            let stop = async move {
-                tokio::select! {
-                    _ = lost.wait_for(|leading| !leading) => {}
-                    _ = d.draining() => {}
-                }
-            };
-            task(Box::pin(stop)).await;
-        }
-        tokio::select! {
-            changed = is_leader.changed() => if changed.is_err() { return },
-            _ = drain.draining() => return,
-        }
-    }
 }

@@ -268,7 +268,10 @@ pub fn keep_root_published(
                 _ = drain.draining() => return,
             }
         };
-        super::while_leading(is_leader, drain, |stop| root_publisher::run(client.clone(), root.clone(), stop)).await;
+        super::leadership::while_leading(is_leader, drain, |stop| {
+            root_publisher::run(client.clone(), root.clone(), stop)
+        })
+        .await;
     });
 }
 

@@ -76,7 +76,7 @@ fn keep_ca_bundle(
         tasks.spawn_finishing("webhook caBundle", kept);
         return;
     };
-    let kept = super::while_leading(is_leader, drain, move |stop| {
+    let kept = super::leadership::while_leading(is_leader, drain, move |stop| {
         ca_bundle::run(client.clone(), name.clone(), root_pem.clone(), stop)
     });
     tasks.spawn_finishing("webhook caBundle", kept);

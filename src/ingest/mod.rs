@@ -20,7 +20,7 @@ use crate::drain::DrainWatcher;
 use crate::readiness::BlockReady;
 use crate::snapshot::{SnapshotWriter, Version};
 use crate::source::{SourceEvent, SourceId};
-use crate::telemetry::metrics::ProcessMetrics;
+use crate::telemetry::process::ProcessMetrics;
 use crate::telemetry::trace;
 
 /// Capacity of the source → ingest channel; sources wait (back-pressure) when ingest is behind.

@@ -11,13 +11,10 @@ use super::kube_service::service_from_kube;
 use super::kubernetes::KubeObjects;
 use super::service::ServiceKey;
 use super::service_entry::add_service_entries;
+use super::workload::WorkloadEntries;
 use super::Registry;
-use crate::config::api::WorkloadEntry;
 use crate::config::{Spec, ValidConfig};
 use crate::mesh::MeshConfig;
-
-/// WorkloadEntries by namespace, in key order.
-pub(super) type WorkloadEntries<'a> = HashMap<&'a str, Vec<&'a WorkloadEntry>>;
 
 /// Builds the registry from the Kubernetes objects and every ServiceEntry and WorkloadEntry, keeping
 /// only namespaces that `mesh.discovery_selectors` select.

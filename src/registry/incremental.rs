@@ -15,7 +15,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use super::build::{build_registry, WorkloadEntries};
+use super::build::build_registry;
 use super::discovery::NamespaceScope;
 use super::kube_endpoints::service_endpoints;
 use super::kube_service::kube_hostname;
@@ -23,6 +23,7 @@ use super::kube_store::{endpoint_kind, KubeStore};
 use super::kubernetes::{KubeObject, KubeObjects};
 use super::service::{Endpoint, Service, ServiceKey, ServiceOrigin};
 use super::service_entry::{endpoints_of, inline_endpoints, service_for};
+use super::workload::WorkloadEntries;
 use super::{Hostname, Registry};
 use crate::config::api::Labels;
 use crate::config::{Kind, Spec, ValidConfig};

@@ -4,17 +4,13 @@
 //! conditions; plus the WorkloadEntries the Service's selector picks.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
-use super::build::WorkloadEntries;
 use super::kube_index::KubeLookup;
 use super::kubernetes::{KubeEndpointSlice, KubePod, KubeService, SliceEndpoint, TargetPort};
-use super::service::{Endpoint, EndpointHealth, EndpointPorts, Resolution, Service, NETWORK_LABEL};
-use super::service_entry::workload_entry_endpoint;
+use super::service::{Endpoint, EndpointHealth, EndpointPorts, Resolution, Service};
+use super::workload::{namespace_network, pod_endpoint, workload_default, workload_entry_endpoint, WorkloadEntries};
 use crate::config::api::Labels;
 
-/// Pod label that overrides the Node's locality (`region.zone.subzone`).
-const LOCALITY_LABEL: &str = "istio-locality";
 /// Service labels that turn on persistent sessions, for which terminating endpoints drain.
 const PERSISTENT_SESSION_LABELS: [&str; 2] = ["istio.io/persistent-session", "istio.io/persistent-session-header"];
 
@@ -122,41 +118,6 @@ fn slice_ports(svc: &KubeService, slice: &KubeEndpointSlice, pod: Option<&KubePo
         .collect()
 }
 
-/// A Pod as an endpoint (address: its first IP, no ports yet): its labels (shared with the
-/// Pod), node, service account, locality and network.
-pub(super) fn pod_endpoint(pod: &KubePod, slice_node: Option<&Arc<str>>, index: &impl KubeLookup) -> Endpoint {
-    let node: Arc<str> = match slice_node {
-        Some(n) if pod.node_name.is_empty() => n.clone(),
-        _ => pod.node_name.clone(),
-    };
-    let network = match pod.labels.get(NETWORK_LABEL) {
-        Some(n) if !n.is_empty() => Arc::from(n.as_str()),
-        _ => namespace_network(&pod.namespace, index),
-    };
-    Endpoint {
-        address: pod.ips.first().cloned().unwrap_or_default(),
-        labels: pod.labels.clone(),
-        locality: pod_locality(pod, &node, index),
-        node,
-        network,
-        service_account: pod.service_account.clone(),
-        ..workload_default()
-    }
-}
-
-/// Istio's Pod locality: the `istio-locality` label (dots for slashes), else the Node's
-/// `region/zone/subzone`, else none.
-pub(super) fn pod_locality(pod: &KubePod, node_name: &str, index: &impl KubeLookup) -> Arc<str> {
-    match pod.labels.get(LOCALITY_LABEL).filter(|l| !l.is_empty()) {
-        Some(label) => Arc::from(label.replace('.', "/")),
-        None => index.topology().locality(node_name),
-    }
-}
-
-fn namespace_network(namespace: &str, index: &impl KubeLookup) -> Arc<str> {
-    index.topology().network(namespace)
-}
-
 /// WorkloadEntries of the Service's namespace its selector picks (Istio's default
 /// `PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES`). A port whose `targetPort` names a port the entry
 /// does not declare is not served by that entry.
@@ -191,9 +152,4 @@ fn selected_workload_entries<'a>(
         }
         Some(Endpoint { ports, listed_ports_only: true, ..workload_entry_endpoint(we) })
     })
-}
-
-/// An endpoint with no identity yet.
-fn workload_default() -> Endpoint {
-    Endpoint::at(String::new())
 }

@@ -16,6 +16,7 @@ pub mod kubernetes;
 mod service;
 mod service_entry;
 mod visibility;
+mod workload;
 
 use std::sync::Arc;
 

@@ -5,15 +5,12 @@
 
 use std::sync::Arc;
 
-use super::build::WorkloadEntries;
-use super::kube_endpoints::pod_endpoint;
 use super::kube_index::KubeLookup;
-use super::service::{
-    Endpoint, EndpointHealth, EndpointPorts, Resolution, Service, ServiceKey, ServiceOrigin, ServicePort,
-};
+use super::service::{Endpoint, EndpointPorts, Resolution, Service, ServiceKey, ServiceOrigin, ServicePort};
+use super::workload::{pod_endpoint, workload_entry_endpoint, WorkloadEntries};
 use super::{Hostname, Registry, Visibility};
 use crate::config::api::service_entry::{Location, Resolution as SeResolution};
-use crate::config::api::{Protocol, ServiceEntry, WorkloadEntry};
+use crate::config::api::{Protocol, ServiceEntry};
 use crate::config::{Spec, ValidConfig};
 use crate::mesh::MeshConfig;
 
@@ -111,26 +108,6 @@ pub(super) fn endpoints_of(
 /// The endpoints a ServiceEntry lists itself (those of one without a `workloadSelector`).
 pub(super) fn inline_endpoints(se: &ServiceEntry) -> Vec<Endpoint> {
     se.endpoints.iter().map(workload_entry_endpoint).collect()
-}
-
-/// A WorkloadEntry (or a ServiceEntry's inline endpoint) as an endpoint.
-pub(super) fn workload_entry_endpoint(we: &WorkloadEntry) -> Endpoint {
-    Endpoint {
-        address: we.address.clone(),
-        ports: we
-            .ports
-            .iter()
-            .filter_map(|(name, port)| Some((name.clone(), u16::try_from(*port).ok()?)))
-            .collect::<EndpointPorts>(),
-        listed_ports_only: false,
-        labels: Arc::new(we.labels.clone()),
-        node: Arc::from(""),
-        locality: Arc::from(we.locality.as_str()),
-        network: Arc::from(we.network.as_str()),
-        weight: we.weight.filter(|w| *w > 0).unwrap_or(1),
-        service_account: Arc::from(we.service_account.as_str()),
-        health: EndpointHealth::Healthy,
-    }
 }
 
 #[cfg(test)]

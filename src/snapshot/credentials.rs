@@ -7,11 +7,10 @@
 
 use std::collections::BTreeSet;
 
-use super::Snapshot;
 use crate::config::api::gateway::ServerTlsSettings;
 use crate::config::error::FieldError;
 use crate::config::{ConfigError, ConfigKey, Spec, ValidConfig};
-use crate::registry::kubernetes::{KubeKey, KubeKind, KubeObject, KubeObjects, KubeSecret};
+use crate::registry::kubernetes::{KubeKey, KubeKind, KubeObject, KubeObjects};
 
 /// The scheme Istio gives Kubernetes Secret credentials.
 const KUBERNETES_SCHEME: &str = "kubernetes://";
@@ -36,7 +35,7 @@ fn servers(config: &ValidConfig) -> impl Iterator<Item = (usize, &ServerTlsSetti
     servers.iter().enumerate().filter_map(|(i, s)| s.tls.as_ref().map(|t| (i, t)))
 }
 
-fn secret_key(namespace: &str, name: &str) -> KubeKey {
+pub(super) fn secret_key(namespace: &str, name: &str) -> KubeKey {
     KubeKey { kind: KubeKind::Secret, namespace: namespace.to_string(), name: name.to_string() }
 }
 
@@ -79,7 +78,11 @@ pub(super) fn keep_referenced(kube: &KubeObjects, wanted: &BTreeSet<&str>) -> Ku
 }
 
 /// Why a server's credential cannot be served; `None` when it can.
-fn credential_problem(snapshot_kube: &KubeObjects, namespace: &str, tls: &ServerTlsSettings) -> Option<String> {
+pub(super) fn credential_problem(
+    snapshot_kube: &KubeObjects,
+    namespace: &str,
+    tls: &ServerTlsSettings,
+) -> Option<String> {
     let Some(name) = secret_name(&tls.credential_name) else {
         return Some(format!("{:?}: only kubernetes:// credentials are served", tls.credential_name));
     };
@@ -140,23 +143,4 @@ pub(super) fn credential_errors<'a>(
         }
     }
     out
-}
-
-impl Snapshot {
-    /// Whether a Gateway server's `credentialName` can be served to gateways of `namespace`.
-    pub fn credential_ready(&self, namespace: &str, tls: &ServerTlsSettings) -> bool {
-        credential_problem(&self.kube, namespace, tls).is_none()
-    }
-
-    /// The credential Secrets of `namespace` (what gateway proxies there may be sent).
-    pub fn credentials_in<'a>(&'a self, namespace: &'a str) -> impl Iterator<Item = &'a KubeSecret> + 'a {
-        let first = secret_key(namespace, "");
-        self.kube
-            .range(first..)
-            .take_while(move |(k, _)| k.kind == KubeKind::Secret && k.namespace == namespace)
-            .filter_map(|(_, o)| match &**o {
-                KubeObject::Secret(s) => Some(s),
-                _ => None,
-            })
-    }
 }

@@ -5,12 +5,14 @@ use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
 use super::config_index::{of_kind, ConfigIndex, Indexed};
+use super::credentials::{credential_problem, secret_key};
 use super::security::SecurityIndex;
 use super::{ChangeSet, ChangedKey, Version};
+use crate::config::api::gateway::ServerTlsSettings;
 use crate::config::api::{DestinationRule, Gateway, Labels, Sidecar, VirtualService};
 use crate::config::{ConfigError, ConfigKey, ConfigObjects, IgnoredObject, Kind, Spec, ValidConfig};
 use crate::mesh::MeshConfig;
-use crate::registry::kubernetes::KubeObjects;
+use crate::registry::kubernetes::{KubeKind, KubeObject, KubeObjects, KubeSecret};
 use crate::registry::{
     host_matches, Endpoint, Endpoints, Hostname, InstanceIndex, NamespaceScope, Registry, Service, ServiceKey,
 };
@@ -339,6 +341,26 @@ pub fn qualify_gateway(reference: &str, namespace: &str) -> String {
         reference.to_string()
     } else {
         format!("{namespace}/{reference}")
+    }
+}
+
+/// The gateway credentials a snapshot holds (the rules are in [`super::credentials`]).
+impl Snapshot {
+    /// Whether a Gateway server's `credentialName` can be served to gateways of `namespace`.
+    pub fn credential_ready(&self, namespace: &str, tls: &ServerTlsSettings) -> bool {
+        credential_problem(&self.kube, namespace, tls).is_none()
+    }
+
+    /// The credential Secrets of `namespace` (what gateway proxies there may be sent).
+    pub fn credentials_in<'a>(&'a self, namespace: &'a str) -> impl Iterator<Item = &'a KubeSecret> + 'a {
+        let first = secret_key(namespace, "");
+        self.kube
+            .range(first..)
+            .take_while(move |(k, _)| k.kind == KubeKind::Secret && k.namespace == namespace)
+            .filter_map(|(_, o)| match &**o {
+                KubeObject::Secret(s) => Some(s),
+                _ => None,
+            })
     }
 }
 

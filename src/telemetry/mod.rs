@@ -10,11 +10,14 @@
 //!
 //! See [`otlp`] for the environment variables and the resource attributes.
 
+pub mod export;
 pub mod heap;
 pub mod log_text;
 pub mod metrics;
 pub mod otlp;
 mod otlp_metrics;
+pub mod process;
+mod role;
 pub mod trace;
 
 use tracing::Level;
@@ -23,32 +26,8 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
-pub use otlp::Telemetry;
-
-/// What a process is; its telemetry carries this as `meshpilot.role`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// Ingest and a frontend in one process.
-    Standalone,
-    /// An ingest node (builds snapshots; serves them while leader).
-    Ingest,
-    /// An xDS frontend following the leader.
-    Frontend,
-    /// A command-line tool (`validate`, `load`, `version`): logs only, nothing exported.
-    Tool,
-}
-
-impl Role {
-    /// The `meshpilot.role` value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Standalone => "standalone",
-            Role::Ingest => "ingest",
-            Role::Frontend => "frontend",
-            Role::Tool => "tool",
-        }
-    }
-}
+pub use export::Telemetry;
+pub use role::Role;
 
 /// Installs logging and, for the serving roles, OpenTelemetry (see the module docs). Keep the
 /// returned guard alive while the process runs: dropping it flushes and stops the exporters.

@@ -9,23 +9,6 @@ use std::sync::Arc;
 use super::isolation::{Holding, Piece};
 use super::names::NameSet;
 
-/// The hash standing for a version the proxy sent that is not one of ours: matches nothing
-/// real (save a 2^-64 chance), so that resource is sent again.
-const FOREIGN_VERSION: u64 = u64::MAX;
-
-/// The delta `version` of a resource with content hash `hash`.
-pub fn resource_version(hash: u64) -> String {
-    format!("{hash:016x}")
-}
-
-/// The content hash a delta `version` stands for.
-pub fn parse_version(version: &str) -> u64 {
-    match u64::from_str_radix(version, 16) {
-        Ok(hash) if version.len() == 16 => hash,
-        _ => FOREIGN_VERSION,
-    }
-}
-
 /// The resources of `next` the proxy does not hold at that content (`held` gives the hash it
 /// holds of a name), in name order.
 pub fn updated(next: &Holding, held: impl Fn(&str) -> Option<u64>) -> Vec<Piece> {
@@ -206,6 +189,7 @@ mod tests {
 
     #[test]
     fn versions_round_trip_and_foreign_ones_never_match() {
+        use crate::xds::resource_version::{parse_version, resource_version, FOREIGN_VERSION};
         let v = holding(&[("a", 1)]);
         let hash = v.pieces()[0].hash();
         assert_eq!(parse_version(&resource_version(hash)), hash);

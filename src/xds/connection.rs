@@ -11,10 +11,10 @@ use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, Discovery
 use tracing::debug;
 
 use super::changes;
-use super::debug::DebugResource;
 use super::isolation::{Holding, Isolation};
 use super::limits;
 use super::names::NameSet;
+use super::protocol::DebugResource;
 use super::response::{resources_field_of, Encoded};
 use super::session::{Outgoing, Session};
 use super::status::Transport;

@@ -16,8 +16,9 @@ use tonic::Status;
 use tracing::debug;
 
 use super::dump::{self, DumpedType};
+use super::protocol::{DebugResource, Protocol};
 use super::status::{ConnectionStatus, TypeStatus};
-use super::stream::{Caller, ConnectionContext, Protocol, StreamEnd};
+use super::stream_context::{Caller, ConnectionContext, StreamEnd};
 use super::TypeUrl;
 use crate::telemetry::log_text::Untrusted;
 
@@ -43,9 +44,6 @@ pub fn control_plane_identifier(server_id: &str) -> String {
 pub fn is_debug_type(type_url: &str) -> bool {
     type_url.starts_with(PREFIX)
 }
-
-/// One debug resource: its name and the message answering it.
-pub type DebugResource = (String, Any);
 
 /// Which proxies a debug client may see. As istiod: a caller on the secure port sees the proxies
 /// of its own namespaces, unless one of its identities is of the control plane's (root)

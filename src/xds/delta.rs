@@ -13,9 +13,10 @@ use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, Delt
 use tracing::debug;
 
 use super::changes::{self, Held};
-use super::debug::DebugResource;
 use super::isolation::{Holding, Isolation, Piece};
 use super::limits;
+use super::protocol::DebugResource;
+use super::resource_version;
 use super::response::{DeltaResource, Encoded};
 use super::session::{nonce_version, Outgoing, Session};
 use super::status::Transport;
@@ -154,7 +155,10 @@ impl Protocol for Delta {
         if first {
             // A reconnecting proxy says what it holds: only what differs is sent.
             watch.held = Held::Listed(
-                req.initial_resource_versions.iter().map(|(n, v)| (n.clone(), changes::parse_version(v))).collect(),
+                req.initial_resource_versions
+                    .iter()
+                    .map(|(n, v)| (n.clone(), resource_version::parse_version(v)))
+                    .collect(),
             );
             watch.acked = watch.held.clone();
         }
@@ -307,7 +311,7 @@ impl Delta {
         let Change { updated, removed, holding, complete } = change;
         let nonce = session.next_nonce(&snapshot);
         let version = nonce_version(&nonce);
-        let versions: Vec<String> = updated.iter().map(|p| changes::resource_version(p.hash())).collect();
+        let versions: Vec<String> = updated.iter().map(|p| resource_version::resource_version(p.hash())).collect();
         let resources: Vec<DeltaResource<'_>> = updated
             .iter()
             .zip(&versions)

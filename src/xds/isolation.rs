@@ -324,7 +324,7 @@ impl Isolation {
     fn reject(&mut self, sent: &Holding, names: &[String], message: &str) {
         for name in names {
             if let Some(piece) = sent.get(name) {
-                let (hash, version) = (piece.hash(), super::changes::resource_version(piece.hash()));
+                let (hash, version) = (piece.hash(), super::resource_version::resource_version(piece.hash()));
                 let message = log_text::truncated(message, super::limits::MAX_NACK_DETAIL_CHARS).to_string();
                 self.rejected.insert(name.clone(), Rejected { hash, version, message });
             }

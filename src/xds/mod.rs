@@ -13,12 +13,15 @@ pub mod isolation;
 pub mod limits;
 pub mod metrics;
 pub mod names;
+pub mod protocol;
 pub mod proxy;
+pub mod resource_version;
 pub mod response;
 pub mod server;
 pub mod session;
 pub mod status;
 pub mod stream;
+pub mod stream_context;
 #[cfg(test)]
 pub(crate) mod stream_testing;
 pub mod subscription;

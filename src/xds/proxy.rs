@@ -1,5 +1,6 @@
 //! Proxies: Istio node ids and metadata, and the view of the mesh a proxy's config depends on.
 
+mod kind;
 mod metadata;
 mod resolution;
 mod view;
@@ -7,6 +8,7 @@ mod view;
 use envoy_types::pb::envoy::config::core::v3::Node;
 use serde::Serialize;
 
+pub use kind::ProxyKind;
 pub use metadata::{Interception, NodeMetadata, ProxyConfigMeta};
 pub use resolution::KeptResolutions;
 pub use view::{InboundPort, ProxyView, SharedView};
@@ -14,15 +16,6 @@ pub use view::{InboundPort, ProxyView, SharedView};
 use crate::cluster::ownership::ProxyIdentity;
 use crate::config::api::Labels;
 use crate::registry::kubernetes::{KubeKey, KubeKind, KubeObject, KubeObjects, KubePod};
-
-/// Role of a proxy, from the first part of its node id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-pub enum ProxyKind {
-    /// `sidecar~...`: a workload's sidecar.
-    Sidecar,
-    /// `router~...`: a gateway.
-    Router,
-}
 
 /// A connected proxy, as identified by its xDS node.
 #[derive(Debug, Clone, PartialEq, Serialize)]

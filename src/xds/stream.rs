@@ -3,176 +3,25 @@
 //! protocols (state of the world in `connection`, delta in `delta`) only answer requests and
 //! compute one type's response.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
-use envoy_types::pb::envoy::config::core::v3::Node;
 use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 use tonic::Status;
 use tracing::warn;
 
-use super::admission::Admission;
-use super::cache::GenerationCache;
 use super::limits::{self, RequestRate};
-use super::metrics::XdsMetrics;
 use super::proxy::Proxy;
-use super::response::Framed;
 use super::session::Session;
-use super::status::{ConnectionRegistry, Transport};
 use super::TypeUrl;
-use crate::drain::DrainWatcher;
-use crate::security::Identity;
-use crate::snapshot::{Snapshot, SnapshotReader};
+use crate::snapshot::Snapshot;
 use crate::telemetry::log_text::Untrusted;
 
-/// Who opened a stream.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Caller {
-    /// The plaintext port, for local use: whoever can reach it may claim any node.
-    Unauthenticated,
-    /// The secure port: the identities the caller proved (client certificate or token). The
-    /// node it claims must be one of them.
-    Authenticated(Vec<Identity>),
-}
-
-impl Caller {
-    /// Whether the caller proved an identity (the secure port).
-    pub fn is_authenticated(&self) -> bool {
-        matches!(self, Caller::Authenticated(_))
-    }
-
-    /// Checks the claimed node as istiod does: some identity has the proxy's namespace and, when
-    /// the node names one, its service account; else the stream ends with PERMISSION_DENIED.
-    pub fn authorize(&self, proxy: &Proxy) -> Result<(), Status> {
-        let Caller::Authenticated(identities) = self else { return Ok(()) };
-        let allowed = identities.iter().any(|id| {
-            id.namespace() == proxy.namespace
-                && (proxy.service_account.is_empty() || id.service_account() == proxy.service_account)
-        });
-        if allowed {
-            return Ok(());
-        }
-        let ids: Vec<String> = identities.iter().map(ToString::to_string).collect();
-        Err(Status::permission_denied(format!(
-            "authorization failed: no identity of the caller ({}) matches the node's namespace {:?} and service account {:?}",
-            ids.join(", "),
-            proxy.namespace,
-            proxy.service_account
-        )))
-    }
-}
-
-/// What a connection needs from its frontend.
-#[derive(Clone)]
-pub struct ConnectionContext {
-    /// Latest snapshot.
-    pub snapshots: SnapshotReader,
-    /// Shared generation cache.
-    pub cache: Arc<GenerationCache>,
-    /// Live connections.
-    pub registry: Arc<ConnectionRegistry>,
-    /// Metrics of this server.
-    pub metrics: XdsMetrics,
-    /// Held by every stream; when the drain starts each ends, so proxies reconnect elsewhere.
-    pub drain: DrainWatcher,
-    /// New-stream rate, push concurrency and stream age.
-    pub admission: Arc<Admission>,
-    /// How answers name this server (see [`super::debug::control_plane_identifier`]).
-    pub control_plane: Arc<str>,
-}
-
-/// Why a stream ended.
-#[derive(Debug, thiserror::Error)]
-pub enum StreamEnd {
-    /// The proxy closed it.
-    #[error("closed by the proxy")]
-    Closed,
-    /// The proxy sent something unusable.
-    #[error("{0}")]
-    Invalid(String),
-    /// The request broke a limit or did not decode; the client gets this status.
-    #[error("refused: {}", Untrusted(.0.message()))]
-    Refused(Status),
-    /// The response channel is gone.
-    #[error("response stream dropped")]
-    Dropped,
-    /// The frontend is shutting down.
-    #[error("frontend shutting down")]
-    Draining,
-    /// The stream reached its maximum age; the proxy reconnects, maybe to another frontend.
-    #[error("maximum stream age reached")]
-    MaxAge,
-}
-
-/// A limit the request broke, as the status the stream ends with.
-pub fn over_limit(error: limits::LimitError) -> StreamEnd {
-    StreamEnd::Refused(Status::resource_exhausted(error.to_string()))
-}
-
-/// One ADS protocol: how requests are answered and how one type's response is computed.
-pub trait Protocol: Send {
-    /// The request message.
-    type Request: Send;
-    /// The response, encoded.
-    type Response: Framed + Send + 'static;
-    /// How `/debug/syncz` names it.
-    const TRANSPORT: Transport;
-
-    /// The node a request carries (the first request of a stream must).
-    fn node(request: &Self::Request) -> Option<&Node>;
-
-    /// The type a request is about.
-    fn type_url(request: &Self::Request) -> &str;
-
-    /// The resource names a debug request names.
-    fn debug_names(request: &Self::Request) -> &[String];
-
-    /// The answer to a debug request: `resources` of `type_url`, with this server's identifier.
-    fn debug_response(
-        type_url: &str,
-        nonce: &str,
-        control_plane: &str,
-        resources: Vec<super::debug::DebugResource>,
-    ) -> Self::Response;
-
-    /// Handles one request: subscriptions, ACK or NACK, and any response it calls for.
-    fn on_request(
-        &mut self,
-        session: &mut Session<Self::Response>,
-        request: Self::Request,
-    ) -> impl Future<Output = Result<(), StreamEnd>> + Send;
-
-    /// Whether the proxy subscribed to `type_url`.
-    fn watches(&self, type_url: TypeUrl) -> bool;
-
-    /// A new snapshot is about to be pushed (a bisection of the old one is moot).
-    fn on_new_snapshot(&mut self);
-
-    /// Whether every subscription holds a whole generation, acknowledged or not, with nothing
-    /// set aside or under test: then a snapshot that changes none of the view's resources has
-    /// nothing to send (the protocol would find the same generation and send nothing).
-    fn settled(&self) -> bool {
-        false
-    }
-
-    /// Pushes what changed of `type_url` in the session's snapshot; returns whether it sent.
-    fn push(
-        &mut self,
-        session: &mut Session<Self::Response>,
-        type_url: TypeUrl,
-    ) -> impl Future<Output = Result<bool, StreamEnd>> + Send;
-
-    /// After every type was pushed: sends what had to wait for the rest (removals of clusters
-    /// and endpoints nothing refers to any more); returns whether it sent.
-    fn finish_push(
-        &mut self,
-        _session: &mut Session<Self::Response>,
-    ) -> impl Future<Output = Result<bool, StreamEnd>> + Send {
-        async { Ok(false) }
-    }
-}
+// The stream's types live beside it, where the protocols and the debug types can use them
+// without a ring through the stream loop; their paths through `stream` stay as they were.
+pub use super::protocol::Protocol;
+pub use super::stream_context::{over_limit, Caller, ConnectionContext, StreamEnd};
 
 /// Serves one ADS stream of protocol `P` from an unauthenticated caller until it ends.
 pub async fn serve<P, S>(
@@ -330,6 +179,7 @@ mod tests {
     use envoy_types::pb::envoy::config::core::v3::Node;
 
     use super::*;
+    use crate::security::Identity;
 
     fn proxy(id: &str, service_account: Option<&str>) -> Proxy {
         let metadata = service_account.map(|sa| {

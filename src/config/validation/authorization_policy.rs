@@ -5,8 +5,8 @@
 use crate::config::api::authorization_policy::{Action, AuthorizationPolicy, Operation, Rule, Source};
 
 use super::addresses::check_ip_or_cidr;
+use super::field_errors::{forbidden, invalid, required, Errors};
 use super::policy_target::check_policy_target;
-use super::{forbidden, invalid, required, Errors};
 
 /// Longest service account value (`ns/sa`), as Istio bounds it.
 const MAX_SERVICE_ACCOUNT_LEN: usize = 320;
@@ -40,7 +40,7 @@ pub(super) fn validate(policy: &AuthorizationPolicy, errors: &mut Errors) {
     }
     let rules = policy.rules.as_deref().unwrap_or_default();
     if rules.len() > MAX_ITEMS {
-        errors.add("spec.rules", super::too_many(rules.len(), MAX_ITEMS));
+        errors.add("spec.rules", super::field_errors::too_many(rules.len(), MAX_ITEMS));
     }
     for (i, rule) in rules.iter().enumerate() {
         check_rule(errors, &format!("spec.rules[{i}]"), rule);
@@ -51,7 +51,7 @@ fn check_rule(errors: &mut Errors, path: &str, rule: &Rule) {
     match rule.from.as_deref() {
         Some([]) => errors.add(format!("{path}.from"), required("`from` must not be empty")),
         Some(from) if from.len() > MAX_ITEMS => {
-            errors.add(format!("{path}.from"), super::too_many(from.len(), MAX_ITEMS))
+            errors.add(format!("{path}.from"), super::field_errors::too_many(from.len(), MAX_ITEMS))
         }
         _ => {}
     }

@@ -2,9 +2,9 @@
 
 use crate::config::api::virtual_service::Destination;
 
+use super::field_errors::{invalid, required, Errors};
 use super::hosts::{check_wildcard_host, is_dns_label};
 use super::ports::check_port;
-use super::{invalid, required, Errors};
 
 /// Checks a destination (`host`, `subset`, `port`) reported under `path`.
 pub(super) fn check_destination(errors: &mut Errors, path: &str, destination: &Destination) {

@@ -6,10 +6,10 @@ use crate::config::api::DestinationRule;
 
 use super::destination::check_subset_name;
 use super::export_to::{check_export_to, Exporter};
+use super::field_errors::{duplicate, invalid, required, Errors};
 use super::hosts::check_wildcard_host;
 use super::labels::{check_labels, check_selector};
 use super::traffic_policy::check_traffic_policy;
-use super::{duplicate, invalid, required, Errors};
 
 /// Checks a DestinationRule in `namespace`.
 pub(super) fn validate(dr: &DestinationRule, namespace: &str, errors: &mut Errors) {

@@ -23,7 +23,7 @@ use serde_json::Value;
 
 use crate::config::api::Duration;
 
-use super::invalid;
+use super::field_errors::invalid;
 
 const NANOS_PER_MILLI: u128 = 1_000_000;
 

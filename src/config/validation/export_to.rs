@@ -2,8 +2,8 @@
 
 use std::collections::BTreeSet;
 
+use super::field_errors::{duplicate, invalid, Errors};
 use super::hosts::is_dns_label;
-use super::{duplicate, invalid, Errors};
 
 /// What kind of object the `exportTo` belongs to; the kinds differ in what they allow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,10 +6,10 @@ use crate::config::api::gateway::{Server, ServerTlsSettings};
 use crate::config::api::{Gateway, Port};
 
 use super::addresses::{check_ip, check_unix_address, UNIX_PREFIX};
+use super::field_errors::{duplicate, forbidden, invalid, required, unsupported, Errors};
 use super::hosts::{check_namespaced_host, is_dns_label, HostScope};
 use super::labels::check_labels;
 use super::ports::{check_port, is_http_protocol, is_known_protocol, is_tls_protocol};
-use super::{duplicate, forbidden, invalid, required, unsupported, Errors};
 
 /// Server TLS modes.
 const TLS_MODES: [&str; 6] = ["PASSTHROUGH", "SIMPLE", "MUTUAL", "AUTO_PASSTHROUGH", "ISTIO_MUTUAL", "OPTIONAL_MUTUAL"];

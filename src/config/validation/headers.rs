@@ -2,7 +2,7 @@
 
 use crate::config::api::virtual_service::{HeaderOperations, Headers};
 
-use super::{invalid, Errors};
+use super::field_errors::{invalid, Errors};
 
 /// Prefix of header names that match a JWT claim instead of a header (gateways only).
 const JWT_CLAIM_PREFIX: &str = "@request.auth.claims";

@@ -10,6 +10,8 @@ use crate::config::api::StringMatch;
 
 use super::destination::{check_destination, check_weights};
 use super::durations::{check_duration, check_optional};
+use super::field_errors::{check_percent_range, forbidden, invalid, required, unsupported, Errors};
+use super::gateway_binding::RouteContext;
 use super::headers::{
     check_cors_header_name, check_header_operations, check_header_value, check_match_header_name, is_authority_header,
     is_jwt_claim,
@@ -18,8 +20,6 @@ use super::hosts::is_dns_label;
 use super::labels::check_labels;
 use super::ports::check_port;
 use super::string_match::{check_regex, check_string_match, variant, EmptyPrefix};
-use super::virtual_service::RouteContext;
-use super::{check_percent_range, forbidden, invalid, required, unsupported, Errors};
 
 /// Redirect codes Envoy can send.
 const REDIRECT_CODES: [u32; 5] = [301, 302, 303, 307, 308];

@@ -2,8 +2,8 @@
 
 use crate::config::api::Labels;
 
+use super::field_errors::{invalid, Errors};
 use super::hosts::is_dns_label;
-use super::{invalid, Errors};
 
 /// Longest name part of a key, and longest value.
 const MAX_NAME_LEN: usize = 63;

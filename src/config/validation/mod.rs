@@ -11,7 +11,9 @@ mod destination;
 mod destination_rule;
 mod durations;
 mod export_to;
+mod field_errors;
 mod gateway;
+mod gateway_binding;
 mod headers;
 mod hosts;
 mod http_route;
@@ -28,14 +30,13 @@ mod traffic_policy;
 mod virtual_service;
 mod workload_entry;
 
-use std::fmt::{Debug, Display};
-
 pub use durations::{check_duration, check_duration_above};
 pub use re2::{re2_program_size, Re2Error, ENVOY_MAX_PROGRAM_SIZE};
 pub use request_authentication::{parse_jwks_uri, JwksUri};
 
 use super::error::FieldError;
 use super::object::{ConfigObject, Spec};
+use field_errors::Errors;
 
 /// Validates a parsed object; an empty result means it may be served.
 pub fn validate(obj: &ConfigObject) -> Vec<FieldError> {
@@ -100,77 +101,6 @@ pub fn check_dns1123_label(value: &str) -> Result<(), String> {
         Err(format!(
             "{value:?} is not a valid DNS-1123 label (lower case alphanumerics and '-', at most 63 characters)"
         ))
-    }
-}
-
-/// The errors (and warnings) found in one object, in the order they were found.
-#[derive(Debug, Default)]
-struct Errors {
-    found: Vec<FieldError>,
-    warnings: Vec<FieldError>,
-}
-
-impl Errors {
-    /// Records an error at `field`.
-    fn add(&mut self, field: impl Into<String>, reason: impl Into<String>) {
-        self.found.push(FieldError::new(field, reason));
-    }
-
-    /// Records a warning at `field`: the object stays valid.
-    fn warn(&mut self, field: impl Into<String>, reason: impl Into<String>) {
-        self.warnings.push(FieldError::new(field, reason));
-    }
-
-    /// Records the error of `result`, if any, at `field`.
-    fn check(&mut self, field: impl Into<String>, result: Result<(), String>) {
-        if let Err(reason) = result {
-            self.add(field, reason);
-        }
-    }
-}
-
-/// Reason for a missing field.
-fn required(detail: impl Display) -> String {
-    format!("Required value: {detail}")
-}
-
-/// Reason for a field whose value breaks a rule.
-fn invalid(value: impl Debug, detail: impl Display) -> String {
-    format!("Invalid value: {value:?}: {detail}")
-}
-
-/// Reason for a value that repeats an earlier one where values must be unique.
-fn duplicate(value: impl Debug, detail: impl Display) -> String {
-    format!("Duplicate value: {value:?}: {detail}")
-}
-
-/// Reason for a field that may not be set (in this combination).
-fn forbidden(detail: impl Display) -> String {
-    format!("Forbidden: {detail}")
-}
-
-/// Reason for a list longer than its schema allows.
-fn too_many(count: usize, max: usize) -> String {
-    format!("Too many: {count}: must have at most {max} items")
-}
-
-/// Reason for a value outside an enumeration.
-fn unsupported(value: impl Debug, supported: &[&str]) -> String {
-    let list: Vec<String> = supported.iter().map(|s| format!("{s:?}")).collect();
-    format!("Unsupported value: {value:?}: supported values: {}", list.join(", "))
-}
-
-/// Checks an optional integer that must not be negative.
-fn check_non_negative(errors: &mut Errors, field: impl Into<String>, value: Option<i32>) {
-    if let Some(v) = value.filter(|v| *v < 0) {
-        errors.add(field, invalid(v, "must be greater than or equal to 0"));
-    }
-}
-
-/// Checks an optional percentage (0–100).
-fn check_percent_range<T: Into<f64> + Debug + Copy>(errors: &mut Errors, field: impl Into<String>, value: Option<T>) {
-    if let Some(v) = value.filter(|v| !(0.0..=100.0).contains(&(*v).into())) {
-        errors.add(field, invalid(v, "must be between 0 and 100"));
     }
 }
 
@@ -249,32 +179,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reasons_use_kubernetes_words() {
-        assert_eq!(required("x"), "Required value: x");
-        assert_eq!(invalid(150, "too big"), "Invalid value: 150: too big");
-        assert_eq!(invalid("a", "bad"), "Invalid value: \"a\": bad");
-        assert_eq!(duplicate("a", "again"), "Duplicate value: \"a\": again");
-        assert_eq!(forbidden("no"), "Forbidden: no");
-        assert_eq!(unsupported("X", &["A", "B"]), "Unsupported value: \"X\": supported values: \"A\", \"B\"");
-    }
-
-    #[test]
     fn dns_names_follow_rfc_1123() {
         assert!(check_dns1123_label("a-1").is_ok());
         assert!(check_dns1123_label("A").is_err());
         assert!(check_dns1123_label("-a").is_err());
         assert!(check_dns1123_subdomain("a.b-c").is_ok());
         assert!(check_dns1123_subdomain("a..b").is_err());
-    }
-
-    #[test]
-    fn negative_counts_and_out_of_range_percentages_are_reported() {
-        let mut errors = Errors::default();
-        check_non_negative(&mut errors, "a", Some(-1));
-        check_non_negative(&mut errors, "b", Some(0));
-        check_percent_range(&mut errors, "c", Some(100.5));
-        check_percent_range(&mut errors, "d", Some(100.0));
-        let fields: Vec<&str> = errors.found.iter().map(|e| e.field.as_str()).collect();
-        assert_eq!(fields, ["a", "c"]);
     }
 }

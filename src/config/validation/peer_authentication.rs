@@ -3,8 +3,8 @@
 
 use crate::config::api::PeerAuthentication;
 
+use super::field_errors::{forbidden, invalid, required, Errors};
 use super::labels::check_selector;
-use super::{forbidden, invalid, required, Errors};
 
 /// Checks a PeerAuthentication.
 pub(super) fn validate(pa: &PeerAuthentication, errors: &mut Errors) {

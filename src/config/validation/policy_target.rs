@@ -4,8 +4,8 @@
 use crate::config::api::authorization_policy::PolicyTargetReference;
 use crate::config::api::common::WorkloadSelector;
 
+use super::field_errors::{forbidden, Errors};
 use super::labels::check_selector;
-use super::{forbidden, Errors};
 
 /// Most `targetRefs` (the CRD's `maxItems`).
 const MAX_TARGET_REFS: usize = 16;
@@ -26,13 +26,13 @@ pub(super) fn check_policy_target(
         check_selector(errors, "spec.selector.matchLabels", &selector.match_labels);
     }
     if target_refs.len() > MAX_TARGET_REFS {
-        errors.add("spec.targetRefs", super::too_many(target_refs.len(), MAX_TARGET_REFS));
+        errors.add("spec.targetRefs", super::field_errors::too_many(target_refs.len(), MAX_TARGET_REFS));
     }
     let refs = target_ref.into_iter().map(|r| ("spec.targetRef".to_string(), r));
     let many = target_refs.iter().enumerate().map(|(i, r)| (format!("spec.targetRefs[{i}]"), r));
     for (path, r) in refs.chain(many) {
         if r.name.is_empty() {
-            errors.add(format!("{path}.name"), super::required("targetRef name must be set"));
+            errors.add(format!("{path}.name"), super::field_errors::required("targetRef name must be set"));
         }
         if !r.namespace.is_empty() {
             errors.add(

@@ -1,7 +1,7 @@
 //! Port rules: numbers, names and protocols.
 
+use super::field_errors::invalid;
 use super::hosts::is_dns_label;
-use super::invalid;
 
 /// Protocols Istio recognises on ports (matched case-insensitively).
 const KNOWN_PROTOCOLS: [&str; 12] =

@@ -5,9 +5,9 @@ use serde_json::Value;
 use crate::config::api::request_authentication::{JwtRule, RequestAuthentication};
 
 use super::durations::check_duration;
+use super::field_errors::{invalid, required, Errors};
 use super::headers::check_header_name;
 use super::policy_target::check_policy_target;
-use super::{invalid, required, Errors};
 
 /// Checks a RequestAuthentication.
 pub(super) fn validate(ra: &RequestAuthentication, errors: &mut Errors) {

@@ -7,11 +7,11 @@ use crate::config::api::ServiceEntry;
 
 use super::addresses::check_ip_or_cidr;
 use super::export_to::{check_export_to, Exporter};
+use super::field_errors::{duplicate, forbidden, invalid, required, Errors};
 use super::hosts::{check_fqdn, check_wildcard_host};
 use super::labels::check_selector;
 use super::ports::{check_port, check_port_name, check_protocol, is_http_protocol, is_tls_protocol};
 use super::workload_entry::{check_workload_entry, EndpointRules};
-use super::{duplicate, forbidden, invalid, required, Errors};
 
 /// Checks a ServiceEntry in `namespace`.
 pub(super) fn validate(se: &ServiceEntry, namespace: &str, errors: &mut Errors) {

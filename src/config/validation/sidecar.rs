@@ -14,12 +14,12 @@ use crate::config::decode::{decode, unknown_field_reason};
 
 use super::addresses::{check_ip, check_unix_address, UNIX_PREFIX};
 use super::destination::check_destination;
+use super::field_errors::{duplicate, forbidden, invalid, required, unsupported, Errors};
 use super::gateway::check_server_tls;
 use super::hosts::{check_namespaced_host, HostScope};
 use super::labels::check_selector;
 use super::ports::{check_port, check_port_name, check_protocol};
 use super::traffic_policy::check_connection_pool;
-use super::{duplicate, forbidden, invalid, required, unsupported, Errors};
 
 /// Fields of an ingress listener.
 const INGRESS_FIELDS: [&str; 6] = ["port", "bind", "captureMode", "defaultEndpoint", "tls", "connectionPool"];

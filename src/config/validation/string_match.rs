@@ -3,7 +3,7 @@
 
 use crate::config::api::StringMatch;
 
-use super::invalid;
+use super::field_errors::invalid;
 use super::re2::{re2_program_size, ENVOY_MAX_PROGRAM_SIZE};
 
 /// Longest regex Istio accepts; also bounds the work of the program size computation.

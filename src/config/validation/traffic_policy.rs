@@ -11,9 +11,11 @@ use crate::config::api::destination_rule::{
 
 use super::addresses::is_ip;
 use super::durations::{check_duration, check_duration_value, check_optional};
+use super::field_errors::{
+    check_non_negative, check_percent_range, duplicate, forbidden, invalid, required, unsupported, Errors,
+};
 use super::hosts::check_fqdn;
 use super::ports::check_port;
-use super::{check_non_negative, check_percent_range, duplicate, forbidden, invalid, required, unsupported, Errors};
 
 /// Largest ring Envoy builds for ring hash load balancing.
 const MAX_RING_SIZE: u64 = 8_388_608;

@@ -5,10 +5,10 @@ use std::collections::BTreeSet;
 use crate::config::api::WorkloadEntry;
 
 use super::addresses::{check_unix_address, is_ip, UNIX_PREFIX};
+use super::field_errors::{forbidden, invalid, required, Errors};
 use super::hosts::{check_fqdn, is_dns_label};
 use super::labels::check_labels;
 use super::ports::check_port;
-use super::{forbidden, invalid, required, Errors};
 
 /// Longest endpoint port name (the CRD's bound).
 const MAX_PORT_NAME_LEN: usize = 62;

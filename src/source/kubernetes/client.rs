@@ -5,7 +5,13 @@ use std::path::PathBuf;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
-use super::KubeError;
+/// Why the Kubernetes source cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    /// No usable cluster configuration.
+    #[error("kubernetes client configuration: {0}")]
+    Config(String),
+}
 
 /// Which cluster to watch.
 #[derive(Debug, Clone, PartialEq, Eq)]

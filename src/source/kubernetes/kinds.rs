@@ -6,10 +6,22 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::DynamicObject;
 use serde_json::Value;
 
-use super::watch::Item;
-use crate::config::parse::parse_object;
+use crate::config::parse::{parse_object, Document};
 use crate::mesh::{MeshConfig, MeshConfigError, MeshNetworks};
-use crate::registry::kubernetes::KubeKind;
+use crate::registry::kubernetes::{KubeKind, KubeObject};
+
+/// What one watched object became.
+// Short-lived: each item is moved once, from the converting thread into the state owner.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum Item {
+    /// A registry object.
+    Kube(KubeObject),
+    /// An Istio config object: valid, of a kind not served, or rejected.
+    Config(Document),
+    /// The mesh config ConfigMap's `mesh` key.
+    Mesh(Box<Result<MeshConfig, MeshConfigError>>),
+}
 
 /// An Istio CRD kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

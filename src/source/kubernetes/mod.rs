@@ -25,10 +25,10 @@ use kube::{Api, Client};
 use tokio::sync::mpsc;
 use tracing::warn;
 
-pub use client::ClusterChoice;
-use kinds::{IstioKind, Watched, ISTIO_KINDS, MESH_CONFIG_MAP, REGISTRY_KINDS};
+pub use client::{ClusterChoice, KubeError};
+use kinds::{IstioKind, Item, Watched, ISTIO_KINDS, MESH_CONFIG_MAP, REGISTRY_KINDS};
 use state::KubeState;
-use watch::{pump, Change, Failure, Item, Update};
+use watch::{pump, Change, Failure, Update};
 
 use super::{SourceEvent, SourceId, SourceMetrics};
 use crate::backoff::Backoff;
@@ -47,14 +47,6 @@ pub struct KubeSettings {
     pub cluster: ClusterChoice,
     /// meshpilot's own namespace: its `istio` ConfigMap holds the mesh config.
     pub namespace: String,
-}
-
-/// Why the Kubernetes source cannot start.
-#[derive(Debug, thiserror::Error)]
-pub enum KubeError {
-    /// No usable cluster configuration.
-    #[error("kubernetes client configuration: {0}")]
-    Config(String),
 }
 
 /// Starts watching: every kind in its own task, all feeding one state owner that sends to

@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use tracing::{info, warn};
 
+use super::kinds::Item;
 use super::kinds::{Watched, SOURCE_NAME};
-use super::watch::{Change, Failure, Item, ObjectName, Update};
+use super::watch::{Change, Failure, ObjectName, Update};
 use crate::config::parse::Document;
 use crate::config::{ConfigError, ConfigKey, FieldError, IgnoredObject, ValidConfig};
 use crate::mesh::MeshConfig;

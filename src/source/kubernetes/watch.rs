@@ -10,12 +10,9 @@ use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
-use super::kinds::Watched;
+use super::kinds::{Item, Watched};
 use crate::backoff::Backoff;
-use crate::config::parse::Document;
 use crate::drain::DrainWatcher;
-use crate::mesh::{MeshConfig, MeshConfigError};
-use crate::registry::kubernetes::KubeObject;
 
 /// Namespace and name of a watched object (namespace empty for cluster-scoped kinds).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -34,19 +31,6 @@ impl fmt::Display for ObjectName {
             write!(f, "{}/{}", self.namespace, self.name)
         }
     }
-}
-
-/// What one watched object became.
-// Short-lived: each item is moved once, from the converting thread into the state owner.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug)]
-pub enum Item {
-    /// A registry object.
-    Kube(KubeObject),
-    /// An Istio config object: valid, of a kind not served, or rejected.
-    Config(Document),
-    /// The mesh config ConfigMap's `mesh` key.
-    Mesh(Box<Result<MeshConfig, MeshConfigError>>),
 }
 
 /// Why a watch is not delivering.

@@ -9,11 +9,11 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 };
 
 use super::auto_mtls::endpoint_metadata;
-use super::cluster::{outbound_clusters, outbound_clusters_of, OutboundCluster};
+use super::outbound_clusters::{outbound_clusters, outbound_clusters_of, OutboundCluster};
 use super::proto::{resource, socket_address, u32_value};
+use super::resource::Resource;
 use super::scope::Scope;
 use super::traffic_policy::Policy;
-use super::Resource;
 use crate::registry::{Endpoint, EndpointHealth, Hostname, Resolution};
 
 /// Every load assignment the proxy's EDS clusters need, including empty ones: Envoy keeps an EDS

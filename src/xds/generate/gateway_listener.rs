@@ -20,10 +20,10 @@ use super::network_filter::{
     tls_inspector,
 };
 use super::proto::{resource, socket_address};
+use super::resource::Resource;
 use super::scope::{Scope, VsRef};
 use super::tcp_route::{tcp_target, tls_targets};
 use super::tls::downstream_transport_socket;
-use super::Resource;
 use crate::registry::host_matches;
 
 /// ALPN offered by HTTPS servers.

@@ -11,10 +11,10 @@ use super::http_match::{is_catch_all, RouteContext};
 use super::http_route::virtual_service_routes;
 use super::names::{domain_name, gateway_http_route_name};
 use super::proto::{bool_value, resource, u32_value};
+use super::resource::Resource;
 use super::route::{virtual_host, MAX_DIRECT_RESPONSE_BODY};
 use super::scope::Scope;
 use super::virtual_host::{host_domains, VirtualHosts};
-use super::Resource;
 
 /// Every route configuration the gateway's listeners name.
 pub(super) fn route_configs(scope: &Scope<'_>) -> Vec<Resource> {

@@ -17,10 +17,10 @@ use super::names::{
 };
 use super::network_filter::{chain, tcp_proxy_filter, to_cluster};
 use super::proto::{bool_value, resource, socket_address, u32_value, zero_duration};
+use super::resource::Resource;
 use super::scope::Scope;
 use super::sniffing::{inspectors, original_dst, original_src, Sniffed};
 use super::tls::downstream_transport_socket;
-use super::Resource;
 use crate::config::api::gateway::ServerTlsSettings;
 use crate::config::api::sidecar::{CaptureMode, IstioIngressListener};
 use crate::config::api::Protocol;

@@ -13,9 +13,9 @@ use super::endpoint::lb_endpoint;
 use super::inbound::{inbound_plan, InboundChain, InboundEndpoint};
 use super::names::{inbound_cluster_name, INBOUND_PASSTHROUGH_BIND, INBOUND_PASSTHROUGH_CLUSTER};
 use super::proto::resource;
+use super::resource::Resource;
 use super::scope::Scope;
 use super::traffic_policy::{self, use_downstream_protocol, Policy};
-use super::Resource;
 use crate::config::api::Protocol;
 use crate::xds::proxy::ProxyKind;
 

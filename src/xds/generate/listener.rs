@@ -21,10 +21,10 @@ use super::network_filter::{
     tls_inspector, to_cluster,
 };
 use super::proto::{bool_value, resource, socket_address, zero_duration};
+use super::resource::Resource;
 use super::scope::{Imports, Scope};
 use super::sniffing::{http_inspector, require_http};
 use super::tcp_route::{tcp_target, tls_targets};
-use super::Resource;
 use crate::config::api::sidecar::{CaptureMode, OutboundMode};
 use crate::config::api::Protocol;
 use crate::registry::{hosts_overlap, Service};

@@ -30,7 +30,9 @@ mod listener;
 mod mtls;
 mod names;
 mod network_filter;
+mod outbound_clusters;
 mod proto;
+mod resource;
 mod route;
 mod route_splice;
 mod scope;
@@ -49,22 +51,12 @@ mod golden;
 #[cfg(test)]
 pub(crate) mod testing;
 
-use envoy_types::pb::google::protobuf::Any;
-
 pub use dependency::{changed_types, RoutingEdit};
+pub use resource::Resource;
 
 use super::proxy::{ProxyKind, ProxyView};
 use super::TypeUrl;
 use crate::snapshot::Snapshot;
-
-/// One named, encoded Envoy resource.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Resource {
-    /// Resource name (cluster, listener, route config or cluster-load-assignment name).
-    pub name: String,
-    /// The resource, packed.
-    pub body: Any,
-}
 
 /// Generates every resource of `type_url` the view can see. EDS and RDS callers pick the
 /// subset the proxy subscribed to by name.

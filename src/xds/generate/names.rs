@@ -41,6 +41,8 @@ pub(super) mod ext {
     pub const HTTP_CONNECTION_MANAGER: &str = "envoy.filters.network.http_connection_manager";
     /// TCP proxy network filter.
     pub const TCP_PROXY: &str = "envoy.filters.network.tcp_proxy";
+    /// JWT authentication HTTP filter (its name is also its dynamic metadata namespace).
+    pub const JWT_AUTHN: &str = "envoy.filters.http.jwt_authn";
     /// CORS HTTP filter.
     pub const CORS: &str = "envoy.filters.http.cors";
     /// Fault injection HTTP filter.

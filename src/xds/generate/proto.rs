@@ -12,7 +12,7 @@ use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
-use super::Resource;
+use super::resource::Resource;
 use crate::config::api::common::Percent;
 
 /// Packs a message into a named resource.

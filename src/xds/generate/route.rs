@@ -16,10 +16,10 @@ use super::http_route::{default_route, virtual_service_routes};
 use super::listener::{outbound_plan, services_on_port, ListenerProtocol, OutboundListener};
 use super::names::domain_name;
 use super::proto::{bool_value, resource, u32_value};
+use super::resource::Resource;
 use super::route_splice::replace_routes;
 use super::scope::{Scope, VsRef};
 use super::virtual_host::{catch_all, host_domains, service_domains, VirtualHosts};
-use super::Resource;
 use crate::config::ConfigKey;
 use crate::registry::{host_matches, Service};
 

@@ -12,9 +12,9 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
 };
 
 use super::proto::resource;
+use super::resource::Resource;
 use super::scope::Scope;
 use super::sds::{credential_resource_name, CA_SUFFIX};
-use super::Resource;
 use crate::snapshot::CA_SECRET_SUFFIX;
 use crate::xds::proxy::ProxyKind;
 

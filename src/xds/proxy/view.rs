@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::{Interception, ProxyKind};
+use super::kind::ProxyKind;
+use super::metadata::Interception;
 use crate::config::api::sidecar::IstioIngressListener;
 use crate::config::api::{Labels, Protocol};
 use crate::registry::ServiceKey;

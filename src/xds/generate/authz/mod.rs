@@ -21,14 +21,13 @@ use envoy_types::pb::envoy::extensions::filters::network::rbac::v3::Rbac as Netw
 
 use rbac::ChainKind;
 
+use super::names::ext::JWT_AUTHN;
 use super::network_filter::{http_filter, network_filter};
+use super::resource::Resource;
 use super::scope::Scope;
-use super::Resource;
 use crate::config::api::authorization_policy::Action;
 use crate::snapshot::RejectedPolicy;
 
-/// The JWT authentication HTTP filter (its name is also its dynamic metadata namespace).
-pub(super) const JWT_AUTHN: &str = "envoy.filters.http.jwt_authn";
 /// The RBAC HTTP filter.
 const HTTP_RBAC: &str = "envoy.filters.http.rbac";
 /// The RBAC network filter.
