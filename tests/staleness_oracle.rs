@@ -189,12 +189,33 @@ impl World {
                 changes.push(self.pod(ns, i));
             }
         }
+        for i in 0..SERVICES.len() {
+            changes.push(self.endpoint_slice(i));
+        }
+        for change in &changes {
+            if let Change::Apply(key, value) = change {
+                self.objects.insert(key.clone(), value.clone());
+            }
+        }
         changes
     }
 
-    /// The next random change.
+    /// The next random change: endpoints, pods and routing more often, as in a real mesh.
     fn step(&mut self) -> Change {
-        let kind = *self.rng.pick(&KINDS);
+        let weights = |k: &Kind| match k {
+            Kind::EndpointSlice => 4,
+            Kind::Pod | Kind::VirtualService | Kind::DestinationRule => 2,
+            _ => 1,
+        };
+        let mut at = self.rng.below(KINDS.iter().map(weights).sum());
+        let mut kind = Kind::Pod;
+        for k in KINDS {
+            if at < weights(&k) {
+                kind = k;
+                break;
+            }
+            at -= weights(&k);
+        }
         let change = match kind {
             Kind::VirtualService => self.virtual_service(),
             Kind::DestinationRule => self.destination_rule(),
@@ -209,7 +230,10 @@ impl World {
                 let i = self.rng.below(SERVICES.len());
                 self.service(i)
             }
-            Kind::EndpointSlice => self.endpoint_slice(),
+            Kind::EndpointSlice => {
+                let i = self.rng.below(SERVICES.len());
+                self.endpoint_slice(i)
+            }
             Kind::Pod => {
                 let (ns, i) = (self.rng.below(NAMESPACES.len()), self.rng.below(PODS));
                 self.pod(ns, i)
@@ -248,11 +272,16 @@ impl World {
         Change::Apply(key, value)
     }
 
+    /// Workload labels: an app, mostly a version, and mostly the label of an injected sidecar
+    /// (which auto mTLS reads).
     fn labels(&mut self) -> Value {
         let mut labels = serde_json::Map::new();
         labels.insert("app".into(), json!(self.rng.pick(&APPS)));
         if self.rng.chance(70) {
             labels.insert("version".into(), json!(self.rng.pick(&VERSIONS)));
+        }
+        if self.rng.chance(80) {
+            labels.insert("security.istio.io/tlsMode".into(), json!("istio"));
         }
         Value::Object(labels)
     }
@@ -288,8 +317,8 @@ impl World {
         Change::Apply(key, value)
     }
 
-    fn endpoint_slice(&mut self) -> Change {
-        let (ns, service) = *self.rng.pick(&SERVICES);
+    fn endpoint_slice(&mut self, i: usize) -> Change {
+        let (ns, service) = SERVICES[i];
         let ns_index = NAMESPACES.iter().position(|n| *n == ns).unwrap_or(0);
         let pods: Vec<usize> = (0..PODS).filter(|_| self.rng.chance(60)).collect();
         let endpoints: Vec<Value> = pods
@@ -564,6 +593,10 @@ fn proxy_specs(xds_url: &str) -> Vec<SimProxySpec> {
     for (i, spec) in specs.iter_mut().enumerate() {
         spec.delta = i % 2 == 1;
         spec.keep_resources = true;
+        // Most run with pilot-agent (SDS certificates: auto mTLS applies), one in three without.
+        if i % 3 != 2 {
+            spec.metadata.insert("ISTIO_VERSION".into(), "1.24.0".into());
+        }
     }
     specs
 }
@@ -640,16 +673,24 @@ async fn oracle(split: bool) {
     }
     let started = Instant::now();
     let mut history: Vec<String> = Vec::new();
-    check(&kubeconfig, &specs, &proxies, seed, 0, "(the initial objects)", &history).await;
+    let mut reference = check(&kubeconfig, &specs, &proxies, seed, 0, "(the initial objects)", &history).await;
+    let mut effective = 0;
     for step in 1..=steps {
         let change = world.step();
         make(&client, &change).await;
         let said = change.to_string();
         println!("step {step}: {said}");
-        check(&kubeconfig, &specs, &proxies, seed, step, &said, &history).await;
+        let next = check(&kubeconfig, &specs, &proxies, seed, step, &said, &history).await;
+        let changed: usize = reference.iter().zip(&next).map(|(a, b)| mismatches(a, b).len()).sum();
+        println!("  step {step} changed {changed} resources of the proxies");
+        effective += usize::from(changed > 0);
+        reference = next;
         history.push(format!("step {step}: {said}"));
     }
-    println!("staleness oracle ({mode}): seed {seed}, {steps} steps, no stale proxy, {:?}", started.elapsed());
+    println!(
+        "staleness oracle ({mode}): seed {seed}, {steps} steps ({effective} changed some proxy's config), no stale proxy, {:?}",
+        started.elapsed()
+    );
 }
 
 /// Compares every proxy with a new connection of its node to a new standalone meshpilot on the
@@ -663,7 +704,7 @@ async fn check(
     step: u64,
     change: &str,
     history: &[String],
-) {
+) -> Vec<Held> {
     let fresh = Meshpilot::standalone_on_kubernetes(kubeconfig).start();
     fresh.wait_ready(STARTUP_TIMEOUT).await;
     let fresh_specs: Vec<SimProxySpec> =
@@ -691,7 +732,7 @@ async fn check(
                 count(TypeUrl::Route),
                 count(TypeUrl::Secret)
             );
-            return;
+            return reference;
         }
         if Instant::now() >= deadline {
             let mut report = format!(

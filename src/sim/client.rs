@@ -32,6 +32,9 @@ pub struct SimProxySpec {
     pub namespace: String,
     /// LABELS metadata.
     pub labels: Labels,
+    /// Further string fields of the node metadata (e.g. `ISTIO_VERSION`, which says a
+    /// pilot-agent serves the proxy's certificates).
+    pub metadata: BTreeMap<String, String>,
     /// ADS endpoint, e.g. `http://127.0.0.1:15010`.
     pub xds_url: String,
     /// NACK every response of this type (to test rejection handling).
@@ -54,6 +57,7 @@ impl SimProxySpec {
             node_id: format!("sidecar~{ip}~{name}.{namespace}~{namespace}.svc.cluster.local"),
             namespace: namespace.to_string(),
             labels: [("app".to_string(), name.to_string())].into_iter().collect(),
+            metadata: BTreeMap::new(),
             xds_url: xds_url.to_string(),
             reject: None,
             reject_resources: BTreeSet::new(),
@@ -234,6 +238,7 @@ fn node(spec: &SimProxySpec) -> Node {
                 ("CLUSTER_ID".to_string(), s("Kubernetes")),
             ]
             .into_iter()
+            .chain(spec.metadata.iter().map(|(k, v)| (k.clone(), s(v))))
             .collect(),
         }),
         ..Default::default()
