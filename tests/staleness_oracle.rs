@@ -18,14 +18,20 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use common::certs::MeshRoot;
+use common::cluster::sims::connect_sim;
 use common::kube::{apply, delete, KubeApi, ADMIN_TOKEN};
-use common::meshpilot::{wait_leader, Meshpilot};
-use common::oracle::{describe, fresh_view, held, mismatches, Held};
+use common::meshpilot::{wait_leader, Meshpilot, MeshpilotBuilder};
+use common::oracle::{describe, held, mismatches, settled_view, Held};
 use common::poll::STARTUP_TIMEOUT;
+use common::ports::free_addr;
+use common::secure::{ca_from_dir, channel, client_cert};
 use kube::Client;
+use meshpilot::security::ca::CertificateAuthority;
+use meshpilot::security::TrustDomain;
 use meshpilot::sim::{SimProxy, SimProxySpec};
 use meshpilot::xds::TypeUrl;
 use serde_json::{json, Value};
+use std::path::Path;
 
 /// Steps per mode when `MESHPILOT_ORACLE_STEPS` is unset (what CI runs).
 const CI_STEPS: u64 = 12;
@@ -567,9 +573,21 @@ async fn make(client: &Client, change: &Change) {
     }
 }
 
+/// One simulated proxy of the oracle.
+#[derive(Clone)]
+struct ProxySpec {
+    spec: SimProxySpec,
+    /// Connects to the secure port with a client certificate of its namespace (a gateway that
+    /// gets its `credentialName` secrets), else to the plaintext port.
+    secure: bool,
+}
+
 /// The proxies connected throughout: sidecars at pod addresses (whose labels steps change) and
-/// at none, in both namespaces, and two gateways; every other one over delta.
-fn proxy_specs(xds_url: &str) -> Vec<SimProxySpec> {
+/// at none, in both namespaces, and two gateways, one on the secure port; every other one over
+/// delta.
+fn proxy_specs() -> Vec<ProxySpec> {
+    // The address is the server's, set when connecting.
+    let xds_url = "";
     let mut specs = Vec::new();
     for (n, ns) in NAMESPACES.iter().enumerate() {
         for i in 0..2 {
@@ -590,30 +608,56 @@ fn proxy_specs(xds_url: &str) -> Vec<SimProxySpec> {
         gw.labels = [(labels.0.to_string(), labels.1.to_string())].into_iter().collect();
         specs.push(gw);
     }
-    for (i, spec) in specs.iter_mut().enumerate() {
+    let secure_gateway = specs.len() - 2;
+    let mut proxies = Vec::new();
+    for (i, mut spec) in specs.into_iter().enumerate() {
         spec.delta = i % 2 == 1;
         spec.keep_resources = true;
         // Most run with pilot-agent (SDS certificates: auto mTLS applies), one in three without.
         if i % 3 != 2 {
             spec.metadata.insert("ISTIO_VERSION".into(), "1.24.0".into());
         }
+        proxies.push(ProxySpec { spec, secure: i == secure_gateway });
     }
-    specs
+    proxies
+}
+
+/// Where the proxies connect, and as whom on the secure port.
+struct Ports {
+    plaintext: String,
+    secure: std::net::SocketAddr,
+}
+
+/// Connects `proxy` (over delta or state of the world as its spec says, unless `sotw`).
+async fn connect(proxy: &ProxySpec, ports: &Ports, ca: &CertificateAuthority, sotw: bool) -> SimProxy {
+    let mut spec = SimProxySpec { xds_url: ports.plaintext.clone(), ..proxy.spec.clone() };
+    spec.delta &= !sotw;
+    if !proxy.secure {
+        return connect_sim(spec).await;
+    }
+    let identity = format!("spiffe://cluster.local/ns/{}/sa/gateway", spec.namespace);
+    let (chain, key) = client_cert(ca, &identity);
+    let channel = channel(ports.secure, ca.root_pem(), Some((&chain, &key))).await.expect("a TLS channel");
+    SimProxy::connect_over(spec, channel).await.expect("a stream on the secure port")
 }
 
 /// The server under test.
-enum Deployment {
-    Standalone(Meshpilot),
-    Split { _ingest: Meshpilot, frontend: Meshpilot },
+struct Deployment {
+    /// The process the proxies connect to: standalone, or the frontend.
+    serving: Meshpilot,
+    /// The ingest node of split mode.
+    _ingest: Option<Meshpilot>,
 }
 
 impl Deployment {
-    fn xds_url(&self) -> String {
-        match self {
-            Deployment::Standalone(cp) => cp.xds_url(),
-            Deployment::Split { frontend, .. } => frontend.xds_url(),
-        }
+    fn ports(&self) -> Ports {
+        Ports { plaintext: self.serving.xds_url(), secure: self.serving.secure_xds_addr() }
     }
+}
+
+/// A standalone meshpilot on the API server, with the secure port and the test's CA.
+fn standalone(kubeconfig: &Path, cacerts: &Path) -> MeshpilotBuilder {
+    Meshpilot::standalone_on_kubernetes(kubeconfig).cacerts_dir(cacerts).secure_xds(free_addr(), &[])
 }
 
 fn seed() -> u64 {
@@ -642,45 +686,52 @@ async fn oracle(split: bool) {
     let client = api.admin().await;
     let mut world = World::new(seed);
     for change in world.initial() {
+        println!("initial: {change}");
         make(&client, &change).await;
     }
     let dir = api.dir().to_path_buf();
     let kubeconfig = api.write_kubeconfig(&dir, "meshpilot.kubeconfig", &api.url(), ADMIN_TOKEN);
+    // One CA for every process (the snapshot stream's mutual TLS, the secure port's clients).
+    let cacerts = dir.join("cacerts");
+    CertificateAuthority::self_signed_material(&TrustDomain::default())
+        .expect("a root")
+        .write_dir(&cacerts)
+        .expect("writing the CA");
+    let ca = ca_from_dir(&cacerts).await;
     let deployment = if split {
         let etcd = api.etcd_endpoint();
-        let frontend = Meshpilot::frontend(&etcd).id("fe-0").start();
-        // The ingest node signs with the CA the frontend got, so the snapshot stream's mutual TLS holds.
-        let cacerts = frontend.shared_ca_dir().expect("a shared CA");
+        let frontend = Meshpilot::frontend(&etcd).id("fe-0").cacerts_dir(&cacerts).secure_xds(free_addr(), &[]).start();
         let ingest = Meshpilot::ingest_on_kubernetes(&etcd, &kubeconfig)
             .id("ingest-0")
             .debounce_after("50ms")
-            .arg("--cacerts-dir")
-            .arg(&cacerts.display().to_string())
+            .cacerts_dir(&cacerts)
             .start();
         ingest.wait_ready(STARTUP_TIMEOUT).await;
         wait_leader(std::slice::from_ref(&ingest), STARTUP_TIMEOUT, |_| true).await;
         frontend.wait_ready(STARTUP_TIMEOUT).await;
-        Deployment::Split { _ingest: ingest, frontend }
+        Deployment { serving: frontend, _ingest: Some(ingest) }
     } else {
-        let cp = Meshpilot::standalone_on_kubernetes(&kubeconfig).debounce_after("50ms").start();
+        let cp = standalone(&kubeconfig, &cacerts).debounce_after("50ms").start();
         cp.wait_ready(STARTUP_TIMEOUT).await;
-        Deployment::Standalone(cp)
+        Deployment { serving: cp, _ingest: None }
     };
-    let specs = proxy_specs(&deployment.xds_url());
+    let specs = proxy_specs();
+    let ports = deployment.ports();
     let mut proxies = Vec::new();
     for spec in &specs {
-        proxies.push(common::cluster::sims::connect_sim(spec.clone()).await);
+        proxies.push(connect(spec, &ports, &ca, false).await);
     }
+    let env = Env { kubeconfig: &kubeconfig, cacerts: &cacerts, ca: &ca, specs: &specs, proxies: &proxies, seed };
     let started = Instant::now();
     let mut history: Vec<String> = Vec::new();
-    let mut reference = check(&kubeconfig, &specs, &proxies, seed, 0, "(the initial objects)", &history).await;
+    let mut reference = check(&env, 0, "(the initial objects)", &history).await;
     let mut effective = 0;
     for step in 1..=steps {
         let change = world.step();
         make(&client, &change).await;
         let said = change.to_string();
         println!("step {step}: {said}");
-        let next = check(&kubeconfig, &specs, &proxies, seed, step, &said, &history).await;
+        let next = check(&env, step, &said, &history).await;
         let changed: usize = reference.iter().zip(&next).map(|(a, b)| mismatches(a, b).len()).sum();
         println!("  step {step} changed {changed} resources of the proxies");
         effective += usize::from(changed > 0);
@@ -693,23 +744,30 @@ async fn oracle(split: bool) {
     );
 }
 
-/// Compares every proxy with a new connection of its node to a new standalone meshpilot on the
-/// same API server; panics with the differences if some proxy does not catch up.
-#[allow(clippy::too_many_arguments)]
-async fn check(
-    kubeconfig: &std::path::Path,
-    specs: &[SimProxySpec],
-    proxies: &[SimProxy],
+/// What every check reads.
+struct Env<'a> {
+    kubeconfig: &'a Path,
+    cacerts: &'a Path,
+    ca: &'a CertificateAuthority,
+    specs: &'a [ProxySpec],
+    proxies: &'a [SimProxy],
     seed: u64,
-    step: u64,
-    change: &str,
-    history: &[String],
-) -> Vec<Held> {
-    let fresh = Meshpilot::standalone_on_kubernetes(kubeconfig).start();
+}
+
+/// Compares every proxy with a new connection of its node (state of the world) to a new
+/// standalone meshpilot on the same API server, and returns what the new connections hold;
+/// panics with the differences if some proxy does not catch up.
+async fn check(env: &Env<'_>, step: u64, change: &str, history: &[String]) -> Vec<Held> {
+    let Env { specs, proxies, seed, .. } = *env;
+    let fresh = standalone(env.kubeconfig, env.cacerts).start();
     fresh.wait_ready(STARTUP_TIMEOUT).await;
-    let fresh_specs: Vec<SimProxySpec> =
-        specs.iter().map(|s| SimProxySpec { xds_url: fresh.xds_url(), ..s.clone() }).collect();
-    let reference: Vec<Held> = fresh_view(&fresh_specs, QUIET, CATCH_UP).await;
+    let ports = Ports { plaintext: fresh.xds_url(), secure: fresh.secure_xds_addr() };
+    let mut connections = Vec::new();
+    for spec in specs {
+        connections.push(connect(spec, &ports, env.ca, true).await);
+    }
+    let reference: Vec<Held> = settled_view(&connections, QUIET, CATCH_UP).await;
+    drop(connections);
     drop(fresh);
     let deadline = Instant::now() + CATCH_UP;
     loop {
@@ -740,7 +798,7 @@ async fn check(
                 history.join("\n")
             );
             for (i, list) in &wrong {
-                let spec = &specs[*i];
+                let spec = &specs[*i].spec;
                 let transport = if spec.delta { "delta" } else { "state of the world" };
                 report.push_str(&format!("\nproxy {} ({transport}), {} resources differ:\n", spec.node_id, list.len()));
                 for m in list.iter().take(4) {

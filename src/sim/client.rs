@@ -155,13 +155,20 @@ impl Drop for SimProxy {
 }
 
 impl SimProxy {
-    /// Connects and subscribes to CDS and LDS; EDS and RDS follow from what arrives.
+    /// Connects to `spec.xds_url` and subscribes to CDS and LDS; EDS, RDS and SDS follow from
+    /// what arrives.
     pub async fn connect(spec: SimProxySpec) -> Result<SimProxy, SimError> {
         let channel = tonic::transport::Endpoint::from_shared(spec.xds_url.clone())
             .map_err(|source| SimError::Connect { url: spec.xds_url.clone(), source })?
             .connect()
             .await
             .map_err(|source| SimError::Connect { url: spec.xds_url.clone(), source })?;
+        Self::connect_over(spec, channel).await
+    }
+
+    /// As [`SimProxy::connect`], over a channel the caller made (e.g. TLS with a client
+    /// certificate, to the secure port); `spec.xds_url` is not used.
+    pub async fn connect_over(spec: SimProxySpec, channel: tonic::transport::Channel) -> Result<SimProxy, SimError> {
         let mut client = AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(64 << 20);
         if spec.delta {
             return Self::connect_delta(spec, client).await;
@@ -302,7 +309,9 @@ async fn run(
                 None => BTreeMap::new(),
             };
             for r in &resp.resources {
-                if let Some(name) = resource_name(type_url, &r.value) {
+                // Like Envoy, a resource of a named type nobody asked for is ignored.
+                let name = resource_name(type_url, &r.value).filter(|n| asked.as_ref().is_none_or(|a| a.contains(n)));
+                if let Some(name) = name {
                     after.insert(name, HeldResource::new(&r.value, spec.keep_resources));
                 }
             }
@@ -319,17 +328,22 @@ async fn run(
                 t.acked_resources = held(&t.acked_resources);
             }
         });
-        // Like Envoy: clusters and listeners tell which endpoints and routes to ask for.
+        // Like Envoy: clusters and listeners tell which endpoints, routes and secrets to ask for.
         let bodies = || resp.resources.iter().map(|r| r.value.as_slice());
         let follow = match type_url {
-            TypeUrl::Cluster => Some((TypeUrl::Endpoint, eds_names(bodies()))),
-            TypeUrl::Listener => Some((TypeUrl::Route, rds_names(bodies()))),
-            _ => None,
+            TypeUrl::Cluster => vec![(TypeUrl::Endpoint, eds_names(bodies()))],
+            TypeUrl::Listener => vec![(TypeUrl::Route, rds_names(bodies())), (TypeUrl::Secret, sds_names(bodies()))],
+            _ => Vec::new(),
         };
-        if let Some((dep, names)) = follow {
+        for (dep, names) in follow {
             if wanted.get(&dep) != Some(&names) {
                 wanted.insert(dep, names.clone());
                 forget_unasked(&state, dep, &names);
+                // Envoy asks for no secret while no listener names one (and an empty request
+                // would read as a wildcard).
+                if dep == TypeUrl::Secret && names.is_empty() {
+                    continue;
+                }
                 let (version, nonce) = nonces.get(&dep).cloned().unwrap_or_default();
                 let req = DiscoveryRequest {
                     version_info: version,
@@ -418,11 +432,9 @@ async fn run_delta(
         if reject {
             continue;
         }
-        let dep = match type_url {
-            TypeUrl::Cluster => TypeUrl::Endpoint,
-            TypeUrl::Listener => TypeUrl::Route,
-            _ => continue,
-        };
+        if !matches!(type_url, TypeUrl::Cluster | TypeUrl::Listener) {
+            continue;
+        }
         let held = bodies.entry(type_url).or_default();
         for name in &resp.removed_resources {
             held.remove(name);
@@ -430,24 +442,27 @@ async fn run_delta(
         for (name, bytes) in &added {
             held.insert(name.clone(), bytes.to_vec());
         }
-        let names = match type_url {
-            TypeUrl::Cluster => eds_names(held.values().map(Vec::as_slice)),
-            _ => rds_names(held.values().map(Vec::as_slice)),
+        let held = || held.values().map(Vec::as_slice);
+        let follow = match type_url {
+            TypeUrl::Cluster => vec![(TypeUrl::Endpoint, eds_names(held()))],
+            _ => vec![(TypeUrl::Route, rds_names(held())), (TypeUrl::Secret, sds_names(held()))],
         };
-        let before = wanted.get(&dep).cloned().unwrap_or_default();
-        if before == names {
-            continue;
-        }
-        let req = DeltaDiscoveryRequest {
-            type_url: dep.as_str().into(),
-            resource_names_subscribe: names.difference(&before).cloned().collect(),
-            resource_names_unsubscribe: before.difference(&names).cloned().collect(),
-            ..Default::default()
-        };
-        wanted.insert(dep, names.clone());
-        forget_unasked(&state, dep, &names);
-        if tx.send(req).await.is_err() {
-            return;
+        for (dep, names) in follow {
+            let before = wanted.get(&dep).cloned().unwrap_or_default();
+            if before == names {
+                continue;
+            }
+            let req = DeltaDiscoveryRequest {
+                type_url: dep.as_str().into(),
+                resource_names_subscribe: names.difference(&before).cloned().collect(),
+                resource_names_unsubscribe: before.difference(&names).cloned().collect(),
+                ..Default::default()
+            };
+            wanted.insert(dep, names.clone());
+            forget_unasked(&state, dep, &names);
+            if tx.send(req).await.is_err() {
+                return;
+            }
         }
     }
     update(&state, |s| s.connected = false);
@@ -490,6 +505,11 @@ fn eds_names<'a>(clusters: impl Iterator<Item = &'a [u8]>) -> BTreeSet<String> {
         .filter(|c| matches!(c.cluster_discovery_type, Some(ClusterDiscoveryType::Type(t)) if t == DiscoveryType::Eds as i32))
         .map(|c| c.eds_cluster_config.map(|e| e.service_name).filter(|n| !n.is_empty()).unwrap_or(c.name))
         .collect()
+}
+
+/// The secrets the listeners encoded in `listeners` ask for over ADS.
+fn sds_names<'a>(listeners: impl Iterator<Item = &'a [u8]>) -> BTreeSet<String> {
+    listeners.flat_map(super::load::names::secret_names).collect()
 }
 
 /// The RDS route config names the listeners encoded in `listeners` name.

@@ -6,11 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use meshpilot::admin::envoy_json::bytes_to_json;
-use meshpilot::sim::{HeldResource, SimProxy, SimProxySpec, SimState};
+use meshpilot::sim::{HeldResource, SimProxy, SimState};
 use meshpilot::xds::TypeUrl;
 use serde_json::Value;
-
-use super::cluster::sims::connect_sim;
 
 /// What one proxy holds: by type, by resource name.
 pub type Held = BTreeMap<TypeUrl, BTreeMap<String, HeldResource>>;
@@ -33,23 +31,16 @@ fn quiet(state: &SimState) -> bool {
         && state.types.values().all(|t| t.acked_version == t.version)
 }
 
-/// Connects new proxies of `specs` (state of the world, keeping resources) and returns what each
-/// holds once none has received anything for `quiet_for`; panics after `timeout`.
-pub async fn fresh_view(specs: &[SimProxySpec], quiet_for: Duration, timeout: Duration) -> Vec<Held> {
-    let mut proxies = Vec::new();
-    for spec in specs {
-        let mut spec = spec.clone();
-        spec.delta = false;
-        spec.keep_resources = true;
-        proxies.push(connect_sim(spec).await);
-    }
+/// What each of `proxies` (new connections) holds once none has received anything for
+/// `quiet_for`; panics after `timeout`.
+pub async fn settled_view(proxies: &[SimProxy], quiet_for: Duration, timeout: Duration) -> Vec<Held> {
     let deadline = Instant::now() + timeout;
     let responses = |p: &[SimProxy]| p.iter().map(|p| p.state().responses()).collect::<Vec<_>>();
-    let mut last = responses(&proxies);
+    let mut last = responses(proxies);
     let mut since = Instant::now();
     loop {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let now = responses(&proxies);
+        let now = responses(proxies);
         if now != last {
             (last, since) = (now, Instant::now());
         } else if since.elapsed() >= quiet_for && proxies.iter().all(|p| quiet(&p.state())) {
