@@ -198,6 +198,11 @@ impl World {
         for i in 0..SERVICES.len() {
             changes.push(self.endpoint_slice(i));
         }
+        // The gateway serves HTTPS from the start, with both credentials there.
+        for name in CREDENTIALS {
+            changes.push(self.secret(name));
+        }
+        changes.push(self.gateway(true));
         for change in &changes {
             if let Change::Apply(key, value) = change {
                 self.objects.insert(key.clone(), value.clone());
@@ -210,7 +215,7 @@ impl World {
     fn step(&mut self) -> Change {
         let weights = |k: &Kind| match k {
             Kind::EndpointSlice => 4,
-            Kind::Pod | Kind::VirtualService | Kind::DestinationRule => 2,
+            Kind::Pod | Kind::VirtualService | Kind::DestinationRule | Kind::Gateway => 2,
             _ => 1,
         };
         let mut at = self.rng.below(KINDS.iter().map(weights).sum());
@@ -225,7 +230,7 @@ impl World {
         let change = match kind {
             Kind::VirtualService => self.virtual_service(),
             Kind::DestinationRule => self.destination_rule(),
-            Kind::Gateway => self.gateway(),
+            Kind::Gateway => self.gateway(false),
             Kind::ServiceEntry => self.service_entry(),
             Kind::WorkloadEntry => self.workload_entry(),
             Kind::Sidecar => self.sidecar(),
@@ -249,7 +254,10 @@ impl World {
                 self.namespace(ns)
             }
             Kind::MeshConfig => self.mesh_config(),
-            Kind::Secret => self.secret(),
+            Kind::Secret => {
+                let name = *self.rng.pick(&CREDENTIALS);
+                self.secret(name)
+            }
         };
         // A quarter of the changes to an existing object (but a namespace) delete it instead.
         match change {
@@ -416,15 +424,17 @@ impl World {
         self.istio("networking.istio.io/v1", "DestinationRule", ns, &name, spec)
     }
 
-    fn gateway(&mut self) -> Change {
+    /// The gateway `istio-system/gw`, with an HTTPS server if `https` (else at random).
+    fn gateway(&mut self, https: bool) -> Change {
         let mut servers = vec![json!({"port": {"number": 8080, "name": "http", "protocol": "HTTP"},
             "hosts": self.rng.some(&["*/ext.example.com", "*/www.example.com", "ns-a/*", "*/*"])})];
-        if self.rng.chance(60) {
+        if https || self.rng.chance(60) {
             servers.push(json!({"port": {"number": 8443, "name": "https", "protocol": "HTTPS"},
                 "hosts": ["*/www.example.com"],
                 "tls": {"mode": "SIMPLE", "credentialName": self.rng.pick(&CREDENTIALS)}}));
         }
-        let selector = self.rng.pick(&[json!({"istio": "ingressgateway"}), json!({"app": "alpha"})]).clone();
+        let selectors = [json!({"istio": "ingressgateway"}), json!({"app": "alpha"})];
+        let selector = if https { selectors[0].clone() } else { self.rng.pick(&selectors).clone() };
         self.istio(
             "networking.istio.io/v1",
             "Gateway",
@@ -554,8 +564,7 @@ impl World {
         Change::Apply(key, value)
     }
 
-    fn secret(&mut self) -> Change {
-        let name = *self.rng.pick(&CREDENTIALS);
+    fn secret(&mut self, name: &str) -> Change {
         let (cert, key) = self.rng.pick(&self.credentials).clone();
         let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
         let object = Self::key("v1", "Secret", Some("istio-system"), name);
