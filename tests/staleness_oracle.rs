@@ -8,7 +8,7 @@
 //! started from scratch on the same API server.
 //!
 //! `MESHPILOT_ORACLE_SEED` (default: the clock) and `MESHPILOT_ORACLE_STEPS` (default: a bound
-//! that CI runs in about a minute per mode) choose the run; the seed is printed first, so a
+//! that CI runs in well under a minute per mode in a debug build) choose the run; the seed is printed first, so a
 //! failure reproduces with it.
 
 mod common;
@@ -34,7 +34,7 @@ use serde_json::{json, Value};
 use std::path::Path;
 
 /// Steps per mode when `MESHPILOT_ORACLE_STEPS` is unset (what CI runs).
-const CI_STEPS: u64 = 12;
+const CI_STEPS: u64 = 30;
 /// How long the proxies connected all along may take to catch up with a step.
 const CATCH_UP: Duration = Duration::from_secs(20);
 /// How long new connections must stay quiet to count as complete.

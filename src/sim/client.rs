@@ -336,14 +336,14 @@ async fn run(
             _ => Vec::new(),
         };
         for (dep, names) in follow {
+            // Envoy asks for no secret until some listener names one; later, an empty list
+            // unsubscribes (as for endpoints and routes).
+            if dep == TypeUrl::Secret && names.is_empty() && !wanted.contains_key(&dep) {
+                continue;
+            }
             if wanted.get(&dep) != Some(&names) {
                 wanted.insert(dep, names.clone());
                 forget_unasked(&state, dep, &names);
-                // Envoy asks for no secret while no listener names one (and an empty request
-                // would read as a wildcard).
-                if dep == TypeUrl::Secret && names.is_empty() {
-                    continue;
-                }
                 let (version, nonce) = nonces.get(&dep).cloned().unwrap_or_default();
                 let req = DiscoveryRequest {
                     version_info: version,
