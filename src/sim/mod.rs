@@ -6,4 +6,4 @@ mod client;
 pub mod load;
 pub mod replay;
 
-pub use client::{SimError, SimProxy, SimProxySpec, SimState, TypeState};
+pub use client::{HeldResource, SimError, SimProxy, SimProxySpec, SimState, TypeState};

@@ -95,6 +95,7 @@ pub struct MeshpilotBuilder {
     secure_xds: Option<SecureXds>,
     webhook: Option<SecureXds>,
     admin_addr: Option<SocketAddr>,
+    cacerts_dir: Option<PathBuf>,
     args: Vec<String>,
     env: Vec<(String, String)>,
 }
@@ -122,6 +123,7 @@ impl MeshpilotBuilder {
             secure_xds: None,
             webhook: None,
             admin_addr: None,
+            cacerts_dir: None,
             args: Vec::new(),
             env: Vec::new(),
         }
@@ -198,6 +200,14 @@ impl MeshpilotBuilder {
         self
     }
 
+    /// `--cacerts-dir DIR`: sign with the CA (Istio plug-in files) in `dir`, which the test
+    /// shares between processes (e.g. a server and one built from scratch beside it), instead
+    /// of the CA the process or its etcd would get.
+    pub fn cacerts_dir(mut self, dir: impl AsRef<Path>) -> Self {
+        self.cacerts_dir = Some(dir.as_ref().to_path_buf());
+        self
+    }
+
     /// Serves the secure xDS port (TLS, authenticated ADS and the CA) on `addr` with extra
     /// certificate names `sans`; the CA keeps its files in the process's directory (with
     /// Kubernetes: the istio-ca-secret). Without this option the process runs no secure port.
@@ -255,10 +265,11 @@ impl MeshpilotBuilder {
             Some(id) => (format!("{subcommand} {id}"), "meshpilot-node-", NODE_REQUEST_TIMEOUT),
         };
         let dir = temp_dir(dir_prefix);
-        if let Some(shared) = &shared_ca {
-            flag("--cacerts-dir", Some(shared.path().display().to_string()));
+        if let Some(shared) = shared_ca.as_ref().map(|s| s.path()).or(self.cacerts_dir.as_deref()) {
+            flag("--cacerts-dir", Some(shared.display().to_string()));
             flag("--ca-dir", Some(dir.path().join("ca").display().to_string()));
         }
+        let own_ca = shared_ca.is_none() && self.cacerts_dir.is_none();
         let secure_xds_addr = self.secure_xds.as_ref().map(|s| s.addr);
         let webhook_addr = self.webhook.as_ref().map(|w| w.addr);
         if let Some(webhook) = &self.webhook {
@@ -267,7 +278,7 @@ impl MeshpilotBuilder {
                 flag("--webhook-tls-san", Some(webhook.sans.join(",")));
             }
             // The CA's files stay in the process's directory, not the working directory.
-            if self.secure_xds.is_none() && shared_ca.is_none() {
+            if self.secure_xds.is_none() && own_ca {
                 flag("--ca-dir", Some(dir.path().join("ca").display().to_string()));
                 flag("--cacerts-dir", Some(dir.path().join("cacerts").display().to_string()));
             }
@@ -275,7 +286,7 @@ impl MeshpilotBuilder {
         match (&self.secure_xds, self.mode) {
             (Some(secure), _) => {
                 flag("--secure-xds-addr", Some(secure.addr.to_string()));
-                if shared_ca.is_none() {
+                if own_ca {
                     flag("--ca-dir", Some(dir.path().join("ca").display().to_string()));
                     flag("--cacerts-dir", Some(dir.path().join("cacerts").display().to_string()));
                 }
@@ -326,6 +337,7 @@ impl MeshpilotBuilder {
     fn shared_ca_wanted(&self) -> bool {
         let named = |flags: &[&str]| self.args.iter().any(|a| flags.contains(&a.as_str()));
         matches!(self.mode, Mode::Ingest | Mode::Frontend)
+            && self.cacerts_dir.is_none()
             && !named(&["--cacerts-dir", "--ca-dir", "--kubeconfig", "--kubernetes"])
     }
 }

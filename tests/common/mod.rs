@@ -47,6 +47,8 @@ pub mod mesh;
 pub mod meshpilot;
 /// A network namespace with routable pod addresses.
 pub mod netns;
+/// What simulated proxies hold, compared with what new connections to a new server get.
+pub mod oracle;
 /// An in-test OTLP receiver.
 pub mod otlp;
 /// The one poll helper and the default timeouts.

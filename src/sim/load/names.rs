@@ -166,6 +166,40 @@ pub(crate) fn route_names(bytes: &[u8]) -> Vec<String> {
     names
 }
 
+/// The secrets a listener's TLS contexts ask of the control plane over ADS (a gateway's
+/// credentials), not those pilot-agent serves.
+pub(crate) fn secret_names(bytes: &[u8]) -> Vec<String> {
+    use envoy_types::pb::envoy::config::core::v3::{config_source::ConfigSourceSpecifier, transport_socket};
+    use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+        common_tls_context::ValidationContextType, DownstreamTlsContext, SdsSecretConfig,
+    };
+    let Ok(listener) = Listener::decode(bytes) else { return Vec::new() };
+    let over_ads = |c: &SdsSecretConfig| {
+        matches!(
+            c.sds_config.as_ref().and_then(|s| s.config_source_specifier.as_ref()),
+            Some(ConfigSourceSpecifier::Ads(_))
+        )
+    };
+    let mut names = Vec::new();
+    for chain in listener.filter_chains.iter().chain(listener.default_filter_chain.iter()) {
+        let Some(transport_socket::ConfigType::TypedConfig(any)) =
+            chain.transport_socket.as_ref().and_then(|t| t.config_type.as_ref())
+        else {
+            continue;
+        };
+        let Ok(tls) = DownstreamTlsContext::decode(any.value.as_slice()) else { continue };
+        let Some(common) = tls.common_tls_context else { continue };
+        let validation = match common.validation_context_type {
+            Some(ValidationContextType::ValidationContextSdsSecretConfig(c)) => Some(c),
+            Some(ValidationContextType::CombinedValidationContext(c)) => c.validation_context_sds_secret_config,
+            _ => None,
+        };
+        let configs = common.tls_certificate_sds_secret_configs.into_iter().chain(validation);
+        names.extend(configs.filter(over_ads).map(|c| c.name));
+    }
+    names
+}
+
 /// Which of a shared name list have been received; a proxy's EDS or RDS progress.
 #[derive(Debug, Clone)]
 pub struct Coverage {
