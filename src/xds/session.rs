@@ -48,6 +48,9 @@ pub struct Session<R> {
     rejected_counts: BTreeMap<TypeUrl, usize>,
     /// Whether the refusal of secrets to this unverified gateway was logged (once per stream).
     secrets_withheld: AtomicBool,
+    /// Whether the proxy moved to another view (its Pod changed) since its last push: what it
+    /// holds is then the old view's, whatever the snapshot changed for the new one.
+    moved: bool,
 }
 
 /// What a response being sent carried, for metrics, traces and `/debug/syncz`.
@@ -94,6 +97,7 @@ impl<R> Session<R> {
             push_trace: PushTrace::default(),
             rejected_counts: BTreeMap::new(),
             secrets_withheld: AtomicBool::new(false),
+            moved: false,
             ctx: ctx.clone(),
         };
         // Readiness gate: nothing is served before the first full snapshot.
@@ -133,6 +137,7 @@ impl<R> Session<R> {
             // between. A connected proxy whose Pod changed is not refused: it moves, leaving its old view.
             self.view_lease = self.ctx.cache.hold(&view);
             self.view = view;
+            self.moved = true;
         }
         let published = proxy.clone();
         self.registration.update(|s| s.proxy = Arc::new(published));
@@ -142,7 +147,7 @@ impl<R> Session<R> {
     /// Whether the session's snapshot may change any resource of its view (see
     /// [`super::cache::GenerationCache::concerns`]).
     pub fn concerned(&self) -> bool {
-        self.snapshot.as_ref().is_none_or(|s| self.ctx.cache.concerns(s, &self.view))
+        self.moved || self.snapshot.as_ref().is_none_or(|s| self.ctx.cache.concerns(s, &self.view))
     }
 
     /// The resources of `type_url` for this proxy in the current snapshot (`None` before the first).
@@ -299,6 +304,7 @@ impl<R> Session<R> {
 
     /// Records the end of a snapshot's push (`pushed`: whether any response went out).
     pub fn pushed(&mut self, snapshot: &Snapshot, pushed: bool, queued_at: Instant) {
+        self.moved = false;
         let version = snapshot.version.to_string();
         self.registration.update(|s| {
             s.snapshot_version = version;
