@@ -50,13 +50,8 @@ impl Tasks {
 
     /// Runs `task` as `name` until the drain starts, when it is dropped: it has nothing to finish.
     pub fn spawn(&mut self, name: &'static str, task: impl Future<Output = ()> + Send + 'static) {
-        let drain = self.drain.clone();
-        self.add(name, false, async move {
-            tokio::select! {
-                _ = task => {}
-                _ = drain.draining() => {}
-            }
-        });
+        let task = self.until_drain(task);
+        self.add(name, false, task);
     }
 
     /// Runs `task` as `name`; it watches the drain itself and ends once it has finished its part
@@ -68,13 +63,22 @@ impl Tasks {
     /// Runs `task` as `name` where ending early is its normal course (a one-shot wait): only a
     /// panic fails the role.
     pub fn spawn_once(&mut self, name: &'static str, task: impl Future<Output = ()> + Send + 'static) {
+        let task = self.until_drain(task);
+        self.add(name, true, task);
+    }
+
+    /// `task`, ended when the drain starts.
+    fn until_drain(
+        &self,
+        task: impl Future<Output = ()> + Send + 'static,
+    ) -> impl Future<Output = ()> + Send + 'static {
         let drain = self.drain.clone();
-        self.add(name, true, async move {
+        async move {
             tokio::select! {
                 _ = task => {}
                 _ = drain.draining() => {}
             }
-        });
+        }
     }
 
     fn add(&mut self, name: &'static str, once: bool, task: impl Future<Output = ()> + Send + 'static) {
