@@ -35,6 +35,10 @@ else
     echo "istioctl not installed: the istioctl tests (tests/istioctl.rs) will skip" >&2
 fi
 
+# A suite run builds everything once, from a clean clone in CI: incremental compilation state
+# would only take disk (gigabytes of it, which a CI machine ran out of), never save time.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+
 # Standards first: formatting and lints fail the run before any test starts.
 cargo fmt --check
 cargo clippy --all-targets --locked -- -D warnings

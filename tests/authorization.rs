@@ -9,7 +9,7 @@
 // mTLS: principal and namespace verdicts need mutual TLS between sidecars; their end-to-end test
 // is `tests/authorization_mtls.rs` (real sidecars with certificates from meshpilot's CA).
 
-mod common;
+use crate::common;
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -8,7 +8,7 @@
 //! IP from inside their pod, so what a verdict depends on is the certificate the client's
 //! sidecar presents, which meshpilot's CA issued for the pod's service account.
 
-mod common;
+use crate::common;
 
 use std::net::{Ipv4Addr, SocketAddr};
 

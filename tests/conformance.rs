@@ -3,7 +3,7 @@
 //!
 //! The corpus lives in the steering repository, checked out as `shared/` beside this one.
 
-mod common;
+use crate::common;
 
 use std::fs;
 

@@ -3,7 +3,7 @@
 //! returns data when a real Prometheus (Debian's `prometheus`, see `scripts/setup.sh`) evaluates it
 //! after a few pushes through standalone meshpilot and through an ingest node and a frontend.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -1,7 +1,7 @@
 //! The config the deployment ships: the Istio and mesh config are the examples' and valid, and
 //! every Envoy bootstrap under `deploy/` passes `envoy --mode validate`.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

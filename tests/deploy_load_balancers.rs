@@ -2,7 +2,7 @@
 //! shipped bootstraps, `deploy/local/run-local.sh`), and for Kubernetes end to end, with a real
 //! Envoy resolving a stub DNS name to several frontends.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;

@@ -13,7 +13,7 @@
 //! `deploy_config.rs` checks the config the deployment ships, `deploy_load_balancers.rs` how the
 //! load balancers hash proxies onto frontends.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

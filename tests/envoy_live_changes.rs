@@ -5,7 +5,7 @@
 //! writes the way users do and only polls for the final outcome. Nothing is restarted: each test
 //! checks the meshpilot and Envoy processes it started are the same ones at the end.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

@@ -8,7 +8,7 @@
 //! - durations: the Cluster rules behind the mesh config checks (`connect_timeout` > 0,
 //!   `dns_refresh_rate` > 1ms) are Envoy's, checked in `--mode validate`.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

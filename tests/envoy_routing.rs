@@ -5,7 +5,7 @@
 //! port, VirtualServices, DestinationRules), starts `meshpilot standalone` on it and one Envoy,
 //! then checks what Envoy holds (`/config_dump`, rejection stats) and where requests land.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

@@ -5,7 +5,7 @@
 //! time; the virtual inbound listener (a fixed port behind iptables) is covered with pilot-agent
 //! in network namespaces elsewhere.
 
-mod common;
+use crate::common;
 
 use common::backend::Backend;
 use common::config_dump::*;

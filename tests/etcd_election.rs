@@ -1,7 +1,7 @@
 //! Leader election through a real etcd: one leader at a time, failover with a higher term,
 //! stepping down when etcd goes away, re-election after it comes back, and `LeaderWatch`.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

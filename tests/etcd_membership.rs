@@ -1,7 +1,7 @@
 //! Frontend membership through a real etcd: registration, deregistration (revoked at once or
 //! lapsing), the watched member set across etcd restarts, re-registration into a wiped etcd.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -8,7 +8,7 @@
 //! keep following the real leader. meshpilot refuses to start on a plaintext etcd, or TLS
 //! without a client certificate, unless `--insecure-etcd` says so (and then warns).
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;

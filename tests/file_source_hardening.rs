@@ -2,7 +2,7 @@
 //! binary run standalone: symlink loops, special and unreadable files, duplicates, writes in
 //! place, and the directory vanishing. Each test starts one process and kills it at the end.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};

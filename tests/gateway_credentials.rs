@@ -6,7 +6,7 @@
 //! whose certificate is a file the proxy lacks waits for that secret alone, while the proxy's
 //! other listeners keep serving and nothing is rejected.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! over state of the world and delta; it must get no private key, and no listener waiting for
 //! one. On the secure port, a gateway of namespace A gets A's secret, never B's.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Exercises the integration-test harness (tests/common) itself: the HTTP backends, a real
 //! Envoy, the HTTP helpers, and network namespaces (linked, dialed from the host).
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! and the secure port, do not keep real callers out: a review posted over TLS is answered, and
 //! an authenticated proxy gets CDS on the secure port, as quickly as without the flood.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! SIGTERM to the ingest leader: it resigns and revokes its lease before it exits, so a standby
 //! leads at once, long before the lease's TTL would have run out. Real etcd, real processes.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

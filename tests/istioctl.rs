@@ -2,7 +2,7 @@
 //! port for Istio's debug types (`istio.io/debug/syncz`, `istio.io/debug/config_dump`), as it
 //! asks istiod.
 
-mod common;
+use crate::common;
 
 use common::backend::Backend;
 use common::files::temp_dir_with;

@@ -4,7 +4,7 @@
 //! API server restart loses nothing, and invalid or unreadable objects are reported while the
 //! rest is served.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! VirtualService edit reaches only the namespace it is exported to, and the replay server writes
 //! exactly the bytes meshpilot wrote (same bytes per proxy, initially and in the phase).
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! `/metrics` after pushes through standalone meshpilot: every Istio metric meshpilot keeps, with
 //! Istio's labels and types, and values that match what the simulated proxies saw.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! What an operator debugs with: meshpilot's `/debug/config_dump` in Envoy's own format, checked
 //! against real Envoys' `/config_dump`.
 
-mod common;
+use crate::common;
 
 use common::backend::Backend;
 use common::config_dump::*;

@@ -2,7 +2,7 @@
 //! meshpilot, and through an ingest node and a frontend (with etcd) — with the right parent/child
 //! links and attributes, and gets the metrics `/metrics` shows.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! Envoy routes lands on the backend `Ring::owner` (for RING_HASH) or `Maglev::owner` (for MAGLEV)
 //! names.
 
-mod common;
+use crate::common;
 
 use common::backend::Backend;
 use common::envoy::{merge_patch, Envoy};

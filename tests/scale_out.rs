@@ -6,7 +6,7 @@
 //! The tests are heavy: run them one at a time (`--test-threads=1`); they also take a lock so
 //! that two never overlap when run with more threads.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! certificate from the CA) and claim their own node; Istio's CreateCertificate for the caller's
 //! own identity only; the plaintext port off.
 
-mod common;
+use crate::common;
 
 use common::files::temp_dir_with;
 use common::meshpilot::Meshpilot;

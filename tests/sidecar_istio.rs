@@ -7,7 +7,7 @@
 //! The other pods (reviews v1/v2, ratings) and the client live in a second namespace linked to
 //! the pod's. `MESHPILOT_SIDECAR_XDS=sotw` runs the same tests over state-of-the-world xDS.
 
-mod common;
+use crate::common;
 
 use std::net::{Ipv4Addr, SocketAddr};
 

@@ -8,7 +8,7 @@
 //! the client's SPIFFE identity. A plaintext client without sidecar is served under PERMISSIVE
 //! (the default) and refused once a PeerAuthentication makes the namespace STRICT.
 
-mod common;
+use crate::common;
 
 use std::net::{Ipv4Addr, SocketAddr};
 

@@ -5,7 +5,7 @@
 //! CA over TLS (`CA_ADDR`), and proxies Envoy's xDS over the same TLS port; the plaintext port
 //! is off. meshpilot validates the token with a TokenReview and serves only the pod's own node.
 
-mod common;
+use crate::common;
 
 use common::kube::{apply, istio_token, KubeApi, ADMIN_TOKEN};
 use common::meshpilot::Meshpilot;

@@ -4,7 +4,7 @@
 //! gateway of the control plane's namespace, or for a frontend's name in another trust domain,
 //! gets nothing, and neither does a frontend with another CA or of another namespace.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -5,7 +5,7 @@
 //! term far above the real one. The frontend refuses it, says so in its log, and proxies keep
 //! getting the real clusters; once the rogue key is gone, the frontend follows the real leader.
 
-mod common;
+use crate::common;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;

@@ -13,7 +13,7 @@
 //! `MESHPILOT_ORACLE_KEEP_GOING=1` (long runs) reports a stale proxy, connects it again and goes
 //! on, failing at the end.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -10,7 +10,7 @@
 //! - `unenforceable`: Istio accepts a protection meshpilot cannot enforce (a CUSTOM
 //!   AuthorizationPolicy); meshpilot rejects it (and denies its scope), failing closed.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

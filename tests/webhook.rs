@@ -5,7 +5,7 @@
 //! the API server refuses an invalid VirtualService with the webhook's message; in a split
 //! deployment every ingest node serves the webhook and only the leader keeps the caBundle.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! changed service's clusters (over state of the world too); a rejected resource is recorded for
 //! its proxy; and a reconnecting client that states the versions it holds gets only what changed.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashMap};
 

@@ -3,7 +3,7 @@
 //! (never OK), client-chosen labels make a bounded number of metric series and no lasting cache
 //! entries, and debug rendering never delays `/ready`.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
@@ -299,7 +299,7 @@ type Flood = (&'static str, usize, fn(usize) -> (String, String));
 /// (512 MiB): 600 plaintext streams each claiming its own namespace on a 2,000-service mesh, and
 /// 300 streams of one namespace each with its own `app` label, which a Sidecar selector reads.
 /// Prints RSS before and after each; docs/security.md records a run. Not in CI (minutes of
-/// generation in a debug build): `cargo test --test xds_hardening -- --ignored --nocapture`.
+/// generation in a debug build): `cargo test --test integration xds_hardening:: -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement of minutes: run by hand, figures in docs/security.md"]
 async fn distinct_view_floods_stay_within_the_memory_budget() {

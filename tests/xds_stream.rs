@@ -6,7 +6,7 @@
 //! give each of its proxies exactly one push (EDS only) and the other namespace none; a service
 //! change in the other namespace the reverse.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -1,5 +1,6 @@
-//! The integration-test harness shared by every test binary (each declares `mod common;` at its
-//! root and uses the modules it needs, hence `dead_code` is allowed here).
+//! The integration-test harness shared by the test binaries (`tests/main.rs`, and each binary of
+//! its own that declares `mod common;` at its root and uses only the modules it needs, hence
+//! `dead_code` is allowed here).
 //!
 //! Everything a test starts listens on 127.0.0.1 (or another loopback address, or an address in a
 //! network namespace the test made) on a port from [`ports`], and is stopped when dropped;
