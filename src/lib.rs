@@ -1,7 +1,7 @@
 //! meshpilot: a horizontally scalable service-mesh control plane serving Envoy over xDS.
 //!
 //! The modules follow the data flow (see `ARCHITECTURE.md`): [`source`] → [`ingest`] →
-//! [`snapshot`] → [`replication`] → [`xds`] → proxies, beside the shared model ([`config`],
+//! [`snapshot`] → [`replication`] → [`envoy`] (translation) → [`xds`] (serving) → proxies, beside the shared model ([`config`],
 //! [`mesh`], [`registry`]), the [`cluster`] (etcd, election, membership, ownership), [`security`] (CA, identities,
 //! authentication), Istio's validating [`webhook`], [`admin`],
 //! [`telemetry`], and one composition root per role in [`app`].
@@ -14,6 +14,7 @@ pub mod cluster;
 pub mod config;
 pub mod ctl;
 pub mod drain;
+pub mod envoy;
 pub mod ingest;
 pub mod mesh;
 pub mod readiness;

@@ -320,10 +320,10 @@ impl SnapshotStreamArgs {
 #[derive(clap::Args)]
 struct AdmissionArgs {
     /// New xDS streams admitted per second, and at once in a burst; more wait their turn.
-    #[arg(long, default_value_t = meshpilot::xds::admission::DEFAULT_NEW_STREAMS_PER_SECOND)]
+    #[arg(long, default_value_t = meshpilot::xds::DEFAULT_NEW_STREAMS_PER_SECOND)]
     max_new_streams_per_second: f64,
     /// Pushes of a new snapshot running at once.
-    #[arg(long, default_value_t = meshpilot::xds::admission::DEFAULT_PUSH_CONCURRENCY)]
+    #[arg(long, default_value_t = meshpilot::xds::DEFAULT_PUSH_CONCURRENCY)]
     push_concurrency: usize,
     /// A stream ends after this long (plus up to 10% jitter) and the proxy reconnects, so
     /// proxies spread over frontends added since; `0s`: never.
@@ -332,13 +332,13 @@ struct AdmissionArgs {
     /// Bytes the generated Envoy config may take, cached or held by connected proxies; past
     /// them, a proxy whose configuration no connected proxy shares is refused (RESOURCE_EXHAUSTED)
     /// and retries, here or through another frontend.
-    #[arg(long, default_value_t = meshpilot::xds::cache::DEFAULT_BUDGET_BYTES)]
+    #[arg(long, default_value_t = meshpilot::xds::DEFAULT_BUDGET_BYTES)]
     max_config_memory_bytes: usize,
 }
 
 impl AdmissionArgs {
-    fn settings(&self) -> meshpilot::xds::admission::AdmissionSettings {
-        meshpilot::xds::admission::AdmissionSettings {
+    fn settings(&self) -> meshpilot::xds::AdmissionSettings {
+        meshpilot::xds::AdmissionSettings {
             new_streams_per_second: self.max_new_streams_per_second,
             push_concurrency: self.push_concurrency,
             max_stream_age: (!self.max_stream_age.is_zero()).then_some(self.max_stream_age),

@@ -1,7 +1,9 @@
 //! The module structure, read from the source itself (unit tests excluded):
 //!
 //! - imports between top-level modules of `src/` only point down the data flow (sources →
-//!   ingest → snapshot → replication → xds) or into the shared model, and never form a cycle;
+//!   ingest → snapshot → replication → envoy (translation) → xds (serving)) or into the shared
+//!   model, and never form a cycle;
+//! - translation (`envoy`) is pure: it reads only the snapshot and its model, never serving;
 //! - inside every module with children, at every depth, the children (files and folders) never
 //!   import each other, directly or in a ring. The module's own file (`mod.rs`, `lib.rs`, or
 //!   `x.rs` beside `x/`) is one more node of that graph: declaring a child (`mod x;`) and
@@ -33,6 +35,8 @@ const LAYERS: &[&[&str]] = &[
     &["security"],
     // Beside replication, Istio's validating webhook: the config parser behind HTTPS from the CA.
     &["replication", "webhook"],
+    // Translation: snapshot and proxy view → Envoy resources; then serving them.
+    &["envoy"],
     &["xds"],
     // Readers of everything below, and the composition roots.
     &["admin", "sim"],
@@ -95,6 +99,22 @@ fn every_top_level_module_has_a_layer() {
         }
     }
     assert!(unknown.is_empty(), "modules missing from LAYERS in tests/architecture.rs: {unknown:?}");
+}
+
+/// What translation may read: the snapshot and the model it holds, and the plumbing.
+const TRANSLATION_READS: &[&str] =
+    &["snapshot", "registry", "config", "mesh", "allocator", "telemetry", "drain", "readiness", "backoff"];
+
+#[test]
+fn translation_reads_only_the_snapshot_and_its_model() {
+    let graph = import_graph();
+    let edges = graph.get("envoy").expect("src/envoy is translation");
+    let wrong: Vec<String> = edges
+        .iter()
+        .filter(|(to, _)| !TRANSLATION_READS.contains(&to.as_str()))
+        .map(|(to, file)| format!("envoy -> {to} (in {file})"))
+        .collect();
+    assert!(wrong.is_empty(), "translation reads beyond the snapshot and its model:\n{}", wrong.join("\n"));
 }
 
 #[test]

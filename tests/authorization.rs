@@ -315,7 +315,7 @@ async fn rejected_policies_keep_their_scope_denied() {
 // end-to-end test of peer identities goes here: two pods of `tests/common/sidecar.rs`, a policy on
 // the server allowing `principals: [cluster.local/ns/shop/sa/client]` (and one by `namespaces`),
 // a caller with that service account answered 200 and one with another answered 403. Until then
-// `src/xds/generate/authz/tests.rs` checks the exact SPIFFE matchers those policies generate.
+// `src/envoy/authz/tests.rs` checks the exact SPIFFE matchers those policies generate.
 
 /// Whether some RBAC filter in `dump` (Envoy's config_dump) holds a DENY policy.
 fn has_deny_rbac(dump: &Value) -> bool {

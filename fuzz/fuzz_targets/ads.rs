@@ -1,5 +1,5 @@
 //! ADS request handling: sequences of `DiscoveryRequest`s, decoded from arbitrary bytes, fed to
-//! one stream handler (`xds::stream::serve` with the state-of-the-world protocol) serving a small snapshot. The harness can point
+//! one stream handler (`xds::serve` with the state-of-the-world protocol) serving a small snapshot. The harness can point
 //! a request at a real type URL, a nonce the server actually sent, or a NACK, so the fuzzer gets
 //! past the first request into ACK/NACK bookkeeping and resource-name changes.
 //! Every input must end with the handler returning once the request stream ends.
@@ -16,14 +16,10 @@ use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
 use meshpilot::config::parse::{parse_file, Document};
 use meshpilot::snapshot::{ChangeSet, Snapshot, SnapshotWriter, SourceState, Version};
-use meshpilot::xds::admission::{Admission, AdmissionSettings};
-use meshpilot::xds::cache::{GenerationCache, DEFAULT_BUDGET_BYTES};
-use meshpilot::xds::connection::{SotwResponse, StateOfTheWorld};
-use meshpilot::xds::response::Framed;
-use meshpilot::xds::stream::{serve, ConnectionContext};
-use meshpilot::xds::metrics::XdsMetrics;
-use meshpilot::xds::status::ConnectionRegistry;
-use meshpilot::xds::TypeUrl;
+use meshpilot::xds::{
+    serve, Admission, AdmissionSettings, ConnectionContext, ConnectionRegistry, Framed, GenerationCache, SotwResponse,
+    StateOfTheWorld, TypeUrl, XdsMetrics, DEFAULT_BUDGET_BYTES,
+};
 use prost::Message;
 use tokio::sync::mpsc;
 
@@ -111,7 +107,7 @@ impl Harness {
                 max_stream_age: None,
                 ..Default::default()
             })),
-            control_plane: meshpilot::xds::debug::control_plane_identifier("fuzz").into(),
+            control_plane: meshpilot::xds::control_plane_identifier("fuzz").into(),
         };
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         Harness { runtime, ctx, _writer: writer, _drain: trigger }

@@ -16,8 +16,8 @@ use super::debug::render;
 use super::envoy_json::bytes_to_json;
 use super::AdminState;
 use crate::snapshot::{Snapshot, Version};
-use crate::xds::diff::{config_diff as resource_diff, ResourceDiff};
 use crate::xds::TypeUrl;
+use crate::xds::{config_diff as resource_diff, ResourceDiff};
 
 /// Field changes listed per resource at most.
 const MAX_FIELDS: usize = 50;
@@ -69,7 +69,7 @@ pub async fn config_diff(State(state): State<AdminState>, Query(q): Query<HashMa
         return error(StatusCode::NOT_FOUND, "this process serves no proxies".into());
     };
     let connections = xds.connections.snapshot();
-    let Some(conn) = crate::xds::debug::find_proxy(&connections, &wanted) else {
+    let Some(conn) = crate::xds::find_proxy(&connections, &wanted) else {
         return error(StatusCode::NOT_FOUND, format!("proxy {wanted} is not connected here"));
     };
     let (proxy, view) = (conn.proxy.id.clone(), conn.proxy.view());

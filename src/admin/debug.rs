@@ -11,8 +11,8 @@ use serde_json::{json, Value};
 use super::envoy_json::to_json;
 use super::AdminState;
 use crate::snapshot::Snapshot;
-use crate::xds::dump::{self, DumpedType};
 use crate::xds::TypeUrl;
+use crate::xds::{self, DumpedType};
 
 fn no_snapshot() -> Response {
     (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"error": "no snapshot yet"}))).into_response()
@@ -31,7 +31,7 @@ pub async fn configz(State(state): State<AdminState>) -> Response {
 }
 
 /// Resources connected proxies rejected (NACK) and that are kept out of their config.
-fn rejected_resources(connections: &[std::sync::Arc<crate::xds::status::ConnectionStatus>]) -> Vec<Value> {
+fn rejected_resources(connections: &[std::sync::Arc<crate::xds::ConnectionStatus>]) -> Vec<Value> {
     let mut out = Vec::new();
     for c in connections {
         for (type_url, status) in c.types.iter() {
@@ -111,7 +111,7 @@ fn registryz_json(snap: &Snapshot) -> Value {
 }
 
 /// The live connections, none where this process serves no proxies.
-fn connections(state: &AdminState) -> Vec<std::sync::Arc<crate::xds::status::ConnectionStatus>> {
+fn connections(state: &AdminState) -> Vec<std::sync::Arc<crate::xds::ConnectionStatus>> {
     state.xds.as_ref().map(|x| x.connections.snapshot()).unwrap_or_default()
 }
 
@@ -154,11 +154,11 @@ pub async fn config_dump(State(state): State<AdminState>, Query(q): Query<HashMa
         return (StatusCode::NOT_FOUND, Json(json!({"error": "this process serves no proxies"}))).into_response();
     };
     let connections = xds.connections.snapshot();
-    let Some(conn) = crate::xds::debug::find_proxy(&connections, wanted) else {
+    let Some(conn) = crate::xds::find_proxy(&connections, wanted) else {
         return (StatusCode::NOT_FOUND, Json(json!({"error": format!("proxy {wanted} is not connected here")})))
             .into_response();
     };
-    let view = crate::xds::proxy::SharedView::new(conn.proxy.view());
+    let view = crate::envoy::SharedView::new(conn.proxy.view());
     let mut generated = Vec::new();
     for type_url in TypeUrl::PUSH_ORDER {
         generated.push((type_url, xds.cache.get(&snap, &view, type_url).await));
@@ -169,7 +169,7 @@ pub async fn config_dump(State(state): State<AdminState>, Query(q): Query<HashMa
             .iter()
             .map(|(type_url, g)| DumpedType { type_url: *type_url, generated: g, status: conn.types.get(type_url) })
             .collect();
-        to_json(&dump::config_dump(&types)).map_err(|e| e.to_string())
+        to_json(&xds::config_dump(&types)).map_err(|e| e.to_string())
     })
     .await
 }

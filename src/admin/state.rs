@@ -6,8 +6,8 @@ use std::sync::Arc;
 use crate::readiness::Ready;
 use crate::snapshot::{SnapshotHistory, SnapshotReader};
 use crate::telemetry::metrics::Registry;
-use crate::xds::cache::GenerationCache;
-use crate::xds::status::ConnectionRegistry;
+use crate::xds::ConnectionRegistry;
+use crate::xds::GenerationCache;
 
 /// What the admin endpoints read.
 #[derive(Clone)]

@@ -28,10 +28,10 @@ use crate::snapshot;
 use crate::source::kubernetes::ClusterChoice;
 use crate::telemetry::metrics::gauge_value;
 use crate::telemetry::process::ProcessMetrics;
-use crate::xds::admission::AdmissionSettings;
-use crate::xds::metrics::XdsMetrics;
-use crate::xds::server::AdsServer;
-use crate::xds::status::ConnectionRegistry;
+use crate::xds::AdmissionSettings;
+use crate::xds::AdsServer;
+use crate::xds::ConnectionRegistry;
+use crate::xds::XdsMetrics;
 
 /// Settings of a frontend node.
 #[derive(Debug, Clone)]

@@ -16,7 +16,7 @@ use crate::drain::DrainWatcher;
 use crate::replication::SnapshotServer;
 use crate::security::ca::service::CaService;
 use crate::security::tls;
-use crate::xds::server::{accept_nodelay, AdsServer};
+use crate::xds::{accept_nodelay, AdsServer};
 
 /// Why a listener could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]

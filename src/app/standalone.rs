@@ -18,10 +18,10 @@ use crate::readiness::Ready;
 use crate::security::ca::root_publisher;
 use crate::source::SourceSettings;
 use crate::webhook::WebhookSettings;
-use crate::xds::admission::AdmissionSettings;
-use crate::xds::metrics::XdsMetrics;
-use crate::xds::server::AdsServer;
-use crate::xds::status::ConnectionRegistry;
+use crate::xds::AdmissionSettings;
+use crate::xds::AdsServer;
+use crate::xds::ConnectionRegistry;
+use crate::xds::XdsMetrics;
 
 /// Settings of a standalone process.
 #[derive(Debug, Clone)]

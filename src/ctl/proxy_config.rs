@@ -18,7 +18,7 @@ use super::admin_client::{get_json, members};
 use super::config_tables::{self, Filters};
 use super::{xds_client, CtlError};
 use crate::admin::envoy_json::{from_json, to_json};
-use crate::xds::debug;
+use crate::xds::CONFIG_DUMP;
 
 /// Which part of the config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -79,7 +79,7 @@ pub async fn fetch(admin_url: &str, proxy: &str) -> Result<ConfigDump, CtlError>
     };
     let members = members(admin_url).await;
     for member in &members {
-        if let Ok(answer) = xds_client::debug_request(&member.addr, debug::CONFIG_DUMP, &[proxy.to_string()]).await {
+        if let Ok(answer) = xds_client::debug_request(&member.addr, CONFIG_DUMP, &[proxy.to_string()]).await {
             if !answer.resources.is_empty() {
                 return Ok(ConfigDump { configs: answer.resources });
             }
@@ -172,12 +172,12 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
-    use crate::xds::cache::Generated;
-    use crate::xds::dump::{config_dump, DumpedType};
-    use crate::xds::generate::generate;
-    use crate::xds::generate::testing::{router, sidecar, snapshot, testdata};
-    use crate::xds::proxy::ProxyView;
+    use crate::envoy::generate;
+    use crate::envoy::testing::{router, sidecar, snapshot, testdata};
+    use crate::envoy::ProxyView;
+    use crate::xds::Generated;
     use crate::xds::TypeUrl;
+    use crate::xds::{config_dump, DumpedType};
 
     /// The dump of what the bookinfo mesh generates for `view`.
     fn bookinfo_dump(view: &ProxyView) -> ConfigDump {

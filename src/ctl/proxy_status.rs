@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::admin_client::{get_json, members, Member};
 use super::{tables, xds_client, CtlError};
-use crate::xds::{debug, TypeUrl};
+use crate::xds::{TypeUrl, SYNCZ};
 
 /// The types shown, in istioctl's column order.
 const COLUMNS: [TypeUrl; 4] = [TypeUrl::Cluster, TypeUrl::Listener, TypeUrl::Endpoint, TypeUrl::Route];
@@ -82,7 +82,7 @@ pub async fn collect(admin_url: &str) -> Result<Collected, CtlError> {
         if frontend == server {
             continue;
         }
-        match xds_client::debug_request(&addr, debug::SYNCZ, &[]).await {
+        match xds_client::debug_request(&addr, SYNCZ, &[]).await {
             Ok(answer) => {
                 for resource in answer.resources {
                     match ClientConfig::decode(resource.value.as_slice()) {

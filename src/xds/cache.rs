@@ -10,14 +10,14 @@ use bytes::Bytes;
 use prometheus::IntGauge;
 use tokio::sync::{OnceCell, Semaphore};
 
-use super::generate::{
-    changed_types, generate, generate_endpoints_of, generate_routes_of, has_clusters_of, Resource, RoutingEdit,
-};
 use super::metrics::XdsMetrics;
-use super::proxy::{KeptResolutions, ProxyView, SharedView};
 use super::response::resources_field;
 use super::TypeUrl;
 use crate::config::{ConfigKey, Kind};
+use crate::envoy::{
+    changed_types, generate, generate_endpoints_of, generate_routes_of, has_clusters_of, Resource, RoutingEdit,
+};
+use crate::envoy::{KeptResolutions, ProxyView, SharedView};
 use crate::registry::{Hostname, Registry, Resolution};
 use crate::snapshot::{ChangedKey, Snapshot, Version};
 use crate::telemetry::metrics::gauge_value;
@@ -906,7 +906,7 @@ mod tests {
     use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 
     use super::*;
-    use crate::xds::generate::testing::{self, snapshot};
+    use crate::envoy::testing::{self, snapshot};
 
     /// A sidecar's view, as its connection holds it.
     fn sidecar(namespace: &str, labels: &[(&str, &str)]) -> SharedView {

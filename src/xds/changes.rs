@@ -135,8 +135,8 @@ mod tests {
     use envoy_types::pb::google::protobuf::Any;
 
     use super::*;
+    use crate::envoy::Resource;
     use crate::xds::cache::Generated;
-    use crate::xds::generate::Resource;
 
     fn holding(versions: &[(&str, u8)]) -> Holding {
         let resources = versions

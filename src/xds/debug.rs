@@ -148,7 +148,7 @@ pub async fn answer(
                 .filter(|c| scope.covers(&c.proxy.namespace))
                 .ok_or_else(|| Status::not_found(format!("proxy {} is not connected here", Untrusted(name))))?;
             let snap = ctx.snapshots.current().ok_or_else(|| Status::unavailable("no snapshot yet"))?;
-            let view = super::proxy::SharedView::new(conn.proxy.view());
+            let view = crate::envoy::SharedView::new(conn.proxy.view());
             let mut generated = Vec::new();
             for type_url in TypeUrl::PUSH_ORDER {
                 generated.push((type_url, ctx.cache.get(&snap, &view, type_url).await));

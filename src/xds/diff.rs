@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 
 use envoy_types::pb::google::protobuf::Any;
 
-use super::generate::generate;
-use super::proxy::ProxyView;
 use super::TypeUrl;
+use crate::envoy::generate;
+use crate::envoy::ProxyView;
 use crate::snapshot::Snapshot;
 
 /// One resource that differs.
@@ -51,7 +51,7 @@ pub fn config_diff(from: &Snapshot, to: &Snapshot, view: &ProxyView) -> Vec<Reso
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::xds::generate::testing::{sidecar, snapshot};
+    use crate::envoy::testing::{sidecar, snapshot};
 
     const SE: &str = "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: a, namespace: shop}\n\
                       spec:\n  hosts: [a.example.com]\n  location: MESH_EXTERNAL\n  resolution: DNS\n  \

@@ -156,7 +156,7 @@ mod tests {
     use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 
     use super::*;
-    use crate::xds::generate::Resource;
+    use crate::envoy::Resource;
 
     fn cluster(name: &str) -> Resource {
         let c = Cluster { name: name.into(), ..Default::default() };

@@ -343,7 +343,7 @@ fn mentions(message: &str, name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::xds::generate::Resource;
+    use crate::envoy::Resource;
 
     fn generation(versions: &[(&str, u8)]) -> Arc<Generated> {
         let resources = versions

@@ -1,89 +1,44 @@
-//! xDS: the ADS server, per-proxy connections, and the generators of Envoy resources.
+//! xDS serving: the ADS server, per-proxy connections and streams, and the cache of what
+//! translation (`crate::envoy`) generated for each view. Its modules are private; what the rest of
+//! the crate may use is re-exported here.
 
-pub mod admission;
-pub mod cache;
-pub mod changes;
-pub mod connection;
-pub mod debug;
-pub mod delta;
-pub mod diff;
-pub mod dump;
-pub mod generate;
-pub mod isolation;
-pub mod limits;
-pub mod metrics;
-pub mod names;
-pub mod protocol;
-pub mod proxy;
-pub mod resource_version;
-pub mod response;
-pub mod server;
-pub mod session;
-pub mod status;
-pub mod stream;
-pub mod stream_context;
+mod admission;
+mod cache;
+mod changes;
+mod connection;
+mod debug;
+mod delta;
+mod diff;
+mod dump;
+mod isolation;
+mod limits;
+mod metrics;
+mod names;
+mod protocol;
+mod proxy;
+mod resource_version;
+mod response;
+mod server;
+mod session;
+mod status;
+mod stream;
+mod stream_context;
 #[cfg(test)]
-pub(crate) mod stream_testing;
-pub mod subscription;
-pub mod wire;
-use std::fmt;
+mod stream_testing;
+mod subscription;
+mod wire;
 
-/// The xDS resource types meshpilot serves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
-pub enum TypeUrl {
-    /// CDS.
-    Cluster,
-    /// EDS.
-    Endpoint,
-    /// LDS.
-    Listener,
-    /// RDS.
-    Route,
-    /// SDS (gateway credentials the control plane serves itself).
-    Secret,
-}
+pub use admission::{Admission, AdmissionSettings, DEFAULT_NEW_STREAMS_PER_SECOND, DEFAULT_PUSH_CONCURRENCY};
+pub use cache::{Generated, GenerationCache, DEFAULT_BUDGET_BYTES};
+pub use connection::{SotwResponse, StateOfTheWorld};
+pub use debug::{control_plane_identifier, find_proxy, CONFIG_DUMP, SYNCZ};
+pub use diff::{config_diff, ResourceDiff};
+pub use dump::{config_dump, DumpedType};
+pub use metrics::XdsMetrics;
+pub use response::Framed;
+pub use server::{accept_nodelay, AdsServer};
+pub use status::{ConnectionRegistry, ConnectionStatus};
+pub use stream::{serve, ConnectionContext};
 
-impl TypeUrl {
-    /// Push order: clusters before endpoints, listeners before routes (Envoy's warming order).
-    /// Secrets last, as Istio: Envoy asks for them while warming the listeners that name them.
-    pub const PUSH_ORDER: [TypeUrl; 5] =
-        [TypeUrl::Cluster, TypeUrl::Endpoint, TypeUrl::Listener, TypeUrl::Route, TypeUrl::Secret];
-
-    /// The full type URL.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TypeUrl::Cluster => "type.googleapis.com/envoy.config.cluster.v3.Cluster",
-            TypeUrl::Endpoint => "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
-            TypeUrl::Listener => "type.googleapis.com/envoy.config.listener.v3.Listener",
-            TypeUrl::Route => "type.googleapis.com/envoy.config.route.v3.RouteConfiguration",
-            TypeUrl::Secret => "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret",
-        }
-    }
-
-    /// Parses a type URL.
-    pub fn parse(url: &str) -> Option<TypeUrl> {
-        Self::PUSH_ORDER.into_iter().find(|t| t.as_str() == url)
-    }
-
-    /// Istio's short name, used as the `type` metric label (cds, eds, lds, rds, sds).
-    pub fn short(self) -> &'static str {
-        match self {
-            TypeUrl::Cluster => "cds",
-            TypeUrl::Endpoint => "eds",
-            TypeUrl::Listener => "lds",
-            TypeUrl::Route => "rds",
-            TypeUrl::Secret => "sds",
-        }
-    }
-
-    /// Whether the proxy names the resources it wants (EDS, RDS, SDS) rather than getting all (CDS, LDS).
-    pub fn is_named(self) -> bool {
-        matches!(self, TypeUrl::Endpoint | TypeUrl::Route | TypeUrl::Secret)
-    }
-}
-
-impl fmt::Display for TypeUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.short())
-    }
-}
+/// The resource types, as translation names them.
+pub use crate::envoy::TypeUrl;

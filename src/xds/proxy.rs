@@ -1,20 +1,12 @@
-//! Proxies: Istio node ids and metadata, and the view of the mesh a proxy's config depends on.
-
-mod kind;
-mod metadata;
-mod resolution;
-mod view;
+//! Connected proxies: an Istio node id and metadata read into the proxy a stream serves, and its
+//! identity in the registry.
 
 use envoy_types::pb::envoy::config::core::v3::Node;
 use serde::Serialize;
 
-pub use kind::ProxyKind;
-pub use metadata::{Interception, NodeMetadata, ProxyConfigMeta};
-pub use resolution::KeptResolutions;
-pub use view::{InboundPort, ProxyView, SharedView};
-
 use crate::cluster::ownership::ProxyIdentity;
 use crate::config::api::Labels;
+use crate::envoy::{Interception, NodeMetadata, ProxyConfigMeta, ProxyKind, ProxyView};
 use crate::registry::kubernetes::{KubeKey, KubeKind, KubeObject, KubeObjects, KubePod};
 
 /// A connected proxy, as identified by its xDS node.

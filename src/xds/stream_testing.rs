@@ -12,11 +12,11 @@ use tonic::Status;
 
 use super::admission::{Admission, AdmissionSettings};
 use super::cache::GenerationCache;
-use super::generate::testing::snapshot;
 use super::metrics::XdsMetrics;
 use super::response::Framed;
 use super::status::ConnectionRegistry;
 use super::stream::{serve, ConnectionContext, Protocol};
+use crate::envoy::testing::snapshot;
 use crate::snapshot::{SnapshotWriter, Version};
 
 /// A sidecar in `default`.

@@ -83,6 +83,7 @@ impl Subscription {
     }
 
     /// Whether `name` is subscribed (by name or the wildcard).
+    #[cfg(test)]
     pub fn wants(&self, name: &str) -> bool {
         self.wildcard || self.names.contains(name)
     }

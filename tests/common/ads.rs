@@ -14,10 +14,10 @@ use meshpilot::security::tls::{accept, certified_key, server_config, ClientAuth,
 use meshpilot::security::{Authenticator, SharedTrustDomain, TrustDomain};
 use meshpilot::snapshot::{ChangeSet, Snapshot, SnapshotWriter, SourceState, Version};
 use meshpilot::telemetry::metrics::Registry;
-use meshpilot::xds::admission::AdmissionSettings;
-use meshpilot::xds::metrics::XdsMetrics;
-use meshpilot::xds::server::AdsServer;
-use meshpilot::xds::status::ConnectionRegistry;
+use meshpilot::xds::AdmissionSettings;
+use meshpilot::xds::AdsServer;
+use meshpilot::xds::ConnectionRegistry;
+use meshpilot::xds::XdsMetrics;
 use tokio::task::JoinHandle;
 
 use super::secure::ISTIOD_NAME;

@@ -111,7 +111,7 @@ fn number(v: f64) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::xds::proxy::NodeMetadata;
+    use crate::envoy::NodeMetadata;
 
     #[test]
     fn identity_follows_the_index() {

@@ -20,7 +20,7 @@ use tracing::info;
 use self::streams::Replay;
 use crate::drain::DrainWatcher;
 use crate::sim::capture::{Capture, CaptureError};
-use crate::xds::server::accept_nodelay;
+use crate::xds::accept_nodelay;
 
 /// Listen backlog: every simulated proxy of a run connects at once.
 const LISTEN_BACKLOG: u32 = 65_535;

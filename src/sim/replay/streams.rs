@@ -20,9 +20,9 @@ use tracing::{debug, warn};
 
 use super::grpc::{self, Outbound, ProstDecode};
 use crate::drain::DrainWatcher;
+use crate::envoy::NodeMetadata;
 use crate::sim::capture::{Capture, Mode, INITIAL_PHASE};
 use crate::telemetry::log_text::Untrusted;
-use crate::xds::proxy::NodeMetadata;
 
 /// Responses queued per stream before a push waits for the proxy to read.
 const STREAM_BUFFER: usize = 64;

@@ -19,12 +19,12 @@ use envoy_types::pb::envoy::extensions::filters::network::rbac::v3::Rbac as Netw
 use envoy_types::pb::envoy::r#type::matcher::v3::{string_matcher::MatchPattern, StringMatcher};
 
 use crate::config::parse::{parse_file, Document};
+use crate::envoy::names::VIRTUAL_INBOUND_LISTENER;
+use crate::envoy::testing::{find, names, router, sidecar_at, testdata, unpack};
+use crate::envoy::ProxyView;
+use crate::envoy::TypeUrl;
 use crate::mesh::MeshConfig;
 use crate::snapshot::{ChangeSet, Snapshot, SourceState, Version};
-use crate::xds::generate::names::VIRTUAL_INBOUND_LISTENER;
-use crate::xds::generate::testing::{find, names, router, sidecar_at, testdata, unpack};
-use crate::xds::proxy::ProxyView;
-use crate::xds::TypeUrl;
 
 /// inbound.yaml and security.yaml plus `extra`; invalid documents become the snapshot's errors.
 fn snapshot_with(extra: &str, trust_domain: &str) -> Snapshot {
@@ -379,13 +379,9 @@ fn bookinfo_gateway() -> &'static str {
 #[test]
 fn regenerating_reproduces_the_same_bytes() {
     let s = snapshot_with("", "cluster.local");
-    let first = crate::xds::generate::generate(TypeUrl::Listener, &s, &orders());
+    let first = crate::envoy::generate(TypeUrl::Listener, &s, &orders());
     for _ in 0..5 {
-        assert_eq!(
-            crate::xds::generate::generate(TypeUrl::Listener, &s, &orders()),
-            first,
-            "policy maps encode stably"
-        );
+        assert_eq!(crate::envoy::generate(TypeUrl::Listener, &s, &orders()), first, "policy maps encode stably");
     }
 }
 

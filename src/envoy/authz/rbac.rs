@@ -16,8 +16,8 @@ use super::matchers::{
 };
 use crate::config::api::authorization_policy::{Action, AuthorizationPolicy, Condition, Operation, Rule, Source};
 use crate::config::ConfigKey;
+use crate::envoy::proto::map_field;
 use crate::snapshot::RejectedPolicy;
-use crate::xds::generate::proto::map_field;
 
 /// The chain a filter is built for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -189,12 +189,10 @@ mod tests {
 
     use super::*;
     use crate::config::Kind;
-    use crate::xds::generate::names::{ALLOW_ANY_VHOST, BLOCK_ALL_VHOST, PASSTHROUGH_CLUSTER};
-    use crate::xds::generate::testing::{
-        find, route_action, service_entry, sidecar, snapshot, testdata_snapshot, vhost,
-    };
-    use crate::xds::generate::{generate, generate_routes_of};
-    use crate::xds::TypeUrl;
+    use crate::envoy::names::{ALLOW_ANY_VHOST, BLOCK_ALL_VHOST, PASSTHROUGH_CLUSTER};
+    use crate::envoy::testing::{find, route_action, service_entry, sidecar, snapshot, testdata_snapshot, vhost};
+    use crate::envoy::TypeUrl;
+    use crate::envoy::{generate, generate_routes_of};
 
     fn bookinfo(ns: &str, name: &str) -> RouteConfiguration {
         let s = testdata_snapshot("bookinfo.yaml");

@@ -176,8 +176,8 @@ mod tests {
     use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::DownstreamTlsContext;
 
     use super::*;
-    use crate::xds::generate::testing::{find, names, router, testdata_snapshot, unpack};
-    use crate::xds::TypeUrl;
+    use crate::envoy::testing::{find, names, router, testdata_snapshot, unpack};
+    use crate::envoy::TypeUrl;
 
     fn typed<T: prost::Message + Default>(chain: &FilterChain) -> T {
         match &chain.filters[0].config_type {
@@ -225,7 +225,7 @@ mod tests {
         let tls: DownstreamTlsContext = unpack(&any);
         let cert = &tls.common_tls_context.expect("common").tls_certificate_sds_secret_configs[0];
         assert!(cert.name.starts_with("file-cert:") && cert.name.contains("tls.crt~"), "{}", cert.name);
-        assert_eq!(l.listener_filters[0].name, crate::xds::generate::names::ext::TLS_INSPECTOR);
+        assert_eq!(l.listener_filters[0].name, crate::envoy::names::ext::TLS_INSPECTOR);
     }
 
     #[test]

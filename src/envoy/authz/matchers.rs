@@ -9,8 +9,8 @@ use envoy_types::pb::envoy::r#type::matcher::v3::{
     value_matcher, ListMatcher, MetadataMatcher, OrMatcher, RegexMatcher, StringMatcher, ValueMatcher,
 };
 
-use crate::xds::generate::names::ext::JWT_AUTHN;
-use crate::xds::generate::proto::u32_value;
+use crate::envoy::names::ext::JWT_AUTHN;
+use crate::envoy::proto::u32_value;
 
 /// The key under which `jwt_authn` writes a verified token's payload into dynamic metadata.
 pub(super) const PAYLOAD_KEY: &str = "payload";

@@ -139,8 +139,8 @@ fn listener_filter<T: Name + Message>(name: &str, config: T) -> ListenerFilter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::xds::generate::network_filter::chain;
-    use crate::xds::generate::proto::u32_value;
+    use crate::envoy::network_filter::chain;
+    use crate::envoy::proto::u32_value;
 
     /// A filter chain match for plaintext HTTP on `port` (any port when `None`).
     fn http_match(port: Option<u16>) -> FilterChainMatch {

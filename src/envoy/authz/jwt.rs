@@ -25,11 +25,11 @@ use super::matchers::PAYLOAD_KEY;
 use crate::config::api::request_authentication::JwtRule;
 use crate::config::api::RequestAuthentication;
 use crate::config::validation::{parse_jwks_uri, JwksUri};
+use crate::envoy::endpoint::lb_endpoint;
+use crate::envoy::proto::{any, duration, map_field, resource};
+use crate::envoy::tls::system_trusted_upstream_socket;
+use crate::envoy::Resource;
 use crate::mesh::MeshConfig;
-use crate::xds::generate::endpoint::lb_endpoint;
-use crate::xds::generate::proto::{any, duration, map_field, resource};
-use crate::xds::generate::tls::system_trusted_upstream_socket;
-use crate::xds::generate::Resource;
 
 /// How long Envoy waits for a JWKS fetch when the rule sets no timeout (Istio's default).
 const DEFAULT_JWKS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);

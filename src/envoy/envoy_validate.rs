@@ -28,9 +28,9 @@ use super::generate;
 use super::names::ext;
 use super::proto::{any, map_field, socket_address};
 use super::testing::{decode, router, sidecar, sidecar_at, testdata_snapshot};
+use crate::envoy::TypeUrl;
+use crate::envoy::{Interception, ProxyView};
 use crate::snapshot::Snapshot;
-use crate::xds::proxy::{Interception, ProxyView};
-use crate::xds::TypeUrl;
 
 fn envoy_binary() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("MESHPILOT_ENVOY").filter(|p| !p.is_empty()) {

@@ -15,8 +15,8 @@ use super::proto::resource;
 use super::resource::Resource;
 use super::scope::Scope;
 use super::sds::{credential_resource_name, CA_SUFFIX};
+use crate::envoy::ProxyKind;
 use crate::snapshot::CA_SECRET_SUFFIX;
-use crate::xds::proxy::ProxyKind;
 
 /// The secrets a proxy may be sent.
 pub(super) fn secrets(scope: &Scope<'_>) -> Vec<Resource> {
@@ -68,11 +68,11 @@ mod tests {
 
     use super::*;
     use crate::config::parse::{parse_file, Document};
+    use crate::envoy::generate;
+    use crate::envoy::testing::{decode, find, names, plaintext_router, router, sidecar, unpack};
+    use crate::envoy::TypeUrl;
     use crate::registry::kubernetes::{KubeObject, KubeSecret, PrivateKey};
     use crate::snapshot::{ChangeSet, Snapshot, SourceState, Version};
-    use crate::xds::generate::generate;
-    use crate::xds::generate::testing::{decode, find, names, plaintext_router, router, sidecar, unpack};
-    use crate::xds::TypeUrl;
 
     const GATEWAY: &str = r#"
 apiVersion: networking.istio.io/v1
@@ -168,8 +168,8 @@ spec:
 
     #[tokio::test]
     async fn the_cache_never_serves_a_verified_gateways_secrets_to_an_unverified_one() {
-        use crate::xds::cache::GenerationCache;
-        use crate::xds::proxy::SharedView;
+        use crate::envoy::SharedView;
+        use crate::xds::GenerationCache;
         let s = Arc::new(snapshot_with(vec![secret("gateways", "web-cert", "CERT", "KEY", "")]));
         let cache = Arc::new(GenerationCache::default());
         let labels = [("istio", "ingress")];
@@ -217,7 +217,7 @@ spec:
         let yaml = "apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata: {name: east, namespace: gateways}\n\
                     spec:\n  selector: {istio: ingress}\n  servers:\n  - port: {number: 15443, name: https, protocol: HTTPS}\n    \
                     hosts: [\"*.example.com\"]\n    tls: {mode: ISTIO_MUTUAL}\n";
-        let s = crate::xds::generate::testing::snapshot(yaml);
+        let s = crate::envoy::testing::snapshot(yaml);
         let gw = router("gateways", &[("istio", "ingress")]);
         let l: Listener = find(&s, &gw, TypeUrl::Listener, "0.0.0.0_15443");
         let socket = l.filter_chains[0].transport_socket.clone().and_then(|t| t.config_type);

@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use crate::config::api::sidecar::{IstioEgressListener, OutboundMode};
 use crate::config::api::{DestinationRule, Sidecar, VirtualService};
+use crate::envoy::{ProxyKind, ProxyView};
 use crate::registry::{host_matches, hosts_overlap, Hostname, Service};
 use crate::snapshot::{Indexed, Snapshot};
-use crate::xds::proxy::{ProxyKind, ProxyView};
 
 /// A VirtualService with its index entry (qualified hosts, key).
 pub(super) type VsRef<'a> = (&'a Indexed<VirtualService>, &'a VirtualService);
@@ -215,8 +215,8 @@ pub(super) fn destination_hosts(vs: &VirtualService, vs_ns: &str, domain: &str) 
 
 #[cfg(test)]
 mod tests {
-    use crate::xds::generate::testing::{names, service_entry as service, sidecar, snapshot};
-    use crate::xds::TypeUrl;
+    use crate::envoy::testing::{names, service_entry as service, sidecar, snapshot};
+    use crate::envoy::TypeUrl;
 
     const SIDECAR: &str = r#"
 apiVersion: networking.istio.io/v1

@@ -1,4 +1,7 @@
-//! xDS generators: snapshot + proxy view → Envoy resources (CDS, EDS, LDS, RDS, SDS).
+//! Translation: a snapshot and a proxy's view → the Envoy resources it is served (CDS, EDS, LDS,
+//! RDS, SDS). Pure: it reads the snapshot and its model (`snapshot`, `registry`, `config`, `mesh`)
+//! and never the serving code (`xds`), which calls it. Its modules are private; what the
+//! rest of the crate may use is re-exported here.
 //!
 //! Resource names follow Istio's conventions so that dashboards and `istioctl`-style tooling keep
 //! working: clusters `outbound|PORT|SUBSET|HOST`, listeners `ADDRESS_PORT`, sidecar route configs
@@ -32,6 +35,7 @@ mod names;
 mod network_filter;
 mod outbound_clusters;
 mod proto;
+mod proxy;
 mod resource;
 mod route;
 mod route_splice;
@@ -42,6 +46,7 @@ mod sniffing;
 mod tcp_route;
 mod tls;
 mod traffic_policy;
+mod type_url;
 mod virtual_host;
 
 #[cfg(test)]
@@ -52,10 +57,10 @@ mod golden;
 pub(crate) mod testing;
 
 pub use dependency::{changed_types, RoutingEdit};
+pub use proxy::{Interception, KeptResolutions, NodeMetadata, ProxyConfigMeta, ProxyKind, ProxyView, SharedView};
 pub use resource::Resource;
+pub use type_url::TypeUrl;
 
-use super::proxy::{ProxyKind, ProxyView};
-use super::TypeUrl;
 use crate::snapshot::Snapshot;
 
 /// Generates every resource of `type_url` the view can see. EDS and RDS callers pick the

@@ -97,12 +97,12 @@ pub(super) mod tests {
     use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::UpstreamTlsContext;
 
     use super::*;
+    use crate::envoy::testing::{find, sidecar, snapshot, unpack};
+    use crate::envoy::TypeUrl;
     use crate::mesh::MeshConfig;
     use crate::snapshot::{ChangeSet, Snapshot, SourceState, Version};
-    use crate::xds::generate::testing::{find, sidecar, snapshot, unpack};
-    use crate::xds::TypeUrl;
 
-    pub(in crate::xds::generate) const MESH: &str = r#"
+    pub(in crate::envoy) const MESH: &str = r#"
 apiVersion: networking.istio.io/v1
 kind: ServiceEntry
 metadata: {name: a, namespace: ns}
@@ -210,7 +210,7 @@ spec: {mtls: {mode: DISABLE}}
     #[test]
     fn proxies_without_pilot_agent_get_no_optional_mutual_tls() {
         let s = snapshot(MESH);
-        let plain = crate::xds::proxy::ProxyView { agent_sds: false, ..sidecar("client", &[]) };
+        let plain = crate::envoy::ProxyView { agent_sds: false, ..sidecar("client", &[]) };
         let a: Cluster = find(&s, &plain, TypeUrl::Cluster, "outbound|80||a.ns.svc.cluster.local");
         assert!(a.transport_socket_matches.is_empty(), "no certificate to present: plaintext");
         let b: Cluster = find(&s, &plain, TypeUrl::Cluster, "outbound|9090|v1|b.ns.svc.cluster.local");

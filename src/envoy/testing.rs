@@ -10,9 +10,9 @@ use prost::Message;
 use super::{generate, Resource};
 use crate::config::api::Labels;
 use crate::config::parse::{parse_file, Document};
+use crate::envoy::TypeUrl;
+use crate::envoy::{Interception, ProxyKind, ProxyView};
 use crate::snapshot::{ChangeSet, Snapshot, SourceState, Version};
-use crate::xds::proxy::{Interception, ProxyKind, ProxyView};
-use crate::xds::TypeUrl;
 
 /// A MESH_INTERNAL, STATIC ServiceEntry `name.ns.svc.cluster.local` with port 80 (http), as a
 /// YAML document ending in `---`.
@@ -106,7 +106,7 @@ pub(crate) fn kube_snapshot(yaml: &str) -> Snapshot {
 
 /// The testdata directory.
 pub(crate) fn testdata() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/xds/generate/testdata")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/envoy/testdata")
 }
 
 /// A snapshot of a testdata file, certificate paths pointed at the test certificate.

@@ -170,8 +170,8 @@ mod tests {
     use envoy_types::pb::envoy::r#type::matcher::v3::string_matcher::MatchPattern;
 
     use super::*;
-    use crate::xds::generate::testing::{find, route_action, route_named, sidecar, testdata_snapshot, unpack, vhost};
-    use crate::xds::TypeUrl;
+    use crate::envoy::testing::{find, route_action, route_named, sidecar, testdata_snapshot, unpack, vhost};
+    use crate::envoy::TypeUrl;
 
     const REVIEWS: &str = "reviews.bookinfo.svc.cluster.local:9080";
     const RATINGS: &str = "ratings.bookinfo.svc.cluster.local:9080";

@@ -112,8 +112,8 @@ mod tests {
     use envoy_types::pb::envoy::config::route::v3::{route, route_match::PathSpecifier};
 
     use super::*;
-    use crate::xds::generate::testing::{find, names, router, snapshot, testdata_snapshot, vhost};
-    use crate::xds::TypeUrl;
+    use crate::envoy::testing::{find, names, router, snapshot, testdata_snapshot, vhost};
+    use crate::envoy::TypeUrl;
 
     #[test]
     fn gateway_route_config_holds_the_virtual_service_hosts() {

@@ -322,7 +322,7 @@ fn virtual_outbound(scope: &Scope<'_>) -> Listener {
         traffic_direction: TrafficDirection::Outbound as i32,
         filter_chains: vec![catch_all],
         // TPROXY keeps the original addresses on the socket: Envoy must accept them as its own.
-        transparent: (scope.view.interception == crate::xds::proxy::Interception::Tproxy).then(|| bool_value(true)),
+        transparent: (scope.view.interception == crate::envoy::Interception::Tproxy).then(|| bool_value(true)),
         ..Default::default()
     }
 }
@@ -336,9 +336,9 @@ mod tests {
     use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{tcp_proxy::ClusterSpecifier, TcpProxy};
 
     use super::*;
-    use crate::xds::generate::testing::{find, names, sidecar, testdata_snapshot, unpack};
-    use crate::xds::proxy::Interception;
-    use crate::xds::TypeUrl;
+    use crate::envoy::testing::{find, names, sidecar, testdata_snapshot, unpack};
+    use crate::envoy::Interception;
+    use crate::envoy::TypeUrl;
 
     fn web_listener(name: &str) -> Listener {
         let s = testdata_snapshot("features.yaml");
@@ -422,7 +422,7 @@ mod tests {
     #[test]
     fn tls_ports_match_sni_after_the_tls_inspector() {
         let l = web_listener("0.0.0.0_443");
-        assert_eq!(l.listener_filters[0].name, crate::xds::generate::names::ext::TLS_INSPECTOR);
+        assert_eq!(l.listener_filters[0].name, crate::envoy::names::ext::TLS_INSPECTOR);
         let chain = &l.filter_chains[0];
         assert_eq!(
             chain.filter_chain_match.as_ref().map(|m| m.server_names.clone()),
@@ -454,7 +454,7 @@ mod tests {
 
     #[test]
     fn a_bound_ingress_port_wins_over_an_outbound_listener_of_the_same_name() {
-        use crate::xds::generate::testing::{sidecar_at, snapshot, testdata};
+        use crate::envoy::testing::{sidecar_at, snapshot, testdata};
         let mut yaml = std::fs::read_to_string(testdata().join("inbound.yaml")).expect("inbound.yaml");
         yaml.push_str(
             "---\napiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: admin, namespace: shop}\n\

@@ -8,10 +8,10 @@ use std::collections::BTreeSet;
 use super::scope::{destination_hosts, Scope};
 use crate::config::api::VirtualService;
 use crate::config::{ConfigKey, Kind, Spec};
+use crate::envoy::TypeUrl;
+use crate::envoy::{ProxyKind, ProxyView};
 use crate::registry::host_matches;
 use crate::snapshot::Snapshot;
-use crate::xds::proxy::{ProxyKind, ProxyView};
-use crate::xds::TypeUrl;
 
 /// One changed VirtualService or DestinationRule, with whether a sidecar reading it sees the
 /// change in its routes only: decided once per change, not once per view.
@@ -109,7 +109,7 @@ pub fn depends_on(snapshot: &Snapshot, view: &ProxyView, key: &ConfigKey) -> boo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::xds::generate::testing::{service_entry as service, sidecar, snapshot};
+    use crate::envoy::testing::{service_entry as service, sidecar, snapshot};
 
     fn key(kind: Kind, namespace: &str, name: &str) -> ConfigKey {
         ConfigKey { kind, namespace: namespace.into(), name: name.into() }

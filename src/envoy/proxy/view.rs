@@ -175,11 +175,11 @@ impl Hash for SharedView {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::xds::generate::testing::{kube_snapshot, sidecar, sidecar_at, snapshot};
+    use crate::envoy::testing::{kube_snapshot, sidecar, sidecar_at, snapshot};
 
     fn mesh() -> Snapshot {
         let yaml = std::fs::read_to_string(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/xds/generate/testdata/inbound.yaml"),
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/envoy/testdata/inbound.yaml"),
         )
         .expect("read inbound.yaml");
         snapshot(&yaml)

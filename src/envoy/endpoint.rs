@@ -134,8 +134,8 @@ mod tests {
     use envoy_types::pb::envoy::config::core::v3::{address::Address, socket_address::PortSpecifier};
 
     use super::*;
-    use crate::xds::generate::testing::{find, kube_snapshot, names, router, sidecar, snapshot, testdata_snapshot};
-    use crate::xds::TypeUrl;
+    use crate::envoy::testing::{find, kube_snapshot, names, router, sidecar, snapshot, testdata_snapshot};
+    use crate::envoy::TypeUrl;
 
     fn assignment_of(file: &str, name: &str) -> ClusterLoadAssignment {
         let s = testdata_snapshot(file);
@@ -265,7 +265,7 @@ mod tests {
         let s = snapshot(&yaml);
         let host_of = |cluster: &str| cluster.rsplit('|').next().unwrap_or_default().to_string();
         for view in [sidecar("one", &[]), sidecar("two", &[]), sidecar("three", &[]), router("two", &[])] {
-            let whole = crate::xds::generate::generate(TypeUrl::Endpoint, &s, &view);
+            let whole = crate::envoy::generate(TypeUrl::Endpoint, &s, &view);
             for hosts in
                 [vec!["a.example.com"], vec!["b.example.com", "c.example.com"], vec!["d.example.com", "e.example.com"]]
             {
@@ -275,7 +275,7 @@ mod tests {
                     .filter(|r| hosts.contains(&Hostname::new(&host_of(&r.name))))
                     .map(|r| (r.name.as_str(), r.body.value.as_slice()))
                     .collect();
-                let found = crate::xds::generate::generate_endpoints_of(&s, &view, &hosts);
+                let found = crate::envoy::generate_endpoints_of(&s, &view, &hosts);
                 let found: Vec<(&str, &[u8])> =
                     found.iter().map(|r| (r.name.as_str(), r.body.value.as_slice())).collect();
                 assert_eq!(found, expected, "{view} {hosts:?}");

@@ -77,8 +77,8 @@ fn addresses_of<'a>(registry: &'a Registry, host: &'a Hostname) -> impl Iterator
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::envoy::testing::{sidecar_at, snapshot};
     use crate::snapshot::{ChangeSet, Version};
-    use crate::xds::generate::testing::{sidecar_at, snapshot};
 
     const SERVICE: &str = "apiVersion: networking.istio.io/v1
 kind: ServiceEntry

@@ -17,7 +17,7 @@ use super::resource::Resource;
 use super::scope::Scope;
 use super::traffic_policy::{self, use_downstream_protocol, Policy};
 use crate::config::api::Protocol;
-use crate::xds::proxy::ProxyKind;
+use crate::envoy::ProxyKind;
 
 /// Istio never cleans up inbound original-destination hosts: the longest interval Envoy takes
 /// (its nanosecond count must fit an i64), about 292 years.

@@ -24,9 +24,9 @@ use super::tls::downstream_transport_socket;
 use crate::config::api::gateway::ServerTlsSettings;
 use crate::config::api::sidecar::{CaptureMode, IstioIngressListener};
 use crate::config::api::Protocol;
+use crate::envoy::{Interception, ProxyKind};
 use crate::registry::ServiceKey;
 use crate::snapshot::PeerMtls;
-use crate::xds::proxy::{Interception, ProxyKind};
 
 /// Where an inbound cluster sends connections.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -303,9 +303,9 @@ mod tests {
     use envoy_types::pb::envoy::config::listener::v3::filter;
 
     use super::*;
-    use crate::xds::generate::names::ext;
-    use crate::xds::generate::testing::{find, names, sidecar_at, testdata_snapshot};
-    use crate::xds::TypeUrl;
+    use crate::envoy::names::ext;
+    use crate::envoy::testing::{find, names, sidecar_at, testdata_snapshot};
+    use crate::envoy::TypeUrl;
 
     /// Each chain: name, destination port, transport protocol, ALPN count, terminates TLS.
     fn chain_names(l: &Listener) -> Vec<(String, Option<u32>, String, usize, bool)> {
@@ -372,7 +372,7 @@ mod tests {
         let context: envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::DownstreamTlsContext =
             match &db.transport_socket.as_ref().and_then(|t| t.config_type.clone()) {
                 Some(envoy_types::pb::envoy::config::core::v3::transport_socket::ConfigType::TypedConfig(a)) => {
-                    crate::xds::generate::testing::unpack(a)
+                    crate::envoy::testing::unpack(a)
                 }
                 other => panic!("{other:?}"),
             };
@@ -414,8 +414,8 @@ mod tests {
         assert_eq!(tls, ["0.0.0.0_5432"], "only the port-level STRICT port terminates TLS");
     }
 
-    fn without_agent(v: crate::xds::proxy::ProxyView) -> crate::xds::proxy::ProxyView {
-        crate::xds::proxy::ProxyView { agent_sds: false, ..v }
+    fn without_agent(v: crate::envoy::ProxyView) -> crate::envoy::ProxyView {
+        crate::envoy::ProxyView { agent_sds: false, ..v }
     }
 
     #[test]

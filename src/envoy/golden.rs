@@ -23,9 +23,9 @@ use prost::{Message, Name};
 
 use super::generate;
 use super::testing::{router, sidecar, sidecar_at, snapshot, testdata, testdata_snapshot};
+use crate::envoy::ProxyView;
+use crate::envoy::TypeUrl;
 use crate::snapshot::Snapshot;
-use crate::xds::proxy::ProxyView;
-use crate::xds::TypeUrl;
 
 type Decoder = fn(&[u8]) -> Option<String>;
 

@@ -20,8 +20,8 @@ use super::scope::Scope;
 use super::tls::{upstream_transport_socket, Upstream};
 use super::traffic_policy::{self, Policy};
 use crate::config::api::Protocol;
+use crate::envoy::ProxyKind;
 use crate::registry::{Endpoint, Resolution, Service};
-use crate::xds::proxy::ProxyKind;
 
 /// All clusters of the view.
 pub(super) fn clusters(scope: &Scope<'_>) -> Vec<Resource> {
@@ -162,9 +162,9 @@ mod tests {
     };
 
     use super::*;
-    use crate::xds::generate::names::ext;
-    use crate::xds::generate::testing::{find, names, sidecar, testdata_snapshot, unpack};
-    use crate::xds::TypeUrl;
+    use crate::envoy::names::ext;
+    use crate::envoy::testing::{find, names, sidecar, testdata_snapshot, unpack};
+    use crate::envoy::TypeUrl;
 
     fn bookinfo(name: &str) -> Cluster {
         let s = testdata_snapshot("bookinfo.yaml");
