@@ -1,5 +1,5 @@
 //! Golden tests: every resource type for a bookinfo-like mesh, from a sidecar's and a gateway's
-//! point of view, rendered as text. `UPDATE_GOLDEN=1 cargo test --lib xds::generate` rewrites them.
+//! point of view, rendered as text. `UPDATE_GOLDEN=1 cargo test --lib envoy::` rewrites them.
 
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
