@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use meshpilot::config::parse::{parse_file, Document};
 use meshpilot::config::ValidConfig;
-use meshpilot::ingest::SnapshotBuilder;
+use meshpilot::ingest::IngestBuilder;
 use meshpilot::mesh::MeshConfig;
 use meshpilot::registry::kubernetes::{
     KubeEndpointSlice, KubeNamespace, KubeNode, KubeObject, KubeObjects, KubePod, KubeService, KubeServicePort,
@@ -158,7 +158,7 @@ fn stats(mut samples: Vec<Duration>) -> (f64, f64) {
 }
 
 struct Bench {
-    builder: SnapshotBuilder,
+    builder: IngestBuilder,
     seq: u64,
 }
 
@@ -185,7 +185,7 @@ fn main() {
     let mut first = Vec::new();
     let mut bench = None;
     for _ in 0..reps.min(5) {
-        let mut b = Bench { builder: SnapshotBuilder::default(), seq: 0 };
+        let mut b = Bench { builder: IngestBuilder::default(), seq: 0 };
         let config_event = SourceEvent::Config(configs.iter().map(|c| (c.key.clone(), Some(c.clone()))).collect());
         first.push(b.step(vec![config_event, kube_event(objects.clone())]));
         bench = Some(b);
@@ -250,7 +250,7 @@ fn main() {
         "pod_label_change": figure("pod label change", pod_change, Some(ENDPOINT_TARGET_MS)),
         "service_port_change": figure("service port change (full)", service_change, None),
         "limit_one_service_registry": figure("limit: one service alone", limit, None),
-        "note": "each figure is SnapshotBuilder::apply + build; the limit is build_registry of the changed service's own objects",
+        "note": "each figure is IngestBuilder::apply + build; the limit is build_registry of the changed service's own objects",
     });
     if full {
         let dir = std::env::var_os("CARGO_TARGET_DIR")

@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use tokio::sync::mpsc;
 use tracing::{info, warn, Instrument};
 
-pub use builder::SnapshotBuilder;
+pub use builder::IngestBuilder;
 pub use debounce::{DebounceSettings, Debouncer};
 pub use metrics::IngestMetrics;
 
@@ -72,7 +72,7 @@ pub async fn run(
     process: ProcessMetrics,
     drain: DrainWatcher,
 ) {
-    let mut builder = Some(SnapshotBuilder::default());
+    let mut builder = Some(IngestBuilder::default());
     let mut pending: BTreeSet<SourceId> = settings.sources.into_iter().collect();
     let mut ready = Some(settings.ready);
     let mut version = Version::new(settings.term, 0);

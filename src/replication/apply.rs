@@ -4,13 +4,14 @@ use std::sync::Arc;
 
 use crate::replication::wire::proto::UpdateKind;
 use crate::replication::wire::{decode_delta, decode_full, EncodedUpdate, WireError};
-use crate::snapshot::{ChangeSet, ChangedKey, Snapshot, SourceState, Version};
+use crate::snapshot::{ChangeSet, Snapshot, SnapshotBuilder, Version};
 
-/// What the frontend holds: the version it serves, its source state, the highest term seen.
-#[derive(Debug, Clone, Default)]
+/// What the frontend holds: the version it serves, the builder holding that version's source
+/// state, the highest term seen.
+#[derive(Debug, Default)]
 pub(super) struct Held {
     pub(super) version: Option<Version>,
-    pub(super) state: SourceState,
+    pub(super) builder: SnapshotBuilder,
     pub(super) highest_term: u64,
 }
 
@@ -29,19 +30,9 @@ pub(super) enum Verdict {
 
 impl Held {
     /// Resumes from the snapshot a frontend already serves, if any.
-    pub(super) fn from_snapshot(snapshot: Option<&Snapshot>) -> Held {
+    pub(super) fn from_snapshot(snapshot: Option<Arc<Snapshot>>) -> Held {
         let Some(s) = snapshot else { return Held::default() };
-        Held {
-            version: Some(s.version),
-            state: SourceState {
-                configs: s.configs.clone(),
-                errors: s.errors.clone(),
-                ignored: s.ignored.clone(),
-                mesh: s.mesh.clone(),
-                kube: s.kube.clone(),
-            },
-            highest_term: s.version.term,
-        }
+        Held { version: Some(s.version), highest_term: s.version.term, builder: SnapshotBuilder::resume(s) }
     }
 
     /// Records a term learned from the election.
@@ -63,95 +54,43 @@ impl Held {
         Verdict::Apply
     }
 
-    /// Makes `version` with `state` the held one.
-    pub(super) fn commit(&mut self, version: Version, state: SourceState) {
+    /// Makes `version` (built by the held builder) the held one.
+    pub(super) fn commit(&mut self, version: Version) {
         self.version = Some(version);
-        self.state = state;
         self.observe_term(version.term);
     }
 }
 
-/// Decodes an update, applies it to `state` (the held one) and builds the snapshot. CPU-heavy: run it
-/// on the blocking pool. `had_state` says whether `state` belongs to a held version; `previous` is
-/// the snapshot built from it, if still at hand (the new one then re-indexes only what changed).
+/// Decodes an update, applies it to `builder` (holding the held version's state when `had_state`)
+/// and builds the snapshot, through the same incremental path the leader built it with. The
+/// update is decoded whole before anything is applied: on an error the builder is as it was.
+/// CPU-heavy: run it on the blocking pool.
 pub(super) fn prepare(
-    mut state: SourceState,
+    builder: &mut SnapshotBuilder,
     had_state: bool,
-    previous: Option<&Snapshot>,
     update: &EncodedUpdate,
-) -> Result<(SourceState, Snapshot), WireError> {
+) -> Result<Arc<Snapshot>, WireError> {
     let changes = match update.kind {
         UpdateKind::Delta => {
             let base = update.base.ok_or(WireError::MissingBase(update.version))?;
             let delta = decode_delta(base, update.version, &update.payload)?;
-            delta.apply_to(&mut state);
+            delta.apply_to(builder);
             delta.changes
         }
         _ => {
-            let mut full = decode_full(&update.payload)?;
+            let full = decode_full(&update.payload)?;
             if had_state {
                 // The leader's change set relates to its previous snapshot, not to what this
                 // frontend held (it may have been away for a while): compute ours.
-                let changes = replace(&state, &mut full.state);
-                state = full.state;
-                changes
+                builder.replace(full.state)
             } else {
-                state = full.state;
+                *builder = SnapshotBuilder::default();
+                builder.replace(full.state);
                 ChangeSet::full()
             }
         }
     };
-    let snapshot = Snapshot::build_after(update.version, changes, &state, previous.filter(|_| had_state));
-    Ok((state, snapshot))
-}
-
-/// The changes from `old` to `new`, keeping `old`'s shared values wherever they are equal so that
-/// caches keyed by them stay warm (a failover to a leader with identical config changes nothing).
-fn replace(old: &SourceState, new: &mut SourceState) -> ChangeSet {
-    let mut changes = ChangeSet::default();
-    new.configs = adopt(&old.configs, &new.configs, |k| {
-        changes.keys.insert(ChangedKey::Config(k));
-    });
-    new.kube = adopt(&old.kube, &new.kube, |k| {
-        changes.keys.insert(ChangedKey::Kube(k));
-    });
-    if old.mesh == new.mesh {
-        new.mesh = old.mesh.clone();
-    } else {
-        changes.full = true;
-        changes.keys.insert(ChangedKey::Mesh);
-    }
-    if old.errors == new.errors {
-        new.errors = old.errors.clone();
-    }
-    if old.ignored == new.ignored {
-        new.ignored = old.ignored.clone();
-    }
-    changes
-}
-
-/// `new`'s entries as a change of `old`'s persistent map: its structure and its equal values are
-/// shared; `changed` is told each key added, changed or removed.
-fn adopt<K: Ord + Clone, V: PartialEq>(
-    old: &imbl::OrdMap<K, Arc<V>>,
-    new: &imbl::OrdMap<K, Arc<V>>,
-    mut changed: impl FnMut(K),
-) -> imbl::OrdMap<K, Arc<V>> {
-    let mut kept = old.clone();
-    for (key, obj) in new.iter() {
-        match old.get(key) {
-            Some(held) if held == obj => {}
-            _ => {
-                kept.insert(key.clone(), obj.clone());
-                changed(key.clone());
-            }
-        }
-    }
-    for key in old.keys().filter(|k| !new.contains_key(*k)) {
-        kept.remove(key);
-        changed(key.clone());
-    }
-    kept
+    Ok(builder.build(update.version, changes))
 }
 
 #[cfg(test)]
@@ -160,6 +99,7 @@ mod tests {
 
     use super::*;
     use crate::replication::wire::encode_full;
+    use crate::snapshot::{ChangedKey, SourceState};
 
     fn update(kind: UpdateKind, version: Version, base: Option<Version>) -> EncodedUpdate {
         EncodedUpdate { kind, version, base, payload: Default::default() }
@@ -171,7 +111,7 @@ mod tests {
         let v = Version::new;
         assert_eq!(held.check(&update(UpdateKind::Full, v(2, 3), None)), Verdict::Apply);
         assert_eq!(held.check(&update(UpdateKind::Delta, v(2, 3), Some(v(2, 2)))), Verdict::BaseMismatch);
-        held.commit(v(2, 3), SourceState::default());
+        held.commit(v(2, 3));
         assert_eq!(held.check(&update(UpdateKind::Full, v(2, 3), None)), Verdict::NotNewer);
         assert_eq!(held.check(&update(UpdateKind::Delta, v(2, 4), Some(v(2, 3)))), Verdict::Apply);
         assert_eq!(held.check(&update(UpdateKind::Delta, v(2, 5), Some(v(2, 4)))), Verdict::BaseMismatch);
@@ -192,17 +132,20 @@ mod tests {
             base: None,
             payload: encode_full(&leader).unwrap(),
         };
-        let (new_state, snap) = prepare(state.clone(), true, None, &full).unwrap();
+        let mut builder = SnapshotBuilder::default();
+        builder.replace(state.clone());
+        builder.build(Version::new(1, 4), ChangeSet::full());
+        let snap = prepare(&mut builder, true, &full).unwrap();
         assert!(snap.changes.is_empty(), "{:?}", snap.changes);
         assert_eq!(snap.configs, leader.configs);
-        for (k, v) in &new_state.configs {
+        for (k, v) in &builder.state().configs {
             assert!(Arc::ptr_eq(v, &state.configs[k]));
         }
         assert_eq!(snap.kube, leader.kube);
-        for (k, v) in &new_state.kube {
+        for (k, v) in &builder.state().kube {
             assert!(Arc::ptr_eq(v, &state.kube[k]));
         }
-        let (_, fresh) = prepare(SourceState::default(), false, None, &full).unwrap();
+        let fresh = prepare(&mut SnapshotBuilder::default(), false, &full).unwrap();
         assert!(fresh.changes.full);
     }
 
@@ -222,10 +165,18 @@ mod tests {
             base: None,
             payload: encode_full(&leader).unwrap(),
         };
-        let (_, snap) = prepare(held, true, None, &full).unwrap();
-        let expected = [ChangedKey::Kube(relabelled.key()), ChangedKey::Kube(gone)];
-        assert_eq!(snap.changes.keys, expected.into_iter().collect());
-        assert!(!snap.changes.full);
+        let mut builder = SnapshotBuilder::default();
+        builder.replace(held);
+        builder.build(Version::new(2, 1), ChangeSet::full());
+        let snap = prepare(&mut builder, true, &full).unwrap();
+        // Both Pods are named (a Pod may be a connected proxy's); the rest of the change is the
+        // endpoints they moved, as the leader classifies it.
+        let pods = [ChangedKey::Kube(relabelled.key()), ChangedKey::Kube(gone)];
+        assert!(pods.iter().all(|k| snap.changes.keys.contains(k)), "{:?}", snap.changes);
+        let others = snap.changes.keys.iter().filter(|k| !pods.contains(k));
+        assert!(others.clone().all(|k| matches!(k, ChangedKey::Endpoints(_))), "{:?}", snap.changes);
+        assert!(!snap.changes.full && snap.changes.endpoints_only());
         assert_eq!(snap.kube, leader.kube);
+        assert_eq!(snap.registry, leader.registry);
     }
 }

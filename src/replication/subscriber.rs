@@ -150,7 +150,7 @@ impl SnapshotSubscriber {
     }
 
     async fn follow(mut self) {
-        let mut held = Held::from_snapshot(self.writer.current().as_deref());
+        let mut held = Held::from_snapshot(self.writer.current());
         let mut backoff = Backoff::new(self.settings.backoff_min, self.settings.backoff_max);
         let mut require_full = false;
         let mut connected_before = false;
@@ -253,18 +253,28 @@ impl Session<'_> {
                 return Err(SubscribeError::BaseMismatch { version, base: update.base, held: self.held.version });
             }
         }
-        let state = self.held.state.clone();
         let had_state = self.held.version.is_some();
-        // The served snapshot is the held version's unless its publication failed.
-        let previous = self.sub.writer.current().filter(|s| Some(s.version) == self.held.version);
         let kind = update.kind;
         let span = trace::snapshot_apply(version, kind.as_str_name(), trace_context);
-        let (state, snapshot) =
-            tokio::task::spawn_blocking(move || prepare(state, had_state, previous.as_deref(), &update))
-                .instrument(span.clone())
-                .await
-                .map_err(|_| SubscribeError::Apply(version))??;
-        let snapshot = std::sync::Arc::new(snapshot);
+        // The builder travels to the blocking pool and back: one owner, no lock.
+        let mut builder = std::mem::take(&mut self.held.builder);
+        let applied = tokio::task::spawn_blocking(move || {
+            let snapshot = prepare(&mut builder, had_state, &update);
+            (builder, snapshot)
+        })
+        .instrument(span.clone())
+        .await;
+        let snapshot = match applied {
+            Ok((builder, snapshot)) => {
+                self.held.builder = builder;
+                snapshot?
+            }
+            Err(_) => {
+                // The held state went with the failed build: only a full update can follow.
+                self.held.version = None;
+                return Err(SubscribeError::Apply(version));
+            }
+        };
         span.in_scope(|| {
             info!(%version, ?kind, full = snapshot.changes.full, changed = snapshot.changes.keys.len(), "snapshot applied");
             trace::register_snapshot(version, &span);
@@ -272,7 +282,7 @@ impl Session<'_> {
                 warn!(error = %e, "snapshot not published");
             }
         });
-        self.held.commit(version, state);
+        self.held.commit(version);
         self.backoff.reset();
         let highest = self.held.highest_term;
         self.sub.status.send_modify(|s| {

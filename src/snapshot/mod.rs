@@ -1,7 +1,9 @@
 //! The PushContext snapshot: an immutable, versioned value carrying the keys that changed, and the
-//! one-writer/many-readers channel it is published on. The model only: building it is ingest's
-//! job, sending it to other processes replication's.
+//! one-writer/many-readers channel it is published on, and the one builder of it that ingest
+//! (from source events) and frontends (from replicated updates) both feed. Sending it to other
+//! processes is replication's job.
 
+mod builder;
 mod changes;
 mod channel;
 mod config_index;
@@ -12,6 +14,7 @@ mod push_context;
 mod security;
 mod version;
 
+pub use builder::SnapshotBuilder;
 pub use changes::{ChangeSet, ChangedKey};
 pub use channel::{channel, SnapshotReader, SnapshotWriter, StaleSnapshot};
 pub use config_index::Indexed;

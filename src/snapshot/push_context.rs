@@ -66,21 +66,11 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// Builds a snapshot from the sources' state.
+    /// Builds a snapshot from the sources' state, from scratch: the reference build that
+    /// `SnapshotBuilder`'s incremental one must equal.
     pub fn build(version: Version, changes: ChangeSet, state: &SourceState) -> Snapshot {
-        Snapshot::build_after(version, changes, state, None)
-    }
-
-    /// Builds a snapshot from the sources' state, re-indexing on `previous` as
-    /// [`Snapshot::build_with_registry`] does.
-    pub fn build_after(
-        version: Version,
-        changes: ChangeSet,
-        state: &SourceState,
-        previous: Option<&Snapshot>,
-    ) -> Snapshot {
         let registry = crate::registry::build_registry(state.configs.iter().map(|(_, c)| c), &state.kube, &state.mesh);
-        Snapshot::build_with_registry(version, changes, state, registry, previous)
+        Snapshot::build_with_registry(version, changes, state, registry, None)
     }
 
     /// Builds a snapshot from the sources' state and the registry already built from that state.

@@ -1043,7 +1043,7 @@ spec: {hosts: [b.example.com], location: MESH_INTERNAL, resolution: STATIC, port
 
     /// Snapshots built as ingest builds them, one per YAML state, each with its change set.
     fn snapshots(states: &[&str]) -> Vec<Arc<Snapshot>> {
-        let mut builder = crate::ingest::SnapshotBuilder::default();
+        let mut builder = crate::ingest::IngestBuilder::default();
         let mut seq = 0;
         states
             .iter()

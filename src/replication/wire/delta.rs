@@ -9,7 +9,7 @@ use crate::config::IgnoredObject;
 use crate::config::{ConfigError, ConfigKey, ConfigObjects};
 use crate::mesh::MeshConfig;
 use crate::registry::kubernetes::{KubeKey, KubeObjects};
-use crate::snapshot::{ChangeSet, ChangedKey, Snapshot, SourceState, Version};
+use crate::snapshot::{ChangeSet, ChangedKey, Snapshot, SnapshotBuilder, Version};
 
 /// What turns the source state of `base` into that of `version`.
 #[derive(Debug, Clone, PartialEq)]
@@ -91,28 +91,29 @@ impl Delta {
         self
     }
 
-    /// Applies the delta to the source state of its base version.
-    pub fn apply_to(&self, state: &mut SourceState) {
+    /// Applies the delta to a builder holding the state of its base version, object by object:
+    /// the builder's registry then rebuilds only what the changed objects reach.
+    pub fn apply_to(&self, builder: &mut SnapshotBuilder) {
         for key in &self.deleted {
-            state.configs.remove(key);
+            builder.set_config(key.clone(), None);
         }
         for (key, obj) in &self.upserted {
-            state.configs.insert(key.clone(), obj.clone());
+            builder.set_config(key.clone(), Some(obj.clone()));
         }
         for key in &self.kube_deleted {
-            state.kube.remove(key);
+            builder.set_kube(key.clone(), None);
         }
         for (key, obj) in &self.kube_upserted {
-            state.kube.insert(key.clone(), obj.clone());
+            builder.set_kube(key.clone(), Some(obj.clone()));
         }
         if let Some(errors) = &self.errors {
-            state.errors = errors.clone();
+            builder.set_errors(errors.clone());
         }
         if let Some(ignored) = &self.ignored {
-            state.ignored = ignored.clone();
+            builder.set_ignored(ignored.clone());
         }
         if let Some(mesh) = &self.mesh {
-            state.mesh = mesh.clone();
+            builder.set_mesh(mesh.clone());
         }
     }
 }
@@ -170,6 +171,7 @@ pub(crate) fn derived_changes(
 mod tests {
     use super::*;
     use crate::replication::wire::payload::tests::{kube_objects, object, pod, state};
+    use crate::snapshot::SourceState;
 
     fn build(v: Version, changes: ChangeSet, s: &SourceState) -> Snapshot {
         Snapshot::build(v, changes, s)
@@ -212,6 +214,13 @@ mod tests {
         assert!(upserted.iter().all(|(k, v)| Arc::ptr_eq(v, &new[k])));
     }
 
+    /// A builder holding `state`, as a frontend holds its base version's.
+    fn builder_at(state: SourceState) -> SnapshotBuilder {
+        let mut builder = SnapshotBuilder::default();
+        builder.replace(state);
+        builder
+    }
+
     #[test]
     fn diff_finds_upserts_and_deletes_and_skips_shared_objects() {
         let mut s = state(&["a", "b", "c"]);
@@ -225,9 +234,9 @@ mod tests {
         assert_eq!(d.upserted.keys().map(|k| k.name.as_str()).collect::<Vec<_>>(), ["b2"]);
         assert!(d.errors.is_none() && d.mesh.is_none() && d.ignored.is_none());
 
-        let mut applied = state(&["a", "b", "c"]);
+        let mut applied = builder_at(state(&["a", "b", "c"]));
         d.apply_to(&mut applied);
-        assert_eq!(applied.configs, s.configs);
+        assert_eq!(applied.state().configs, s.configs);
     }
 
     #[test]
@@ -241,9 +250,9 @@ mod tests {
         let s3 = build(Version::new(1, 3), ChangeSet::default(), &s);
         let d = Delta::between(&s1, &s2).then(&Delta::between(&s2, &s3));
         assert_eq!((d.base, d.version), (Version::new(1, 1), Version::new(1, 3)));
-        let mut applied = state(&["a", "b"]);
+        let mut applied = builder_at(state(&["a", "b"]));
         d.apply_to(&mut applied);
-        assert_eq!(applied.configs, s.configs);
+        assert_eq!(applied.state().configs, s.configs);
     }
 
     #[test]
@@ -286,8 +295,9 @@ mod tests {
         assert_eq!(d.kube_upserted.len(), 2);
         let mut applied = state(&["a"]);
         applied.kube = kube_objects();
+        let mut applied = builder_at(applied);
         d.apply_to(&mut applied);
-        assert_eq!(applied.kube, s.kube);
+        assert_eq!(applied.state().kube, s.kube);
 
         // A skipped version names the Kubernetes keys in the derived changes.
         let d13 = Delta::between(&s1, &s3);

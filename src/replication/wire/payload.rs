@@ -217,6 +217,7 @@ fn kube_objects(objects: Vec<KubeObject>) -> Result<KubeObjects, WireError> {
 pub(crate) mod tests {
     use super::*;
     use crate::config::parse::{parse_file, Document};
+    use crate::snapshot::SnapshotBuilder;
     use crate::config::{ConfigObject, FieldError, Kind};
     use crate::registry::kubernetes::{
         KubeEndpointSlice, KubeKind, KubeNamespace, KubeNode, KubePod, KubeService, KubeServicePort, ServiceType,
@@ -436,15 +437,9 @@ pub(crate) mod tests {
         let decoded = decode_delta(s1.version, s2.version, &encode_delta(&delta).unwrap()).unwrap();
         assert_eq!(decoded, delta);
         assert_eq!(decoded.mesh.as_ref().map(|m| m.domain.as_str()), Some(DEFAULT_DOMAIN));
-        let mut frontend = SourceState {
-            configs: s1.configs.clone(),
-            errors: s1.errors.clone(),
-            ignored: s1.ignored.clone(),
-            mesh: s1.mesh.clone(),
-            kube: s1.kube.clone(),
-        };
+        let mut frontend = SnapshotBuilder::resume(Arc::new(s1));
         decoded.apply_to(&mut frontend);
-        assert_same(&s2, &Snapshot::build(s2.version, decoded.changes, &frontend));
+        assert_same(&s2, &frontend.build(s2.version, decoded.changes));
     }
 
     #[test]
