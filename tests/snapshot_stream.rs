@@ -20,7 +20,7 @@ use meshpilot::replication::{
     ServerSettings, SnapshotServer, SnapshotSubscriber, SubscriberSettings, SubscriberStatus,
 };
 use meshpilot::snapshot::{
-    channel, ChangeSet, ChangedKey, Snapshot, SnapshotReader, SnapshotWriter, SourceState, Version,
+    channel, ChangeSet, ChangedKey, Snapshot, SnapshotBuilder, SnapshotReader, SnapshotWriter, SourceState, Version,
 };
 use serde_json::json;
 use tokio::sync::watch;
@@ -67,12 +67,18 @@ fn state_of(names: &[String], endpoints: usize) -> SourceState {
     state
 }
 
+/// The memory test measures this process's resident memory: it runs alone (writer), the other
+/// tests of this file beside each other (readers).
+static MEMORY: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 fn names(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}{i}")).collect()
 }
 
-/// An ingest's snapshot channel served by a `SnapshotServer` on a free port.
+/// An ingest's snapshot channel served by a `SnapshotServer` on a free port, and the builder it
+/// builds with (so its change sets are classified as a real leader's are).
 struct Leader {
+    builder: std::sync::Mutex<SnapshotBuilder>,
     writer: SnapshotWriter,
     is_leader: watch::Sender<bool>,
     server: SnapshotServer,
@@ -86,7 +92,7 @@ impl Leader {
         let (is_leader, flag) = watch::channel(true);
         let server = SnapshotServer::new(reader, flag, settings);
         let (addr, task) = serve(server.clone()).await;
-        Leader { writer, is_leader, server, addr, task }
+        Leader { builder: Default::default(), writer, is_leader, server, addr, task }
     }
 
     fn publish(&self, version: Version, state: &SourceState) -> Arc<Snapshot> {
@@ -94,7 +100,12 @@ impl Leader {
     }
 
     fn publish_with(&self, version: Version, changes: ChangeSet, state: &SourceState) -> Arc<Snapshot> {
-        let snapshot = Arc::new(Snapshot::build(version, changes, state));
+        let snapshot = {
+            let mut builder = self.builder.lock().unwrap();
+            let mut found = builder.replace(state.clone());
+            found.merge(changes);
+            builder.build(version, found)
+        };
         self.writer.publish(snapshot.clone()).unwrap();
         snapshot
     }
@@ -176,6 +187,7 @@ fn assert_same(frontend: &Snapshot, leader: &Snapshot) {
 
 #[tokio::test]
 async fn full_then_deltas() {
+    let _beside = MEMORY.read().await;
     let leader = Leader::start(ServerSettings::default()).await;
     let mut all = names("svc", 20);
     let s1 = leader.publish(Version::new(1, 1), &state_of(&all, 2));
@@ -202,6 +214,7 @@ async fn full_then_deltas() {
 
 #[tokio::test]
 async fn resumes_with_deltas_after_reconnect() {
+    let _beside = MEMORY.read().await;
     let leader = Leader::start(ServerSettings::default()).await;
     let all = names("svc", 10);
     leader.publish(Version::new(1, 1), &state_of(&all, 1));
@@ -225,6 +238,7 @@ async fn resumes_with_deltas_after_reconnect() {
 
 #[tokio::test]
 async fn a_version_gone_from_history_gets_a_full_snapshot() {
+    let _beside = MEMORY.read().await;
     let leader = Leader::start(ServerSettings { history: 2, ..Default::default() }).await;
     let all = names("svc", 10);
     leader.publish(Version::new(1, 1), &state_of(&all, 1));
@@ -248,6 +262,7 @@ async fn a_version_gone_from_history_gets_a_full_snapshot() {
 
 #[tokio::test]
 async fn a_new_term_with_identical_config_changes_nothing_and_lower_terms_are_refused() {
+    let _beside = MEMORY.read().await;
     let old = Leader::start(ServerSettings::default()).await;
     let all = names("svc", 15);
     let before = old.publish(Version::new(1, 3), &state_of(&all, 2));
@@ -279,6 +294,7 @@ async fn a_new_term_with_identical_config_changes_nothing_and_lower_terms_are_re
 
 #[tokio::test]
 async fn large_snapshots_travel_in_chunks() {
+    let _beside = MEMORY.read().await;
     let leader = Leader::start(ServerSettings::default()).await;
     let all = names("service-entry-", 5000);
     let s1 = leader.publish(Version::new(1, 1), &state_of(&all, 4));
@@ -306,6 +322,7 @@ async fn large_snapshots_travel_in_chunks() {
 
 #[tokio::test]
 async fn a_deposed_leader_ends_streams_and_refuses_subscriptions() {
+    let _beside = MEMORY.read().await;
     let leader = Leader::start(ServerSettings::default()).await;
     leader.publish(Version::new(1, 1), &state_of(&names("svc", 3), 1));
     let mut fe = Frontend::start(Some(leader.info(1)));
@@ -348,6 +365,7 @@ async fn a_deposed_leader_ends_streams_and_refuses_subscriptions() {
 
 #[tokio::test]
 async fn a_delta_on_another_base_makes_the_frontend_ask_for_a_full_snapshot() {
+    let _beside = MEMORY.read().await;
     // Two servers claiming the same term cannot happen with a working election; here it makes the
     // leader send deltas whose base the frontend does not hold.
     let a = Leader::start(ServerSettings::default()).await;
@@ -431,6 +449,7 @@ fn rss() -> u64 {
 /// in, and a frontend that reads keeps getting every snapshot throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscribers_that_never_read_are_bounded_and_cut_off() {
+    let _alone = MEMORY.write().await;
     const MAX: usize = 32;
     const ATTACKERS: usize = 400;
     let settings = ServerSettings {

@@ -15,6 +15,7 @@ use crate::snapshot::Snapshot;
 
 /// One changed VirtualService or DestinationRule, with whether a sidecar reading it sees the
 /// change in its routes only: decided once per change, not once per view.
+#[derive(Debug)]
 pub struct RoutingEdit {
     key: ConfigKey,
     routes_only: bool,

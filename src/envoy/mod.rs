@@ -29,6 +29,7 @@ mod inbound;
 mod inbound_cluster;
 mod inbound_http;
 mod inbound_mtls;
+mod invalidation;
 mod listener;
 mod mtls;
 mod names;
@@ -57,7 +58,8 @@ mod golden;
 pub(crate) mod testing;
 
 pub use dependency::{changed_types, RoutingEdit};
-pub use proxy::{Interception, KeptResolutions, NodeMetadata, ProxyConfigMeta, ProxyKind, ProxyView, SharedView};
+pub use invalidation::{may_change_identities, ChangeEffects, KeptResolutions};
+pub use proxy::{Interception, NodeMetadata, ProxyConfigMeta, ProxyKind, ProxyView, SharedView};
 pub use resource::Resource;
 pub use type_url::TypeUrl;
 

@@ -136,7 +136,9 @@ mod tests {
         KubeObject::Pod(KubePod {
             name: "a-0".into(),
             namespace: "shop".into(),
-            labels: Arc::new([("app".to_string(), "a".to_string()), ("version".to_string(), version.to_string())].into()),
+            labels: Arc::new(
+                [("app".to_string(), "a".to_string()), ("version".to_string(), version.to_string())].into(),
+            ),
             service_account: "default".into(),
             ips: vec!["10.0.0.1".into()],
             node_name: "n1".into(),
@@ -149,7 +151,13 @@ mod tests {
     #[test]
     fn kubernetes_objects_are_kept_and_deleted() {
         let mut b = IngestBuilder::default();
-        let other = KubeObject::Pod(KubePod { name: "b-0".into(), ..match pod("v1") { KubeObject::Pod(p) => p, _ => unreachable!() } });
+        let other = KubeObject::Pod(KubePod {
+            name: "b-0".into(),
+            ..match pod("v1") {
+                KubeObject::Pod(p) => p,
+                _ => unreachable!(),
+            }
+        });
         let kube = |o: KubeObject| SourceEvent::Kube(vec![(o.key(), Some(Arc::new(o)))]);
         let c = b.apply(vec![kube(other.clone()), kube(pod("v1"))]);
         assert_eq!(c.keys.len(), 2);

@@ -214,7 +214,8 @@ mod tests {
     use super::*;
     use crate::config::parse::{parse_file, Document};
     use crate::registry::kubernetes::{
-        KubeEndpointSlice, KubeNamespace, KubeObjects, KubePod, KubeService, KubeServicePort, ServiceType, SliceEndpoint,
+        KubeEndpointSlice, KubeNamespace, KubeObjects, KubePod, KubeService, KubeServicePort, ServiceType,
+        SliceEndpoint,
     };
     use crate::registry::Hostname;
 

@@ -48,11 +48,6 @@ impl ChangeSet {
         !self.full && !self.keys.is_empty() && self.keys.iter().all(endpoint_level)
     }
 
-    /// Whether a Pod may have changed (a connected proxy's identity comes from its Pod).
-    pub fn may_change_pods(&self) -> bool {
-        self.full || self.keys.iter().any(|k| matches!(k, ChangedKey::Kube(key) if key.kind == KubeKind::Pod))
-    }
-
     /// Merges another change set into this one (debouncing several into one push).
     pub fn merge(&mut self, other: ChangeSet) {
         self.full |= other.full;

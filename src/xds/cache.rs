@@ -13,13 +13,13 @@ use tokio::sync::{OnceCell, Semaphore};
 use super::metrics::XdsMetrics;
 use super::response::resources_field;
 use super::TypeUrl;
-use crate::config::{ConfigKey, Kind};
+use crate::config::ConfigKey;
 use crate::envoy::{
     changed_types, generate, generate_endpoints_of, generate_routes_of, has_clusters_of, Resource, RoutingEdit,
 };
-use crate::envoy::{KeptResolutions, ProxyView, SharedView};
-use crate::registry::{Hostname, Registry, Resolution};
-use crate::snapshot::{ChangedKey, Snapshot, Version};
+use crate::envoy::{ChangeEffects, KeptResolutions, ProxyView, SharedView};
+use crate::registry::Hostname;
+use crate::snapshot::{Snapshot, Version};
 use crate::telemetry::metrics::gauge_value;
 
 /// The resources of one type for one view, with content hashes to detect real changes.
@@ -202,7 +202,7 @@ struct Resolutions {
 /// was asked for again.
 struct Carry {
     from: Arc<Generation>,
-    /// The types whose generations stay the same whatever the view (see [`carried_types`]).
+    /// The types whose generations stay the same whatever the view (see [`ChangeEffects`]).
     types: Vec<TypeUrl>,
     /// With CDS taken over (the same clusters): the hosts whose endpoints changed, the only ones
     /// whose EDS resources need generating again.
@@ -261,21 +261,8 @@ impl Generation {
         let taken = previous.lock_carry().take();
         drop(taken);
         let carry = previous.snapshot.as_ref().map(|p| {
-            let types = carried_types(p, snapshot);
-            let endpoint_hosts = if types.contains(&TypeUrl::Cluster) {
-                let hosts = snapshot.changes.keys.iter().filter_map(|k| match k {
-                    ChangedKey::Endpoints(host) => Some(host.clone()),
-                    _ => None,
-                });
-                hosts.collect()
-            } else {
-                BTreeSet::new()
-            };
-            let routing = routing_edits(p, snapshot).map(|edits| RoutingChange {
-                previous: p.clone(),
-                edits,
-                changed: HashMap::new(),
-            });
+            let ChangeEffects { carried: types, endpoint_hosts, routing } = ChangeEffects::between(p, snapshot);
+            let routing = routing.map(|edits| RoutingChange { previous: p.clone(), edits, changed: HashMap::new() });
             let resolutions = KeptResolutions::between(p, snapshot);
             Carry { from: previous.clone(), types, endpoint_hosts, routing, resolutions }
         });
@@ -835,64 +822,6 @@ fn timed<T>(work: impl FnOnce() -> Option<T>) -> Option<(T, std::time::Duration)
 /// The position of `type_url` in [`TypeUrl::PUSH_ORDER`].
 fn type_index(type_url: TypeUrl) -> usize {
     TypeUrl::PUSH_ORDER.iter().position(|t| *t == type_url).unwrap_or(0)
-}
-
-/// The edits of a change from `previous` to `next` when it holds only VirtualServices and
-/// DestinationRules (their effect is narrowed per view by [`changed_types`]).
-fn routing_edits(previous: &Snapshot, next: &Snapshot) -> Option<Arc<[RoutingEdit]>> {
-    if previous.version.next() != next.version || next.changes.full || next.changes.keys.is_empty() {
-        return None;
-    }
-    let keys: Option<Vec<&ConfigKey>> = next
-        .changes
-        .keys
-        .iter()
-        .map(|key| match key {
-            ChangedKey::Config(key) if matches!(key.kind, Kind::VirtualService | Kind::DestinationRule) => Some(key),
-            _ => None,
-        })
-        .collect();
-    Some(keys?.into_iter().map(|key| RoutingEdit::new(previous, next, key.clone())).collect())
-}
-
-/// The types whose generated config `next` leaves as `previous` had it, for every view: with
-/// only endpoints changed since `previous` (its direct predecessor), every type but EDS, and CDS
-/// too unless a changed service's clusters embed endpoints (DNS resolution) or the identities
-/// its mutual TLS checks (its endpoints' service accounts) changed. This is Istio's EDS-only push:
-/// no CDS, LDS or RDS regeneration for an endpoint change.
-fn carried_types(previous: &Snapshot, next: &Snapshot) -> Vec<TypeUrl> {
-    if previous.version.next() != next.version || !next.changes.endpoints_only() {
-        return Vec::new();
-    }
-    let mut types = vec![TypeUrl::Listener, TypeUrl::Route, TypeUrl::Secret];
-    let clusters_unchanged = next.changes.keys.iter().all(|key| match key {
-        ChangedKey::Endpoints(host) => {
-            clusters_ignore_endpoints(&previous.registry, &next.registry, |k| &k.hostname == host)
-        }
-        // A Pod reaches config through the proxy's view (its labels), which keys the entries.
-        _ => true,
-    });
-    if clusters_unchanged {
-        types.push(TypeUrl::Cluster);
-    }
-    types
-}
-
-/// Whether the clusters of the services `selected` are the same in both registries whatever
-/// their endpoints: none resolves by DNS, and their endpoints' service accounts are the same.
-fn clusters_ignore_endpoints(
-    previous: &Registry,
-    next: &Registry,
-    selected: impl Fn(&crate::registry::ServiceKey) -> bool,
-) -> bool {
-    let accounts = |registry: &Registry, key| -> BTreeSet<Arc<str>> {
-        let endpoints = registry.endpoints.get(key).map(|e| e.as_slice()).unwrap_or_default();
-        endpoints.iter().map(|e| e.service_account.clone()).collect()
-    };
-    next.services.iter().chain(&previous.services).filter(|(key, _)| selected(key)).all(|(key, service)| {
-        matches!(service.resolution, Resolution::Static | Resolution::Passthrough)
-            && accounts(previous, key) == accounts(next, key)
-    })
 }
 
 impl Drop for ViewLease {

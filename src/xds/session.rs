@@ -18,7 +18,7 @@ use super::proxy::Proxy;
 use super::status::{Nack, Registration, Transport};
 use super::stream::{ConnectionContext, StreamEnd};
 use super::TypeUrl;
-use crate::envoy::{ProxyKind, SharedView};
+use crate::envoy::{may_change_identities, ProxyKind, SharedView};
 use crate::snapshot::Snapshot;
 use crate::telemetry::log_text::{self, untrusted_list, Untrusted};
 use crate::telemetry::metrics::gauge_value;
@@ -120,7 +120,7 @@ impl<R> Session<R> {
     fn apply_registry(&mut self, snapshot: &Snapshot) {
         // Right after the snapshot last applied, a change of no Pod leaves the proxy as it was.
         let follows = self.snapshot.as_ref().is_some_and(|last| last.version.next() == snapshot.version);
-        if follows && !snapshot.changes.may_change_pods() {
+        if follows && !may_change_identities(&snapshot.changes) {
             return;
         }
         let pod = self.node_proxy.registry_pod(&snapshot.kube);

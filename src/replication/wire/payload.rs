@@ -217,12 +217,12 @@ fn kube_objects(objects: Vec<KubeObject>) -> Result<KubeObjects, WireError> {
 pub(crate) mod tests {
     use super::*;
     use crate::config::parse::{parse_file, Document};
-    use crate::snapshot::SnapshotBuilder;
     use crate::config::{ConfigObject, FieldError, Kind};
     use crate::registry::kubernetes::{
         KubeEndpointSlice, KubeKind, KubeNamespace, KubeNode, KubePod, KubeService, KubeServicePort, ServiceType,
         SliceEndpoint, SlicePort, TargetPort,
     };
+    use crate::snapshot::SnapshotBuilder;
 
     /// A pod `name` of the ratings deployment at `ip`, labelled `version`.
     pub(crate) fn pod(name: &str, ip: &str, version: &str) -> KubeObject {

@@ -7,11 +7,10 @@
 use std::collections::HashSet;
 use std::net::IpAddr;
 
-use super::ProxyView;
-use crate::config::Kind;
-use crate::registry::kubernetes::KubeKind;
+use super::table::{row, Resolves};
+use crate::envoy::ProxyView;
 use crate::registry::{Hostname, Registry};
-use crate::snapshot::{ChangedKey, Snapshot};
+use crate::snapshot::Snapshot;
 
 /// The views whose resolution against the previous snapshot still holds in the next one.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,16 +30,13 @@ impl KeptResolutions {
         }
         let mut stale = HashSet::new();
         for key in &changes.keys {
-            match key {
-                ChangedKey::Config(k) if !reads_kind(k.kind) => {}
-                // A Pod's labels are its connection's view (a new view, resolved anew); its
-                // endpoints come as the hosts' endpoint changes. A Secret is read by SDS only.
-                ChangedKey::Kube(k) if matches!(k.kind, KubeKind::Pod | KubeKind::Secret) => {}
-                ChangedKey::Endpoints(host) => {
-                    stale.extend(addresses_of(&previous.registry, host));
-                    stale.extend(addresses_of(&next.registry, host));
+            match row(key).resolves {
+                Resolves::Keeps => {}
+                Resolves::At(host) => {
+                    stale.extend(addresses_of(&previous.registry, &host));
+                    stale.extend(addresses_of(&next.registry, &host));
                 }
-                ChangedKey::Config(_) | ChangedKey::Kube(_) | ChangedKey::Mesh => return KeptResolutions::None,
+                Resolves::Everything => return KeptResolutions::None,
             }
         }
         KeptResolutions::ExceptAt(stale)
@@ -58,12 +54,6 @@ impl KeptResolutions {
     }
 }
 
-/// Whether resolutions read objects of `kind`: Sidecars, and the registry's ServiceEntries and
-/// WorkloadEntries (selectors are compared as a whole, see [`Snapshot::reads_same_labels`]).
-fn reads_kind(kind: Kind) -> bool {
-    matches!(kind, Kind::Sidecar | Kind::ServiceEntry | Kind::WorkloadEntry)
-}
-
 /// The IP addresses of `host`'s endpoints, in every namespace declaring it.
 fn addresses_of<'a>(registry: &'a Registry, host: &'a Hostname) -> impl Iterator<Item = IpAddr> + 'a {
     registry
@@ -77,8 +67,9 @@ fn addresses_of<'a>(registry: &'a Registry, host: &'a Hostname) -> impl Iterator
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Kind;
     use crate::envoy::testing::{sidecar_at, snapshot};
-    use crate::snapshot::{ChangeSet, Version};
+    use crate::snapshot::{ChangeSet, ChangedKey, Version};
 
     const SERVICE: &str = "apiVersion: networking.istio.io/v1
 kind: ServiceEntry
