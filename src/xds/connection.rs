@@ -119,7 +119,10 @@ impl Protocol for StateOfTheWorld {
             watch.base = watch.isolation.acked().cloned();
             session.nack(type_url, &req.response_nonce, &err.message, &mut watch.isolation, &sent.holding)
         } else {
-            let names_changed = type_url.is_named() && sent.names != requested_names;
+            // Compared with the names of the proxy's last request, not of the last response: a
+            // change of names may have gone unanswered (an SDS response left empty is not sent),
+            // and a return to the names last sent is then a new subscription, not an ACK.
+            let names_changed = type_url.is_named() && watch.names != requested_names;
             let due = session.ack(
                 type_url,
                 req.version_info.clone(),
@@ -244,7 +247,9 @@ mod tests {
     use prost::Message;
 
     use super::*;
-    use crate::xds::stream_testing::{cluster, node, rejection, service, Harness};
+    use crate::xds::stream_testing::{
+        cluster, credentials, gateway_caller, gateway_node, node, rejection, service, Harness,
+    };
 
     fn request(type_url: TypeUrl, names: &[String], answering: Option<&DiscoveryResponse>) -> DiscoveryRequest {
         DiscoveryRequest {
@@ -264,6 +269,81 @@ mod tests {
     fn cluster_names(r: &DiscoveryResponse) -> Vec<String> {
         use envoy_types::pb::envoy::config::cluster::v3::Cluster;
         r.resources.iter().map(|a| Cluster::decode(a.value.as_slice()).unwrap().name).collect()
+    }
+
+    fn owned(names: &[&str]) -> Vec<String> {
+        names.iter().map(|n| n.to_string()).collect()
+    }
+
+    fn secret_names(r: &DiscoveryResponse) -> Vec<String> {
+        use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::Secret;
+        r.resources.iter().map(|a| Secret::decode(a.value.as_slice()).unwrap().name).collect()
+    }
+
+    #[tokio::test]
+    async fn a_secret_dropped_and_asked_for_again_is_sent_again() {
+        const WEB: &str = "kubernetes://web";
+        const API: &str = "kubernetes://api";
+        let sds = |names: &[&str], answering| request(TypeUrl::Secret, &owned(names), answering);
+        let mut h = Harness::start_as(StateOfTheWorld::default(), gateway_caller(), credentials(&["web", "api"]));
+        let mut first = sds(&[WEB, API], None);
+        first.node = Some(gateway_node());
+        h.send(first).await;
+        let both = h.next().await.expect("SDS");
+        assert_eq!(secret_names(&both), [API, WEB]);
+        h.send(sds(&[WEB, API], Some(&both))).await;
+        assert!(h.next().await.is_none(), "an ACK is not answered");
+
+        // api dropped, then asked for again: each new set of names is answered.
+        h.send(sds(&[WEB], Some(&both))).await;
+        let web_only = h.next().await.expect("the secrets still asked for");
+        assert_eq!(secret_names(&web_only), [WEB]);
+        h.send(sds(&[WEB, API], Some(&web_only))).await;
+        let again = h.next().await.expect("api asked for again");
+        assert_eq!(secret_names(&again), [API, WEB]);
+
+        // Every secret dropped (the gateway's TLS servers removed): an empty SDS response is never
+        // sent. Asked for again under the nonce of the response that carried them, they are sent
+        // again: the proxy dropped them and waits for them.
+        h.send(sds(&[], Some(&again))).await;
+        assert!(h.next().await.is_none(), "an empty SDS response was sent");
+        h.send(sds(&[WEB, API], Some(&again))).await;
+        let both = h.next().await.expect("the secrets asked for again after every one was dropped");
+        assert_eq!(secret_names(&both), [API, WEB]);
+
+        // The same through a secret that does not exist (yet): nothing to answer it with.
+        h.send(sds(&[WEB], Some(&both))).await;
+        let back = h.next().await.expect("web alone");
+        h.send(sds(&["kubernetes://missing"], Some(&back))).await;
+        assert!(h.next().await.is_none(), "an SDS response without the secret asked for was sent");
+        h.send(sds(&[WEB], Some(&back))).await;
+        let back = h.next().await.expect("web asked for again after a missing secret");
+        assert_eq!(secret_names(&back), [WEB]);
+    }
+
+    #[tokio::test]
+    async fn an_endpoint_dropped_in_a_nack_and_asked_for_again_is_sent_again() {
+        let mesh = |a: &str| [service("a", a), service("b", "10.0.0.2")].join("---\n");
+        let mut h = Harness::start(StateOfTheWorld::default(), &mesh("10.0.0.1"));
+        let both = [cluster("a"), cluster("b")];
+        h.send(request(TypeUrl::Endpoint, &both, None)).await;
+        let eds = h.next().await.expect("EDS");
+        h.send(request(TypeUrl::Endpoint, &both, Some(&eds))).await;
+        h.settle().await;
+        h.publish(&mesh("10.0.0.9"));
+        let update = h.next().await.expect("a's new endpoints");
+        assert_eq!(load_assignments(&update), [cluster("a")]);
+
+        // The proxy rejects it and, in the same request, drops b (nothing needs sending: it
+        // keeps a's last good assignment). Then it asks for b again, under the same nonce.
+        let mut nack = request(TypeUrl::Endpoint, &[cluster("a")], Some(&update));
+        nack.version_info = eds.version_info.clone();
+        nack.error_detail = Some(rejection(&format!("{} is bad", cluster("a"))));
+        h.send(nack).await;
+        assert!(h.next().await.is_none(), "only a removal: nothing to send");
+        h.send(request(TypeUrl::Endpoint, &both, Some(&update))).await;
+        let again = h.next().await.expect("b asked for again");
+        assert!(load_assignments(&again).contains(&cluster("b")), "{:?}", load_assignments(&again));
     }
 
     #[tokio::test]

@@ -340,7 +340,9 @@ impl Delta {
 mod tests {
     use super::*;
     use crate::xds::admission::AdmissionSettings;
-    use crate::xds::stream_testing::{cluster, node, rejection, service, Harness};
+    use crate::xds::stream_testing::{
+        cluster, credentials, gateway_caller, gateway_node, node, rejection, service, Harness,
+    };
     use std::time::Duration;
 
     fn request(type_url: TypeUrl, subscribe: &[String], nonce: &str, nack: Option<&str>) -> DeltaDiscoveryRequest {
@@ -463,6 +465,41 @@ mod tests {
         h.settle().await;
         h.publish(&mesh("10.0.0.9", "10.0.0.7"));
         assert_eq!(names(&h.next().await.expect("b's new endpoints")), [cluster("b")]);
+    }
+
+    #[tokio::test]
+    async fn a_secret_unsubscribed_and_subscribed_again_is_sent_again() {
+        const WEB: &str = "kubernetes://web";
+        const API: &str = "kubernetes://api";
+        let unsubscribe = |name: &str| DeltaDiscoveryRequest {
+            resource_names_unsubscribe: vec![name.to_string()],
+            ..request(TypeUrl::Secret, &[], "", None)
+        };
+        let mut h = Harness::start_as(Delta::default(), gateway_caller(), credentials(&["web", "api"]));
+        let mut first = request(TypeUrl::Secret, &[WEB.to_string()], "", None);
+        first.node = Some(gateway_node());
+        h.send(first).await;
+        let sds = h.next().await.expect("SDS");
+        assert_eq!(names(&sds), [WEB]);
+        h.send(request(TypeUrl::Secret, &[], &sds.nonce, None)).await;
+        assert!(h.next().await.is_none(), "an ACK is not answered");
+
+        // Every secret unsubscribed (the gateway's TLS servers removed), then web again.
+        h.send(unsubscribe(WEB)).await;
+        assert!(h.next().await.is_none(), "an unsubscribe alone is not answered");
+        h.send(request(TypeUrl::Secret, &[WEB.to_string()], "", None)).await;
+        let again = h.next().await.expect("web subscribed again");
+        assert_eq!(names(&again), [WEB]);
+        h.send(request(TypeUrl::Secret, &[], &again.nonce, None)).await;
+
+        // The same beside another secret, subscribed again with a nonce already answered.
+        let sds = subscribe(&mut h, TypeUrl::Secret, &[API.to_string()]).await;
+        assert_eq!(names(&sds), [API]);
+        h.send(unsubscribe(API)).await;
+        assert!(h.next().await.is_none(), "an unsubscribe alone is not answered");
+        h.send(request(TypeUrl::Secret, &[API.to_string()], &sds.nonce, None)).await;
+        let again = h.next().await.expect("api subscribed again");
+        assert_eq!((names(&again), again.removed_resources.clone()), (vec![API.to_string()], vec![]));
     }
 
     #[tokio::test]

@@ -15,13 +15,61 @@ use super::cache::GenerationCache;
 use super::metrics::XdsMetrics;
 use super::response::Framed;
 use super::status::ConnectionRegistry;
-use super::stream::{serve, ConnectionContext, Protocol};
+use super::stream::{serve_as, Caller, ConnectionContext, Protocol};
+use crate::config::parse::{parse_file, Document};
 use crate::envoy::testing::snapshot;
-use crate::snapshot::{SnapshotWriter, Version};
+use crate::registry::kubernetes::{KubeObject, KubeSecret, PrivateKey};
+use crate::security::Identity;
+use crate::snapshot::{ChangeSet, Snapshot, SnapshotWriter, SourceState, Version};
 
 /// A sidecar in `default`.
 pub(crate) fn node() -> Node {
     Node { id: "sidecar~10.0.0.5~app.default~default.svc.cluster.local".into(), ..Default::default() }
+}
+
+/// A gateway in `apps`, the namespace of [`credentials`].
+pub(crate) fn gateway_node() -> Node {
+    Node { id: "router~10.0.0.9~gw.apps~apps.svc.cluster.local".into(), ..Default::default() }
+}
+
+/// A caller that proved an identity of `apps`: a [`gateway_node`] it serves may be sent credentials.
+pub(crate) fn gateway_caller() -> Caller {
+    Caller::Authenticated(vec![Identity::parse("spiffe://cluster.local/ns/apps/sa/gw").expect("an identity")])
+}
+
+/// A snapshot holding a TLS Secret `apps/NAME` (served as `kubernetes://NAME`) per name, each
+/// named by a server of a Gateway in `apps` (only Secrets a Gateway names enter a snapshot).
+pub(crate) fn credentials(names: &[&str]) -> Snapshot {
+    let kube = names.iter().map(|name| {
+        let secret = KubeObject::Secret(KubeSecret {
+            name: name.to_string(),
+            namespace: "apps".into(),
+            cert_chain: format!("CERT of {name}"),
+            private_key: PrivateKey(format!("KEY of {name}")),
+            ca: String::new(),
+        });
+        (secret.key(), Arc::new(secret))
+    });
+    let servers: Vec<String> = names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            format!(
+                "  - {{port: {{number: {}, name: https-{i}, protocol: HTTPS}}, hosts: [{name}.example.com], tls: {{mode: SIMPLE, credentialName: {name}}}}}\n",
+                8443 + i
+            )
+        })
+        .collect();
+    let gateway = format!(
+        "apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata: {{name: gw, namespace: apps}}\nspec:\n  selector: {{istio: ingress}}\n  servers:\n{}",
+        servers.concat()
+    );
+    let mut state = SourceState { kube: kube.collect(), ..Default::default() };
+    for doc in parse_file("gateway.yaml", &gateway) {
+        let Document::Valid(o) = doc else { panic!("invalid test Gateway: {doc:?}") };
+        state.configs.insert(o.key.clone(), Arc::new(o));
+    }
+    Snapshot::build(Version::new(1, 1), ChangeSet::full(), &state)
 }
 
 /// A ServiceEntry `NAME.example.com` (port 80, HTTP) in `default` with one endpoint.
@@ -77,7 +125,18 @@ where
         h
     }
 
+    /// Serves `protocol` on a stream from `caller`, the first snapshot `first`.
+    pub fn start_as(protocol: P, caller: Caller, first: Snapshot) -> Self {
+        let mut h = Self::serving(protocol, caller, AdmissionSettings::default());
+        h.publish_snapshot(first);
+        h
+    }
+
     fn admitted_by(protocol: P, admission: AdmissionSettings) -> Self {
+        Self::serving(protocol, Caller::Unauthenticated, admission)
+    }
+
+    fn serving(protocol: P, caller: Caller, admission: AdmissionSettings) -> Self {
         let (writer, reader) = crate::snapshot::channel();
         let (trigger, drain) = crate::drain::new();
         let metrics = XdsMetrics::default();
@@ -93,7 +152,7 @@ where
         };
         let (requests, rx) = mpsc::channel(16);
         let (tx, responses) = mpsc::channel(16);
-        tokio::spawn(serve(ctx, protocol, ReceiverStream::new(rx), tx));
+        tokio::spawn(serve_as(ctx, caller, protocol, ReceiverStream::new(rx), tx));
         Harness { writer, registry, requests, responses, version: 0, drain: Some(trigger) }
     }
 
@@ -114,8 +173,12 @@ where
 
     /// Publishes a new snapshot made of `yaml`.
     pub fn publish(&mut self, yaml: &str) {
+        self.publish_snapshot(snapshot(yaml));
+    }
+
+    /// Publishes `snap` as the next snapshot.
+    pub fn publish_snapshot(&mut self, mut snap: Snapshot) {
         self.version += 1;
-        let mut snap = snapshot(yaml);
         snap.version = Version::new(1, self.version);
         self.writer.publish(Arc::new(snap)).expect("versions grow");
     }
