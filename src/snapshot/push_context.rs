@@ -474,6 +474,10 @@ mod tests {
         let edits: Vec<Edit> = vec![
             Box::new(move |s| put(s, &vs("b", 50, "app"))),
             Box::new(move |s| put(s, &vs("c", 90, "team"))),
+            // The rule leaves host a for b: a must not keep it.
+            Box::new(move |s| {
+                put(s, &doc("DestinationRule", "shop", "r", "{host: b, subsets: [{name: v1, labels: {version: v1}}]}"))
+            }),
             Box::new(move |s| {
                 s.configs.remove(&rule);
                 rule.clone()

@@ -1153,4 +1153,111 @@ spec: {hosts: [b.example.com], location: MESH_INTERNAL, resolution: STATIC, port
         assert_eq!(cache.generations(TypeUrl::Listener), 2, "generated again");
         assert!(Arc::ptr_eq(&first, &third), "the same content: the generation held before is kept");
     }
+
+    /// A DestinationRule that stops applying to a host (its host changed, its exportTo narrowed,
+    /// it or the service deleted) leaves nothing of it in any view: every type each view is
+    /// served, through the cache across incremental snapshots, is what a snapshot built from
+    /// scratch on the same objects generates. Which rule takes over follows the lookup order
+    /// (the proxy's namespace, then the service's, then the root namespace).
+    #[tokio::test]
+    async fn a_rule_leaving_a_host_leaves_no_trace_in_any_view() {
+        use std::collections::BTreeMap;
+
+        use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+
+        use crate::config::parse::{parse_file, Document};
+        use crate::source::SourceEvent;
+
+        let entry = |name: &str, ns: &str, host: &str, ip: &str| {
+            format!(
+                "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: {name}, namespace: {ns}}}\n\
+                 spec: {{hosts: [{host}], location: MESH_INTERNAL, resolution: STATIC, ports: [{{number: 80, name: http}}], \
+                 endpoints: [{{address: {ip}, labels: {{version: v1}}}}]}}\n"
+            )
+        };
+        let rule = |ns: &str, name: &str, host: &str, extra: &str| {
+            format!(
+                "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {{name: {name}, namespace: {ns}}}\n\
+                 spec: {{host: {host}, subsets: [{{name: v1, labels: {{version: v1}}}}], {extra}}}\n"
+            )
+        };
+        let alpha = entry("alpha", "ns-a", "alpha.ns-a.svc.cluster.local", "10.0.0.1");
+        let www = entry("www", "ns-b", "www.example.com", "10.0.0.2");
+        let limited = "trafficPolicy: {connectionPool: {tcp: {maxConnections: 76}}}";
+        let service_rule = rule("ns-a", "dr-0", "alpha.ns-a.svc.cluster.local", limited);
+        let root_rule =
+            rule("istio-system", "root", "'*.example.com'", "trafficPolicy: {loadBalancer: {simple: RANDOM}}");
+        let outlier = "trafficPolicy: {outlierDetection: {consecutive5xxErrors: 3, interval: 10s}}";
+        let on_alpha = rule("ns-b", "dr-0", "alpha.ns-a.svc.cluster.local", outlier);
+        let on_www = rule("ns-b", "dr-0", "www.example.com", outlier);
+        let own_only = rule("ns-b", "dr-0", "alpha.ns-a.svc.cluster.local", &format!("{outlier}, exportTo: ['.']"));
+        let narrowed_root =
+            rule("istio-system", "root", "ext.example.com", "trafficPolicy: {loadBalancer: {simple: RANDOM}}");
+        let service_rule_private =
+            rule("ns-a", "dr-0", "alpha.ns-a.svc.cluster.local", &format!("{limited}, exportTo: ['.']"));
+        let key = |kind: Kind, ns: &str, name: &str| ConfigKey { kind, namespace: ns.into(), name: name.into() };
+        let (local_key, alpha_key) =
+            (key(Kind::DestinationRule, "ns-b", "dr-0"), key(Kind::ServiceEntry, "ns-a", "alpha"));
+        // Each step: the objects it applies and the keys it deletes, as a source sends them.
+        let steps: Vec<(Vec<&str>, Vec<&ConfigKey>)> = vec![
+            (vec![&alpha, &www, &service_rule, &root_rule, &on_alpha], vec![]),
+            // ns-b's rule leaves alpha for www: alpha falls back to ns-a's, www leaves the root's.
+            (vec![&on_www], vec![]),
+            (vec![&own_only], vec![]),
+            (vec![], vec![&local_key]),
+            (vec![&on_alpha], vec![]),
+            (vec![], vec![&alpha_key]),
+            (vec![&alpha], vec![]),
+            // The root namespace's wildcard rule narrows to another host: www keeps nothing of it.
+            (vec![&narrowed_root], vec![]),
+            (vec![], vec![&local_key]),
+            // ns-a's rule no longer exported: ns-b's proxies have no rule for alpha.
+            (vec![&service_rule_private], vec![]),
+        ];
+        let mut builder = crate::ingest::SnapshotBuilder::default();
+        let mut state: BTreeMap<ConfigKey, String> = BTreeMap::new();
+        let cache = Arc::new(GenerationCache::default());
+        let views: Vec<SharedView> = ["ns-a", "ns-b", "istio-system"].iter().map(|ns| sidecar(ns, &[])).collect();
+        let _leases: Vec<_> = views.iter().map(|v| cache.hold(v)).collect();
+        let all = [TypeUrl::Cluster, TypeUrl::Endpoint, TypeUrl::Listener, TypeUrl::Route];
+        let mut limits = Vec::new();
+        for (seq, (applied, deleted)) in steps.into_iter().enumerate() {
+            let mut objects = Vec::new();
+            for yaml in applied {
+                for doc in parse_file("t.yaml", yaml) {
+                    let Document::Valid(o) = doc else { panic!("{doc:?}") };
+                    state.insert(o.key.clone(), yaml.to_string());
+                    objects.push((o.key.clone(), Some(Arc::new(o))));
+                }
+            }
+            for key in deleted {
+                state.remove(key);
+                objects.push((key.clone(), None));
+            }
+            let changes = builder.apply(vec![SourceEvent::Config(objects)]);
+            let snap = builder.build(Version::new(1, seq as u64 + 1), changes);
+            let scratch = snapshot(&state.values().cloned().collect::<Vec<_>>().join("---\n"));
+            for view in &views {
+                for t in all {
+                    let served = cache.get(&snap, view, t).await;
+                    let fresh = Generated::new(generate(t, &scratch, view));
+                    assert_eq!(served.encoded, fresh.encoded, "step {seq}: {view} {t}");
+                }
+            }
+            // What ns-b's proxies are served for alpha: the connection limit of the rule in force.
+            let clusters = cache.get(&snap, &views[1], TypeUrl::Cluster).await;
+            let limit = clusters.find("outbound|80||alpha.ns-a.svc.cluster.local").map(|i| {
+                let c: Cluster = prost::Message::decode(clusters.resources[i].body.value.as_slice()).expect("cluster");
+                c.circuit_breakers.and_then(|b| b.thresholds.first()?.max_connections).map(|m| m.value)
+            });
+            limits.push(limit);
+        }
+        // Their own rule (no limit); ns-a's once it left alpha; their own again (exported to its
+        // namespace only, theirs); ns-a's once it is deleted; their own; no cluster; their own
+        // (twice); ns-a's once theirs is deleted; none (no limit) once ns-a's is private.
+        let (unlimited, service) = (Some(Some(u32::MAX)), Some(Some(76)));
+        let expected =
+            [unlimited, service, unlimited, service, unlimited, None, unlimited, unlimited, service, unlimited];
+        assert_eq!(limits, expected);
+    }
 }
