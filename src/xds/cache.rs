@@ -835,6 +835,7 @@ mod tests {
     use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 
     use super::*;
+    use crate::config::Kind;
     use crate::envoy::testing::{self, snapshot};
 
     /// A sidecar's view, as its connection holds it.
@@ -1214,7 +1215,7 @@ spec: {hosts: [b.example.com], location: MESH_INTERNAL, resolution: STATIC, port
             // ns-a's rule no longer exported: ns-b's proxies have no rule for alpha.
             (vec![&service_rule_private], vec![]),
         ];
-        let mut builder = crate::ingest::SnapshotBuilder::default();
+        let mut builder = crate::ingest::IngestBuilder::default();
         let mut state: BTreeMap<ConfigKey, String> = BTreeMap::new();
         let cache = Arc::new(GenerationCache::default());
         let views: Vec<SharedView> = ["ns-a", "ns-b", "istio-system"].iter().map(|ns| sidecar(ns, &[])).collect();
