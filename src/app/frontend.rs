@@ -14,7 +14,7 @@ use tracing::info;
 use super::security::{self, SecuritySettings};
 use super::servers;
 use super::tasks::Tasks;
-use super::{Process, RoleError};
+use super::{clients, Process, RoleError};
 use crate::admin::{AdminState, DebugAccess, NodeStatus, XdsState};
 use crate::cluster::election::{LeaderWatch, DEFAULT_ELECTION_NAME};
 use crate::cluster::membership::{Members, MembersWatch, MembershipSettings, Registration, DEFAULT_PREFIX};
@@ -101,8 +101,9 @@ pub async fn run(settings: FrontendNodeSettings, process: Process, drain: DrainW
         security::warn_insecure_snapshot_stream("frontend");
     }
     let needs_ca = settings.security.secure_xds_addr.is_some() || link_mtls;
+    // Only the CA and token reviews use Kubernetes here: without them no client is made.
     let kube = match needs_ca {
-        true => security::kube_client(settings.kubernetes.as_ref()).await?,
+        true => clients::kubernetes(settings.kubernetes.as_ref()).await?,
         false => None,
     };
     // One CA for the secure port and the link to the leader.

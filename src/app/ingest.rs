@@ -17,7 +17,7 @@ use tracing::{info, warn};
 use super::security::{self, SecuritySettings};
 use super::servers;
 use super::tasks::Tasks;
-use super::{pipeline, webhook, Process, RoleError};
+use super::{clients, pipeline, webhook, Process, RoleError};
 use crate::admin::{AdminState, NodeStatus};
 use crate::cluster::election::{Candidate, ElectionSettings, Leadership};
 use crate::cluster::membership::{Members, MembersWatch, DEFAULT_PREFIX};
@@ -70,10 +70,11 @@ pub async fn run(settings: IngestNodeSettings, process: Process, drain: DrainWat
     let admin_listener = servers::bind("admin server", settings.admin_addr).await?;
     let webhook_listener = webhook::bind(settings.webhook.as_ref()).await?;
     let client = crate::cluster::etcd::connect_with_tls(&settings.etcd_endpoints, &settings.etcd_tls).await?;
+    let kube = clients::kubernetes(settings.sources.kubernetes.as_ref().map(|k| &k.cluster)).await?;
 
     // Standbys build snapshots too (term 0 until they lead), so a failover starts warm.
-    let pipeline =
-        pipeline::start(&settings.sources, settings.debounce, 0, first_snapshot, &process, &mut tasks).await?;
+    let (sources, debounce) = (&settings.sources, settings.debounce);
+    let pipeline = pipeline::start(sources, kube.clone(), debounce, 0, first_snapshot, &process, &mut tasks).await?;
     let (local, events_tx) = (pipeline.snapshots, pipeline.events);
 
     let cluster_metrics = ClusterMetrics::register(&process.registry);
@@ -90,26 +91,17 @@ pub async fn run(settings: IngestNodeSettings, process: Process, drain: DrainWat
     tasks.spawn("leadership", follow_leadership(leadership.clone(), events_tx, is_leader_tx, cluster_metrics));
     tasks.spawn("leader's publisher", publish_when_leading(local.clone(), leadership.clone(), published_writer));
 
-    if let Some(kube) = &settings.sources.kubernetes {
+    if let (Some(kube_settings), Some(client)) = (&settings.sources.kubernetes, kube.clone()) {
         // The leader keeps the CA's root (istio-ca-secret) published in every namespace.
-        match crate::source::kubernetes::client::connect(&kube.cluster).await {
-            Ok(client) => {
-                let security = SecuritySettings { namespace: kube.namespace.clone(), ..settings.security.clone() };
-                // (The same namespace as `settings.security.namespace`: both are --namespace.)
-                security::keep_root_published(client, security, is_leader.clone(), &mut tasks);
-            }
-            Err(e) => warn!(error = %e, "no Kubernetes client for the CA's root ConfigMaps"),
-        }
+        let security = SecuritySettings { namespace: kube_settings.namespace.clone(), ..settings.security.clone() };
+        // (The same namespace as `settings.security.namespace`: both are --namespace.)
+        security::keep_root_published(client, security, is_leader.clone(), &mut tasks);
     }
     // Mutual TLS unless explicitly turned off: snapshots carry every credentialName key.
     let snapshot_tls = match settings.security.insecure_snapshot_stream {
-        false => {
-            let kube = security::kube_client(settings.sources.kubernetes.as_ref().map(|k| &k.cluster)).await?;
-            Some(
-                security::snapshot_server_tls(&settings.security, kube.as_ref(), &settings.advertise_addr, &drain)
-                    .await?,
-            )
-        }
+        false => Some(
+            security::snapshot_server_tls(&settings.security, kube.as_ref(), &settings.advertise_addr, &drain).await?,
+        ),
         true => {
             security::warn_insecure_snapshot_stream("ingest");
             None
@@ -117,7 +109,6 @@ pub async fn run(settings: IngestNodeSettings, process: Process, drain: DrainWat
     };
     let webhook = match (settings.webhook.as_ref(), webhook_listener) {
         (Some(webhook_settings), Some(listener)) => {
-            let kube = security::kube_client(settings.sources.kubernetes.as_ref().map(|k| &k.cluster)).await?;
             let ca = security::load_ca(&settings.security, kube.as_ref(), &drain).await?;
             let (namespace, leading) = (&settings.security.namespace, Some(is_leader.clone()));
             Some(

@@ -9,6 +9,7 @@
 //! every task (ADS streams end with UNAVAILABLE, a leader resigns its lease) up to
 //! [`DRAIN_DEADLINE`].
 
+mod clients;
 pub mod frontend;
 pub mod ingest;
 mod leadership;
@@ -36,6 +37,9 @@ pub enum RoleError {
     /// etcd could not be used.
     #[error(transparent)]
     Etcd(#[from] crate::cluster::etcd::EtcdError),
+    /// The Kubernetes client could not be configured.
+    #[error(transparent)]
+    Kubernetes(#[from] crate::source::KubeError),
     /// A config source could not start.
     #[error(transparent)]
     Sources(#[from] crate::source::SourceError),

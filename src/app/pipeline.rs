@@ -17,10 +17,12 @@ pub struct Pipeline {
     pub events: mpsc::Sender<IngestEvent>,
 }
 
-/// Starts ingest with its first snapshot in `term`, then the sources feeding it; `first_snapshot`
-/// is released when ingest publishes. On a source error nothing keeps running.
+/// Starts ingest with its first snapshot in `term`, then the sources feeding it (Kubernetes
+/// through `kube`, the process's client); `first_snapshot` is released when ingest publishes. On
+/// a source error nothing keeps running.
 pub async fn start(
     sources: &SourceSettings,
+    kube: Option<kube::Client>,
     debounce: DebounceSettings,
     term: u64,
     first_snapshot: BlockReady,
@@ -37,6 +39,6 @@ pub async fn start(
     tasks.spawn_finishing("ingest", ingest);
     let source_metrics = source::SourceMetrics::register(&process.registry);
     // On an error the role ends, and its tasks (ingest among them) with it.
-    source::start(sources, events.clone(), source_metrics, drain).await?;
+    source::start(sources, kube, events.clone(), source_metrics, drain).await?;
     Ok(Pipeline { snapshots, events })
 }

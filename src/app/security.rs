@@ -45,9 +45,6 @@ pub enum SecurityError {
     /// The link credentials could not be made.
     #[error("mutual TLS between meshpilot's processes: {0}")]
     Link(String),
-    /// The Kubernetes client could not be made.
-    #[error("Kubernetes client for the CA: {0}")]
-    Kubernetes(String),
 }
 
 /// Settings of the CA and the secure xDS port.
@@ -139,19 +136,6 @@ pub async fn start_with_ca(
     let roots = ca.material().roots()?;
     let tls = tls::server_config(&roots, cert, ClientAuth::Optional)?;
     Ok(Security { ca, authn, tls, metrics: CaMetrics::register(registry) })
-}
-
-/// A Kubernetes client for the CA and token reviews, when a cluster is configured.
-pub async fn kube_client(
-    cluster: Option<&crate::source::kubernetes::ClusterChoice>,
-) -> Result<Option<kube::Client>, SecurityError> {
-    match cluster {
-        Some(choice) => crate::source::kubernetes::client::connect(choice)
-            .await
-            .map(Some)
-            .map_err(|e| SecurityError::Kubernetes(e.to_string())),
-        None => Ok(None),
-    }
 }
 
 /// Loads the CA's key material as `settings` say (plug-in files; else the `istio-ca-secret` with

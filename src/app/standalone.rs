@@ -10,7 +10,7 @@ use tracing::info;
 use super::security::{self, SecuritySettings};
 use super::servers;
 use super::tasks::Tasks;
-use super::{pipeline, webhook, Process, RoleError};
+use super::{clients, pipeline, webhook, Process, RoleError};
 use crate::admin::{AdminState, DebugAccess, XdsState};
 use crate::drain::DrainWatcher;
 use crate::ingest::DebounceSettings;
@@ -60,10 +60,11 @@ pub async fn run(settings: StandaloneSettings, process: Process, drain: DrainWat
     };
     let admin_listener = servers::bind("admin server", settings.admin_addr).await?;
     let webhook_listener = webhook::bind(settings.webhook.as_ref()).await?;
+    let kube = clients::kubernetes(settings.sources.kubernetes.as_ref().map(|k| &k.cluster)).await?;
 
     // Term 1: a standalone process is its own, permanent leader.
-    let pipeline =
-        pipeline::start(&settings.sources, settings.debounce, 1, first_snapshot, &process, &mut tasks).await?;
+    let (sources, debounce) = (&settings.sources, settings.debounce);
+    let pipeline = pipeline::start(sources, kube.clone(), debounce, 1, first_snapshot, &process, &mut tasks).await?;
     let reader = pipeline.snapshots;
 
     let xds_metrics = XdsMetrics::register(&process.registry);
@@ -72,12 +73,11 @@ pub async fn run(settings: StandaloneSettings, process: Process, drain: DrainWat
         .with_server_id("standalone");
     let secure = match secure_listener {
         Some(listener) => {
-            let kube = security::kube_client(settings.sources.kubernetes.as_ref().map(|k| &k.cluster)).await?;
             let security =
                 security::start(&settings.security, kube.clone(), reader.clone(), &process.registry, &mut tasks)
                     .await?;
             // A standalone process is its own leader: it keeps the root ConfigMaps.
-            if let Some(client) = kube {
+            if let Some(client) = kube.clone() {
                 let (root, w) = (security.ca.root_pem().to_string(), drain.clone());
                 let published = root_publisher::run(client, root, async move { w.draining().await });
                 tasks.spawn_finishing("CA root publisher", published);
@@ -88,7 +88,6 @@ pub async fn run(settings: StandaloneSettings, process: Process, drain: DrainWat
     };
     let webhook = match (settings.webhook.as_ref(), webhook_listener) {
         (Some(webhook_settings), Some(listener)) => {
-            let kube = security::kube_client(settings.sources.kubernetes.as_ref().map(|k| &k.cluster)).await?;
             let ca = match &secure {
                 Some((_, security)) => security.ca.clone(),
                 None => security::load_ca(&settings.security, kube.as_ref(), &drain).await?,

@@ -39,9 +39,9 @@ pub enum SourceError {
     /// The mesh config is unusable.
     #[error(transparent)]
     Mesh(#[from] MeshConfigError),
-    /// The Kubernetes client cannot be configured.
-    #[error(transparent)]
-    Kubernetes(#[from] KubeError),
+    /// Kubernetes is configured, but no client was handed over to watch it with (a bug of the caller).
+    #[error("the Kubernetes source is configured but has no client")]
+    NoKubernetesClient,
 }
 
 /// The sources of one ingest node: a config directory, the Kubernetes API server, or both, and
@@ -82,17 +82,18 @@ impl SourceSettings {
     }
 }
 
-/// Starts every configured source: each sends its initial state and `InitDone` to `events`, then
+/// Starts every configured source (Kubernetes through `kube`, the process's client, which must be
+/// there when `settings.kubernetes` is): each sends its initial state and `InitDone` to `events`, then
 /// keeps watching in a task that ends when `drain` starts. Start the consumer first: a file
 /// source's initial state is sent before this returns; Kubernetes sends its own when every kind
 /// has listed. What the sources cannot read is counted in `metrics`.
 ///
-/// Only a missing config directory, an unusable mesh config file or Kubernetes client
-/// configuration at start-up is an error: later problems (a file that cannot be read, the
+/// Only a missing config directory or an unusable mesh config file at start-up is an error: later problems (a file that cannot be read, the
 /// directory vanishing, the API server unreachable) keep the last good config in force and are
 /// reported as config errors and in `metrics`, not by failing readiness.
 pub async fn start<E>(
     settings: &SourceSettings,
+    kube: Option<kube::Client>,
     events: mpsc::Sender<E>,
     metrics: SourceMetrics,
     drain: DrainWatcher,
@@ -100,6 +101,12 @@ pub async fn start<E>(
 where
     E: From<SourceEvent> + Send + 'static,
 {
+    // Checked before anything starts: on an error nothing keeps running.
+    let kube = match (&settings.kubernetes, kube) {
+        (Some(kube_settings), Some(client)) => Some((kube_settings, client)),
+        (Some(_), None) => return Err(SourceError::NoKubernetesClient),
+        (None, _) => None,
+    };
     let domain = settings.domain.clone();
     match (&settings.mesh_config, &settings.kubernetes) {
         (Some(path), _) => {
@@ -113,9 +120,9 @@ where
             let _ = events.send(SourceEvent::InitDone(SourceId::MeshConfig).into()).await;
         }
     }
-    if let Some(kube) = &settings.kubernetes {
+    if let Some((kube_settings, client)) = kube {
         let owns_mesh = settings.mesh_config.is_none();
-        kubernetes::watch(kube, owns_mesh, domain, events.clone(), metrics.clone(), drain.clone()).await?;
+        kubernetes::watch(client, kube_settings, owns_mesh, domain, events.clone(), metrics.clone(), drain.clone());
     }
     if let Some(dir) = &settings.config_dir {
         config_dir::watch(dir.clone(), events, metrics, drain)
@@ -140,7 +147,7 @@ mod tests {
         let settings = SourceSettings { domain: "corp.internal".into(), ..SourceSettings::config_dir(dir.path()) };
         let (events, mut rx) = mpsc::channel::<SourceEvent>(16);
         let (_trigger, drain) = crate::drain::new();
-        start(&settings, events, SourceMetrics::default(), drain).await.unwrap();
+        start(&settings, None, events, SourceMetrics::default(), drain).await.unwrap();
         assert!(matches!(rx.recv().await, Some(SourceEvent::Mesh(m)) if m.domain == "corp.internal"));
     }
 

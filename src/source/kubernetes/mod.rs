@@ -49,21 +49,21 @@ pub struct KubeSettings {
     pub namespace: String,
 }
 
-/// Starts watching: every kind in its own task, all feeding one state owner that sends to
-/// `events`. With `owns_mesh`, the mesh config comes from the `istio` ConfigMap (and this source
-/// sends `InitDone(MeshConfig)`), stamped with `domain`. Tasks end with the drain.
-pub async fn watch<E>(
+/// Starts watching through `client` (the process's one Kubernetes client): every kind in its own
+/// task, all feeding one state owner that sends to `events`. With `owns_mesh`, the mesh config
+/// comes from the `istio` ConfigMap (and this source sends `InitDone(MeshConfig)`), stamped with
+/// `domain`. Tasks end with the drain.
+pub fn watch<E>(
+    client: Client,
     settings: &KubeSettings,
     owns_mesh: bool,
     domain: String,
     events: mpsc::Sender<E>,
     metrics: SourceMetrics,
     drain: DrainWatcher,
-) -> Result<(), KubeError>
-where
+) where
     E: From<SourceEvent> + Send + 'static,
 {
-    let client = client::connect(&settings.cluster).await?;
     let mut kinds: Vec<Watched> = REGISTRY_KINDS.iter().map(|k| Watched::Registry(*k)).collect();
     kinds.extend(ISTIO_KINDS.iter().map(|k| Watched::Istio(*k)));
     if owns_mesh {
@@ -105,7 +105,6 @@ where
             }
         }
     });
-    Ok(())
 }
 
 fn spawn_registry_watch(kind: KubeKind, client: Client, tx: mpsc::Sender<Update>, drain: DrainWatcher) {
