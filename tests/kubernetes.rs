@@ -454,3 +454,17 @@ async fn standby_ingest_nodes_watch_too_so_a_failover_starts_warm() {
             .await;
     assert!(followed, "the standby does not follow the cluster");
 }
+
+#[tokio::test]
+async fn an_unreadable_kubeconfig_stops_the_process_at_start_naming_the_file() {
+    // The process's one Kubernetes client is made before anything uses it: a kubeconfig that
+    // cannot be read ends the start with the file named, instead of a process that never lists.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let missing = dir.path().join("missing.kubeconfig");
+    let cp = Meshpilot::standalone_on_kubernetes(&missing).start();
+    let status = poll(STARTUP_TIMEOUT, async || cp.exit_status()).await;
+    let status = status.unwrap_or_else(|| panic!("meshpilot still runs:\n{}", cp.logs()));
+    assert!(!status.success(), "exited with {status}");
+    let logs = cp.logs();
+    assert!(logs.contains(&format!("kubeconfig {}", missing.display())), "the file is not named:\n{logs}");
+}
