@@ -80,14 +80,8 @@ pub async fn run(settings: FrontendNodeSettings, process: Process, drain: DrainW
     let ready = Ready::new();
     let mut tasks = Tasks::new(&drain);
     let first_snapshot = ready.register_task("first snapshot from the leader");
-    let xds_listener = match settings.plaintext_xds {
-        true => Some(servers::bind("xDS server", settings.xds_addr).await?),
-        false => None,
-    };
-    let secure_listener = match settings.security.secure_xds_addr {
-        Some(addr) => Some(servers::bind("secure xDS server", addr).await?),
-        None => None,
-    };
+    let (xds_listener, secure_listener) =
+        servers::bind_xds(settings.plaintext_xds, settings.xds_addr, settings.security.secure_xds_addr).await?;
     let admin_listener = servers::bind("admin server", settings.admin_addr).await?;
     let client = crate::cluster::etcd::connect_with_tls(&settings.etcd_endpoints, &settings.etcd_tls).await?;
 

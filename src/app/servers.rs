@@ -65,6 +65,24 @@ pub enum ServeError {
 /// proxies connecting together, and the kernel reset the connections it dropped.
 const LISTEN_BACKLOG: u32 = 65_535;
 
+/// Binds the xDS ports a serving role (standalone, frontend) has: the plaintext one unless turned
+/// off, and the secure one when configured. Returns (plaintext, secure).
+pub async fn bind_xds(
+    plaintext: bool,
+    addr: SocketAddr,
+    secure: Option<SocketAddr>,
+) -> Result<(Option<TcpListener>, Option<TcpListener>), ServeError> {
+    let plaintext = match plaintext {
+        true => Some(bind("xDS server", addr).await?),
+        false => None,
+    };
+    let secure = match secure {
+        Some(addr) => Some(bind("secure xDS server", addr).await?),
+        None => None,
+    };
+    Ok((plaintext, secure))
+}
+
 /// Binds `addr` for the listener named `what`.
 pub async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, ServeError> {
     let error = |source| ServeError::Bind { what, addr, source };

@@ -50,14 +50,8 @@ pub async fn run(settings: StandaloneSettings, process: Process, drain: DrainWat
     let mut tasks = Tasks::new(&drain);
     let first_snapshot = ready.register_task("first snapshot");
     let xds_bound = ready.register_task("xDS listener");
-    let xds_listener = match settings.plaintext_xds {
-        true => Some(servers::bind("xDS server", settings.xds_addr).await?),
-        false => None,
-    };
-    let secure_listener = match settings.security.secure_xds_addr {
-        Some(addr) => Some(servers::bind("secure xDS server", addr).await?),
-        None => None,
-    };
+    let (xds_listener, secure_listener) =
+        servers::bind_xds(settings.plaintext_xds, settings.xds_addr, settings.security.secure_xds_addr).await?;
     let admin_listener = servers::bind("admin server", settings.admin_addr).await?;
     let webhook_listener = webhook::bind(settings.webhook.as_ref()).await?;
     let kube = clients::kubernetes(settings.sources.kubernetes.as_ref().map(|k| &k.cluster)).await?;

@@ -87,7 +87,7 @@ mod tests {
     use super::*;
     use crate::config::parse::{parse_file, Document};
     use crate::config::ValidConfig;
-    use crate::registry::kubernetes::{KubeObject, KubePod};
+    use crate::registry::kubernetes::{KubeNamespace, KubeObject};
 
     fn objects(yaml: &str) -> SourceEvent {
         SourceEvent::Config(
@@ -132,44 +132,26 @@ mod tests {
         assert!(c.keys.contains(&ChangedKey::Config(key)), "{c:?}");
     }
 
-    fn pod(version: &str) -> KubeObject {
-        KubeObject::Pod(KubePod {
-            name: "a-0".into(),
-            namespace: "shop".into(),
-            labels: Arc::new(
-                [("app".to_string(), "a".to_string()), ("version".to_string(), version.to_string())].into(),
-            ),
-            service_account: "default".into(),
-            ips: vec!["10.0.0.1".into()],
-            node_name: "n1".into(),
-            ready: true,
-            terminating: false,
-            named_ports: Default::default(),
-        })
+    fn namespace(name: &str) -> KubeObject {
+        KubeObject::Namespace(KubeNamespace { name: name.into(), labels: Default::default() })
     }
 
     #[test]
     fn kubernetes_objects_are_kept_and_deleted() {
         let mut b = IngestBuilder::default();
-        let other = KubeObject::Pod(KubePod {
-            name: "b-0".into(),
-            ..match pod("v1") {
-                KubeObject::Pod(p) => p,
-                _ => unreachable!(),
-            }
-        });
         let kube = |o: KubeObject| SourceEvent::Kube(vec![(o.key(), Some(Arc::new(o)))]);
-        let c = b.apply(vec![kube(other.clone()), kube(pod("v1"))]);
+        let (kept, gone) = (namespace("shop"), namespace("old"));
+        let c = b.apply(vec![kube(kept.clone()), kube(gone.clone())]);
         assert_eq!(c.keys.len(), 2);
-        assert!(c.keys.contains(&ChangedKey::Kube(pod("v1").key())));
+        assert!(c.keys.contains(&ChangedKey::Kube(gone.key())));
         let s = b.build(Version::new(1, 1), c);
         assert_eq!(s.kube.len(), 2);
 
-        let c = b.apply(vec![SourceEvent::Kube(vec![(pod("v1").key(), None)])]);
-        assert_eq!(c.keys.iter().collect::<Vec<_>>(), [&ChangedKey::Kube(pod("v1").key())]);
+        let c = b.apply(vec![SourceEvent::Kube(vec![(gone.key(), None)])]);
+        assert_eq!(c.keys.iter().collect::<Vec<_>>(), [&ChangedKey::Kube(gone.key())]);
         let s2 = b.build(Version::new(1, 2), c);
-        assert!(!s2.kube.contains_key(&pod("v1").key()));
+        assert!(!s2.kube.contains_key(&gone.key()));
         // Untouched objects stay shared between snapshots (replication skips them by pointer).
-        assert!(Arc::ptr_eq(&s.kube[&other.key()], &s2.kube[&other.key()]));
+        assert!(Arc::ptr_eq(&s.kube[&kept.key()], &s2.kube[&kept.key()]));
     }
 }
