@@ -43,7 +43,7 @@ impl ChangeEffects {
             match r.alters {
                 Alters::OwnView => {}
                 Alters::EndpointsOf(host) => {
-                    hosts.insert(host);
+                    hosts.insert(host.clone());
                 }
                 Alters::Routing | Alters::Everything => return ChangeEffects::default(),
             }

@@ -33,8 +33,8 @@ impl KeptResolutions {
             match row(key).resolves {
                 Resolves::Keeps => {}
                 Resolves::At(host) => {
-                    stale.extend(addresses_of(&previous.registry, &host));
-                    stale.extend(addresses_of(&next.registry, &host));
+                    stale.extend(addresses_of(&previous.registry, host));
+                    stale.extend(addresses_of(&next.registry, host));
                 }
                 Resolves::Everything => return KeptResolutions::None,
             }

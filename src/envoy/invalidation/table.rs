@@ -7,13 +7,13 @@ use crate::snapshot::{ChangeSet, ChangedKey};
 
 /// What the change of one key can alter in the generated config.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Alters {
+pub enum Alters<'a> {
     /// Only through the connected proxy's own view: a Pod's labels are its proxy's view, which
     /// keys the cache entries (its endpoints arrive as the hosts' endpoint changes).
     OwnView,
     /// The endpoints of this host: EDS (Istio's endpoint push), and CDS when one of the host's
     /// clusters embeds its endpoints (DNS resolution) or checks their identities (mutual TLS SANs).
-    EndpointsOf(Hostname),
+    EndpointsOf(&'a Hostname),
     /// What the views reading the edited VirtualService or DestinationRule generate, narrowed
     /// per view by [`super::dependency::changed_types`].
     Routing,
@@ -23,32 +23,32 @@ pub enum Alters {
 
 /// What the change of one key does to the resolution of views (`ProxyView::resolve`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Resolves {
+pub enum Resolves<'a> {
     /// Every view keeps its resolution.
     Keeps,
     /// The views at an address where this host had or has an endpoint resolve again.
-    At(Hostname),
+    At(&'a Hostname),
     /// Every view resolves again.
     Everything,
 }
 
 /// One row of the table.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Row {
+pub struct Row<'a> {
     /// What it alters in the generated config.
-    pub alters: Alters,
+    pub alters: Alters<'a>,
     /// What it does to views' resolutions.
-    pub resolves: Resolves,
+    pub resolves: Resolves<'a>,
     /// Whether it can change a connected proxy's identity (labels, service account), which the
     /// registry's Pod gives.
     pub identity: bool,
 }
 
 /// The table: what a change of `key` can alter.
-pub fn row(key: &ChangedKey) -> Row {
+pub fn row(key: &ChangedKey) -> Row<'_> {
     let row = |alters, resolves| Row { alters, resolves, identity: false };
     match key {
-        ChangedKey::Endpoints(host) => row(Alters::EndpointsOf(host.clone()), Resolves::At(host.clone())),
+        ChangedKey::Endpoints(host) => row(Alters::EndpointsOf(host), Resolves::At(host)),
         ChangedKey::Kube(k) if k.kind == KubeKind::Pod => {
             Row { alters: Alters::OwnView, resolves: Resolves::Keeps, identity: true }
         }
