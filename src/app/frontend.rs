@@ -156,8 +156,7 @@ pub async fn run(settings: FrontendNodeSettings, process: Process, drain: DrainW
     let secure = match (secure_listener, ca) {
         (Some(listener), Some(ca)) => Some((
             listener,
-            security::start_with_ca(&settings.security, ca, kube, reader.clone(), &process.registry, &mut tasks)
-                .await?,
+            security::start(&settings.security, ca, kube, reader.clone(), &process.registry, &mut tasks).await?,
         )),
         _ => None,
     };

@@ -14,9 +14,10 @@ use serde_json::json;
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
-use super::security::{self, SecuritySettings};
+use super::security::{self, SecuritySettings, SharedCa};
 use super::servers;
 use super::tasks::Tasks;
+use super::upkeep::{self, Leading, Upkeep};
 use super::{clients, pipeline, webhook, Process, RoleError};
 use crate::admin::{AdminState, NodeStatus};
 use crate::cluster::election::{Candidate, ElectionSettings, Leadership};
@@ -91,33 +92,21 @@ pub async fn run(settings: IngestNodeSettings, process: Process, drain: DrainWat
     tasks.spawn("leadership", follow_leadership(leadership.clone(), events_tx, is_leader_tx, cluster_metrics));
     tasks.spawn("leader's publisher", publish_when_leading(local.clone(), leadership.clone(), published_writer));
 
-    if let (Some(kube_settings), Some(client)) = (&settings.sources.kubernetes, kube.clone()) {
-        // The leader keeps the CA's root (istio-ca-secret) published in every namespace.
-        let security = SecuritySettings { namespace: kube_settings.namespace.clone(), ..settings.security.clone() };
-        // (The same namespace as `settings.security.namespace`: both are --namespace.)
-        security::keep_root_published(client, security, is_leader.clone(), &mut tasks);
-    }
+    // One CA for the snapshot stream's TLS, the webhook and the root the leader publishes.
+    let ca = SharedCa::new(&settings.security, kube.as_ref(), &drain);
     // Mutual TLS unless explicitly turned off: snapshots carry every credentialName key.
     let snapshot_tls = match settings.security.insecure_snapshot_stream {
-        false => Some(
-            security::snapshot_server_tls(&settings.security, kube.as_ref(), &settings.advertise_addr, &drain).await?,
-        ),
+        false => Some(security::snapshot_server_tls(&settings.security, &ca, &settings.advertise_addr).await?),
         true => {
             security::warn_insecure_snapshot_stream("ingest");
             None
         }
     };
-    let webhook = match (settings.webhook.as_ref(), webhook_listener) {
-        (Some(webhook_settings), Some(listener)) => {
-            let ca = security::load_ca(&settings.security, kube.as_ref(), &drain).await?;
-            let (namespace, leading) = (&settings.security.namespace, Some(is_leader.clone()));
-            Some(
-                webhook::start(webhook_settings, listener, ca, namespace, kube, leading, &process.registry, &mut tasks)
-                    .await?,
-            )
-        }
-        _ => None,
-    };
+    // The leader keeps the CA's root (istio-ca-secret) published in every namespace.
+    let webhook = settings.webhook.as_ref().zip(webhook_listener);
+    let leading = Leading::While(is_leader.clone());
+    let upkeep = Upkeep { ca: &ca, kube, publish_root: true, webhook, leading };
+    let webhook = upkeep::start(upkeep, &process.registry, &mut tasks).await?;
     let replication_metrics = ReplicationMetrics::register(&process.registry);
     let server = SnapshotServer::with_metrics(published, is_leader, settings.snapshot_server, replication_metrics);
     // The frontends, shown at /debug/node: `meshpilot proxy-status` pointed here reaches them all.

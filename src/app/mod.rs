@@ -18,6 +18,7 @@ pub mod security;
 mod servers;
 pub mod standalone;
 mod tasks;
+mod upkeep;
 pub mod webhook;
 
 use std::future::Future;

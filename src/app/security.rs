@@ -101,21 +101,57 @@ pub struct Security {
     pub metrics: CaMetrics,
 }
 
-/// Starts the CA (with `kube`: its root in the `istio-ca-secret`, tokens reviewed there) and the
-/// secure port's serving certificate; the trust domain follows `snapshots`' mesh config.
-pub async fn start(
-    settings: &SecuritySettings,
+/// The process's CA, loaded once, on first need, and shared by everything that needs it: the
+/// secure port, the snapshot stream's TLS, the validating webhook and the root publisher.
+#[derive(Clone)]
+pub struct SharedCa {
+    settings: Arc<SecuritySettings>,
     kube: Option<kube::Client>,
-    snapshots: SnapshotReader,
-    registry: &Registry,
-    tasks: &mut Tasks,
-) -> Result<Security, SecurityError> {
-    let ca = load_ca(settings, kube.as_ref(), tasks.drain()).await?;
-    start_with_ca(settings, ca, kube, snapshots, registry, tasks).await
+    drain: DrainWatcher,
+    loaded: Arc<tokio::sync::OnceCell<Arc<CertificateAuthority>>>,
 }
 
-/// As [`start`], with the CA already loaded.
-pub async fn start_with_ca(
+impl SharedCa {
+    /// A CA loaded as `settings` say (see [`load_ca`]) when first asked for.
+    pub fn new(settings: &SecuritySettings, kube: Option<&kube::Client>, drain: &DrainWatcher) -> SharedCa {
+        SharedCa {
+            settings: Arc::new(settings.clone()),
+            kube: kube.cloned(),
+            drain: drain.clone(),
+            loaded: Arc::default(),
+        }
+    }
+
+    /// The CA, loaded now if no one asked for it before.
+    pub async fn get(&self) -> Result<Arc<CertificateAuthority>, SecurityError> {
+        let load = || load_ca(&self.settings, self.kube.as_ref(), &self.drain);
+        self.loaded.get_or_try_init(load).await.cloned()
+    }
+
+    /// The CA, retrying every `retry` while it cannot be loaded (for work that must not stop the
+    /// role, such as publishing its root); `None` once the drain started.
+    async fn get_retrying(&self, retry: Duration) -> Option<Arc<CertificateAuthority>> {
+        loop {
+            match self.get().await {
+                Ok(ca) => return Some(ca),
+                Err(e) => warn!(error = %e, "the CA is not available; retrying"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(retry) => {}
+                _ = self.drain.draining() => return None,
+            }
+        }
+    }
+
+    /// The control plane's namespace the CA's names and secrets are in.
+    pub fn namespace(&self) -> &str {
+        &self.settings.namespace
+    }
+}
+
+/// Starts the secure port's authenticator (with `kube`: tokens reviewed there) and serving
+/// certificate from `ca`; the trust domain follows `snapshots`' mesh config.
+pub async fn start(
     settings: &SecuritySettings,
     ca: Arc<CertificateAuthority>,
     kube: Option<kube::Client>,
@@ -222,35 +258,22 @@ async fn follow_trust_domain(trust_domain: SharedTrustDomain, mut snapshots: Sna
     }
 }
 
-/// On an ingest node with Kubernetes: loads (or creates) the CA's root in the `istio-ca-secret`
-/// and, while `is_leader`, keeps it published in every namespace's `istio-ca-root-cert`.
-/// Failures are retried: the CA's root must not stop snapshots.
+/// With Kubernetes, keeps the CA's root published in every namespace's `istio-ca-root-cert` while
+/// `is_leader` holds (`None`: always, a standalone process). The CA is loaded in the task, with
+/// retries: the CA's root must not stop snapshots.
 pub fn keep_root_published(
     client: kube::Client,
-    settings: SecuritySettings,
-    is_leader: tokio::sync::watch::Receiver<bool>,
+    ca: SharedCa,
+    is_leader: Option<tokio::sync::watch::Receiver<bool>>,
     tasks: &mut Tasks,
 ) {
     let drain = tasks.drain().clone();
     tasks.spawn_finishing("CA root publisher", async move {
-        let source = CaSource {
-            plugin_dir: settings.plugin_dir.clone(),
-            root_store: RootStore::Secret {
-                client: client.clone(),
-                namespace: settings.namespace.clone(),
-                create: true,
-            },
-            trust_domain: TrustDomain::default(),
-        };
-        let root = loop {
-            match ca::load_or_create(&source).await {
-                Ok(material) => break material.root_cert,
-                Err(e) => warn!(error = %e, "the CA's root is not available; retrying"),
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(Duration::from_secs(10)) => {}
-                _ = drain.draining() => return,
-            }
+        let Some(ca) = ca.get_retrying(Duration::from_secs(10)).await else { return };
+        let root = ca.root_pem().to_string();
+        let Some(is_leader) = is_leader else {
+            root_publisher::run(client, root, async move { drain.draining().await }).await;
+            return;
         };
         super::leadership::while_leading(is_leader, drain, |stop| {
             root_publisher::run(client.clone(), root.clone(), stop)
@@ -290,11 +313,10 @@ pub async fn frontend_link(
 /// `settings.snapshot_peers` service accounts of the control plane's namespace only.
 pub async fn snapshot_server_tls(
     settings: &SecuritySettings,
-    kube: Option<&kube::Client>,
+    ca: &SharedCa,
     advertise_addr: &str,
-    drain: &DrainWatcher,
 ) -> Result<(Arc<rustls::ServerConfig>, tls::PeerFilter), SecurityError> {
-    let ca = load_ca(settings, kube, drain).await?;
+    let (ca, drain) = (ca.get().await?, &ca.drain);
     let link = link_tls(ca, &settings.namespace, INGEST_SERVICE_ACCOUNT).await?;
     let host = advertise_addr.rsplit_once(':').map_or(advertise_addr, |(h, _)| h);
     let host = host.trim_start_matches('[').trim_end_matches(']').to_string();

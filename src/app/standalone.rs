@@ -7,15 +7,15 @@ use std::sync::Arc;
 use futures::TryFutureExt;
 use tracing::info;
 
-use super::security::{self, SecuritySettings};
+use super::security::{self, SecuritySettings, SharedCa};
 use super::servers;
 use super::tasks::Tasks;
+use super::upkeep::{self, Leading, Upkeep};
 use super::{clients, pipeline, webhook, Process, RoleError};
 use crate::admin::{AdminState, DebugAccess, XdsState};
 use crate::drain::DrainWatcher;
 use crate::ingest::DebounceSettings;
 use crate::readiness::Ready;
-use crate::security::ca::root_publisher;
 use crate::source::SourceSettings;
 use crate::webhook::WebhookSettings;
 use crate::xds::AdmissionSettings;
@@ -65,36 +65,22 @@ pub async fn run(settings: StandaloneSettings, process: Process, drain: DrainWat
     let connections = Arc::new(ConnectionRegistry::new(xds_metrics.clone()));
     let ads = AdsServer::new(reader.clone(), connections.clone(), xds_metrics, drain.clone(), settings.admission)
         .with_server_id("standalone");
+    let ca = SharedCa::new(&settings.security, kube.as_ref(), &drain);
     let secure = match secure_listener {
         Some(listener) => {
-            let security =
-                security::start(&settings.security, kube.clone(), reader.clone(), &process.registry, &mut tasks)
-                    .await?;
-            // A standalone process is its own leader: it keeps the root ConfigMaps.
-            if let Some(client) = kube.clone() {
-                let (root, w) = (security.ca.root_pem().to_string(), drain.clone());
-                let published = root_publisher::run(client, root, async move { w.draining().await });
-                tasks.spawn_finishing("CA root publisher", published);
-            }
-            Some((listener, security))
+            let authority = ca.get().await?;
+            let (security, registry) = (&settings.security, &process.registry);
+            Some((
+                listener,
+                security::start(security, authority, kube.clone(), reader.clone(), registry, &mut tasks).await?,
+            ))
         }
         None => None,
     };
-    let webhook = match (settings.webhook.as_ref(), webhook_listener) {
-        (Some(webhook_settings), Some(listener)) => {
-            let ca = match &secure {
-                Some((_, security)) => security.ca.clone(),
-                None => security::load_ca(&settings.security, kube.as_ref(), &drain).await?,
-            };
-            let namespace = &settings.security.namespace;
-            // A standalone process is its own leader: it keeps the caBundle (`None`: always).
-            Some(
-                webhook::start(webhook_settings, listener, ca, namespace, kube, None, &process.registry, &mut tasks)
-                    .await?,
-            )
-        }
-        _ => None,
-    };
+    let publish_root = secure.is_some() || settings.webhook.is_some();
+    let webhook = settings.webhook.as_ref().zip(webhook_listener);
+    let upkeep = Upkeep { ca: &ca, kube, publish_root, webhook, leading: Leading::Always };
+    let webhook = upkeep::start(upkeep, &process.registry, &mut tasks).await?;
     let admin_state = AdminState {
         history: crate::admin::follow_history(reader.clone()),
         snapshots: reader,

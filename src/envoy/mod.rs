@@ -15,7 +15,6 @@
 mod authz;
 mod auto_mtls;
 mod cluster;
-mod dependency;
 mod destination;
 mod endpoint;
 mod gateway;
@@ -57,8 +56,9 @@ mod golden;
 #[cfg(test)]
 pub(crate) mod testing;
 
-pub use dependency::{changed_types, RoutingEdit};
-pub use invalidation::{may_change_identities, ChangeEffects, KeptResolutions};
+pub use invalidation::{
+    changed_types, has_clusters_of, may_change_identities, ChangeEffects, KeptResolutions, RoutingEdit,
+};
 pub use proxy::{Interception, NodeMetadata, ProxyConfigMeta, ProxyKind, ProxyView, SharedView};
 pub use resource::Resource;
 pub use type_url::TypeUrl;
@@ -111,15 +111,6 @@ pub fn generate_routes_of(
     let mut resources = route::patched_route_configs(&scope, edited, previous)?;
     resources.sort_by(|a, b| a.name.cmp(&b.name));
     Some(resources)
-}
-
-/// Whether `view` (resolved) has a cluster of any of `hosts` (EDS or not).
-pub fn has_clusters_of(
-    snapshot: &Snapshot,
-    view: &ProxyView,
-    hosts: &std::collections::BTreeSet<crate::registry::Hostname>,
-) -> bool {
-    !scope::Scope::without_services(snapshot, view).cluster_services_of(hosts).is_empty()
 }
 
 /// The EDS resources of `view` for the services named in `hosts` only: what an endpoint change

@@ -4,8 +4,9 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use super::routing::RoutingEdit;
 use super::table::{row, Alters, Row};
-use crate::envoy::{RoutingEdit, TypeUrl};
+use crate::envoy::TypeUrl;
 use crate::registry::{Hostname, Registry, Resolution};
 use crate::snapshot::{ChangedKey, Snapshot};
 

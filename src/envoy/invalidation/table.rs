@@ -12,10 +12,11 @@ pub enum Alters<'a> {
     /// keys the cache entries (its endpoints arrive as the hosts' endpoint changes).
     OwnView,
     /// The endpoints of this host: EDS (Istio's endpoint push), and CDS when one of the host's
-    /// clusters embeds its endpoints (DNS resolution) or checks their identities (mutual TLS SANs).
+    /// clusters embeds its endpoints (DNS resolution) or checks their identities (mutual TLS SANs);
+    /// only for the views with clusters of the host ([`super::endpoints::has_clusters_of`]).
     EndpointsOf(&'a Hostname),
     /// What the views reading the edited VirtualService or DestinationRule generate, narrowed
-    /// per view by [`super::dependency::changed_types`].
+    /// per view by [`super::routing::changed_types`].
     Routing,
     /// Every type of every view.
     Everything,

@@ -1,15 +1,15 @@
-//! Which config objects a proxy view's resources are generated from. A change made only of
+//! The per-view part of the table's `Routing` row: which config objects a proxy view's resources
+//! are generated from. A change made only of
 //! objects a view does not depend on (before or after it) leaves every resource of that view as
 //! it was, so the cache keeps them instead of generating them again: a VirtualService edit costs
 //! the views that import it, not the whole mesh (Istio's `SidecarScope.DependsOnConfig`).
 
 use std::collections::BTreeSet;
 
-use super::scope::{destination_hosts, Scope};
 use crate::config::api::VirtualService;
 use crate::config::{ConfigKey, Kind, Spec};
-use crate::envoy::TypeUrl;
-use crate::envoy::{ProxyKind, ProxyView};
+use crate::envoy::scope::{destination_hosts, Scope};
+use crate::envoy::{ProxyKind, ProxyView, TypeUrl};
 use crate::registry::host_matches;
 use crate::snapshot::Snapshot;
 
