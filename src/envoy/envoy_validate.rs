@@ -152,8 +152,17 @@ fn assert_envoy_accepts(name: &str, s: &Snapshot, v: &ProxyView) {
         .expect("run envoy");
     let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "Envoy rejected {name}:\n{log}");
-    assert!(!log.contains("deprecated"), "Envoy warns about deprecated fields in {name}:\n{log}");
+    let deprecated =
+        log.lines().filter(|l| l.contains("deprecated")).filter(|l| !ISTIOD_SENDS.iter().any(|f| l.contains(f)));
+    let deprecated: Vec<&str> = deprecated.collect();
+    assert!(deprecated.is_empty(), "Envoy warns about deprecated fields in {name}:\n{log}");
 }
+
+/// Deprecated fields istiod itself still sends, which meshpilot sends to match it.
+const ISTIOD_SENDS: &[&str] = &[
+    // istiod bounds the grpc-timeout header with it: the replacement has regressions it avoids.
+    "envoy.config.route.v3.RouteAction.max_grpc_timeout",
+];
 
 #[test]
 fn envoy_accepts_bookinfo_sidecar() {

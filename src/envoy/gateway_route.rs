@@ -79,7 +79,7 @@ fn route_config(scope: &Scope<'_>, name: &str, port: u16, servers: &[&GatewaySer
     }
     let mut vhosts = VirtualHosts::default();
     for (host, entry) in by_host {
-        let mut vh = virtual_host(domain_name(&host, port), host_domains(&host, port), catch_all_last(entry.routes));
+        let mut vh = virtual_host(domain_name(&host, port), host_domains(&host), catch_all_last(entry.routes));
         if entry.require_tls {
             vh.require_tls = TlsRequirementType::All as i32;
         }
@@ -121,7 +121,7 @@ mod tests {
         let view = router("bookinfo", &[("istio", "ingressgateway")]);
         let rc: RouteConfiguration = find(&s, &view, TypeUrl::Route, "http.8080");
         let vh = vhost(&rc, "*:8080");
-        assert_eq!(vh.domains, ["*", "*:8080"]);
+        assert_eq!(vh.domains, ["*"], "the port is ignored in host matching");
         let paths: Vec<_> =
             vh.routes.iter().map(|r| r.r#match.as_ref().and_then(|m| m.path_specifier.clone())).collect();
         assert_eq!(

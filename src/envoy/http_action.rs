@@ -3,11 +3,12 @@
 use envoy_types::pb::envoy::config::core::v3::{data_source, DataSource, RuntimeFractionalPercent};
 use envoy_types::pb::envoy::config::route::v3::{
     redirect_action::{PathRewriteSpecifier, RedirectResponseCode, SchemeRewriteSpecifier},
-    retry_policy::{retry_host_predicate, RetryBackOff, RetryHostPredicate},
+    retry_policy::{self, retry_host_predicate, RetryBackOff, RetryHostPredicate},
     route_action::{ClusterSpecifier, HostRewriteSpecifier, RequestMirrorPolicy},
     DirectResponseAction, RedirectAction, RetryPolicy, RouteAction,
 };
 use envoy_types::pb::envoy::extensions::retry::host::previous_hosts::v3::PreviousHostsPredicate;
+use envoy_types::pb::envoy::extensions::retry::priority::previous_priorities::v3::PreviousPrioritiesConfig;
 use envoy_types::pb::envoy::r#type::matcher::v3::RegexMatchAndSubstitute;
 
 use super::destination::resolve;
@@ -21,15 +22,15 @@ use crate::config::api::virtual_service::{Destination, HttpDirectResponse, HttpR
 /// Istio's default `retryOn`.
 const DEFAULT_RETRY_ON: &str = "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes";
 
-/// Istio's retry policy: the default (2 attempts on connection-level failures and 503) when the
-/// rule has none, nothing when `attempts` is 0. With consistent hashing, retries stay on the same
-/// host, so the previous-hosts predicate is left out.
+/// Istio's retry policy: the default (2 attempts on connection-level failures; `retriable-status-codes`
+/// with no codes, so no status is retried, as istiod sends it) when the rule has none, nothing when
+/// `attempts` is 0. With consistent hashing, retries stay on the same host, so the previous-hosts
+/// predicate is left out.
 pub(super) fn retry_policy(retry: Option<&HttpRetry>, consistent_hash: bool) -> Option<RetryPolicy> {
     let mut out = RetryPolicy {
         num_retries: Some(u32_value(2)),
         retry_on: DEFAULT_RETRY_ON.to_string(),
         host_selection_retry_max_attempts: 5,
-        retriable_status_codes: vec![503],
         retry_host_predicate: if consistent_hash { Vec::new() } else { vec![previous_hosts()] },
         ..Default::default()
     };
@@ -40,34 +41,63 @@ pub(super) fn retry_policy(retry: Option<&HttpRetry>, consistent_hash: bool) -> 
         let (policies, codes) = parse_retry_on(&retry.retry_on);
         out.retry_on = policies;
         out.retriable_status_codes = codes;
+        // Appended as istiod does, even to an empty list (Envoy skips the empty entry).
         if !out.retriable_status_codes.is_empty() && !out.retry_on.contains("retriable-status-codes") {
-            out.retry_on = [out.retry_on.as_str(), "retriable-status-codes"]
-                .iter()
-                .filter(|s| !s.is_empty())
-                .copied()
-                .collect::<Vec<_>>()
-                .join(",");
+            out.retry_on.push_str(",retriable-status-codes");
         }
     }
     out.per_try_timeout = retry.per_try_timeout.map(|d| duration(d.0));
     if let Some(ignore_previous) = retry.retry_ignore_previous_hosts {
         out.retry_host_predicate = if ignore_previous { vec![previous_hosts()] } else { Vec::new() };
     }
+    if retry.retry_remote_localities == Some(true) {
+        out.retry_priority = Some(previous_priorities());
+    }
     out.retry_back_off = retry.backoff.map(|d| RetryBackOff { base_interval: Some(duration(d.0)), max_interval: None });
     Some(out)
 }
 
-/// Splits `retryOn` into Envoy policies and numeric status codes.
+/// Splits `retryOn` into Envoy policies and HTTP status codes: a number is a code when it names a
+/// registered status (the ones Go's `net/http` knows, as istiod decides), else it stays a policy.
 fn parse_retry_on(retry_on: &str) -> (String, Vec<u32>) {
     let mut policies = Vec::new();
     let mut codes = Vec::new();
     for part in retry_on.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         match part.parse::<u32>() {
-            Ok(code) if (100..600).contains(&code) => codes.push(code),
+            Ok(code) if is_registered_status(code) => codes.push(code),
             _ => policies.push(part),
         }
     }
     (policies.join(","), codes)
+}
+
+/// Whether `code` is a registered HTTP status code (IANA's registry, as Go's `net/http` lists it).
+fn is_registered_status(code: u32) -> bool {
+    matches!(code,
+        100..=103 | 200..=208 | 226 | 300..=305 | 307 | 308 | 400..=418 | 421..=426 | 428 | 429 | 431 | 451
+        | 500..=508 | 510 | 511)
+}
+
+/// Retries go to another locality's priority first (`retryRemoteLocalities`), updated every two
+/// attempts as istiod configures it.
+fn previous_priorities() -> retry_policy::RetryPriority {
+    retry_policy::RetryPriority {
+        name: ext::PREVIOUS_PRIORITIES.to_string(),
+        config_type: Some(retry_policy::retry_priority::ConfigType::TypedConfig(any(PreviousPrioritiesConfig {
+            update_frequency: 2,
+        }))),
+    }
+}
+
+/// Sets a route's timeout (zero: none) and, as istiod does for Envoy proxies, the same bound on
+/// the `grpc-timeout` header (`max_grpc_timeout`; zero lets the header's value apply unbounded).
+pub(super) fn set_timeout(action: &mut RouteAction, timeout: Option<envoy_types::pb::google::protobuf::Duration>) {
+    let timeout = timeout.unwrap_or_else(zero_duration);
+    #[allow(deprecated)] // istiod sends the deprecated field: its replacement has regressions.
+    {
+        action.max_grpc_timeout = Some(timeout);
+    }
+    action.timeout = Some(timeout);
 }
 
 fn previous_hosts() -> RetryHostPredicate {
@@ -86,10 +116,8 @@ pub(super) fn forward_action(
     vs_ns: &str,
     authority: Option<String>,
 ) -> RouteAction {
-    let mut action = RouteAction {
-        timeout: Some(rule.timeout.map(|d| duration(d.0)).unwrap_or_else(zero_duration)),
-        ..Default::default()
-    };
+    let mut action = RouteAction::default();
+    set_timeout(&mut action, rule.timeout.map(|d| duration(d.0)));
     let mut authority = authority;
     if let Some(rewrite) = &rule.rewrite {
         if let Some(rr) = &rewrite.uri_regex_rewrite {
@@ -241,8 +269,23 @@ mod tests {
         assert_eq!(parse_retry_on("5xx, 503,reset,429"), ("5xx,reset".to_string(), vec![503, 429]));
         let only_codes = HttpRetry { attempts: 2, retry_on: "503".into(), ..Default::default() };
         let policy = retry_policy(Some(&only_codes), false).expect("policy");
-        assert_eq!(policy.retry_on, "retriable-status-codes");
+        // As istiod appends it (Envoy skips the empty entry).
+        assert_eq!(policy.retry_on, ",retriable-status-codes");
         assert!(retry_policy(Some(&HttpRetry::default()), false).is_none(), "attempts 0 disables retries");
+        // Only registered statuses are codes.
+        assert_eq!(parse_retry_on("599,504"), ("599".to_string(), vec![504]));
+    }
+
+    #[test]
+    fn the_default_policy_retries_connection_failures_and_no_status() {
+        let default = retry_policy(None, false).expect("default policy");
+        assert_eq!(default.retry_on, DEFAULT_RETRY_ON);
+        assert!(default.retriable_status_codes.is_empty(), "istiod no longer retries 503 by default");
+        assert_eq!(default.retry_host_predicate.len(), 1);
+        assert!(retry_policy(None, true).expect("hashed").retry_host_predicate.is_empty());
+        let remote = HttpRetry { attempts: 3, retry_remote_localities: Some(true), ..Default::default() };
+        let priority = retry_policy(Some(&remote), false).and_then(|p| p.retry_priority).expect("priority");
+        assert_eq!(priority.name, ext::PREVIOUS_PRIORITIES);
     }
 
     #[test]

@@ -6,11 +6,11 @@ use envoy_types::pb::envoy::config::route::v3::{
 };
 
 use super::destination::{hash_policy, resolve};
-use super::http_action::{direct_response, forward_action, redirect, retry_policy, set_cluster};
+use super::http_action::{direct_response, forward_action, redirect, retry_policy, set_cluster, set_timeout};
 use super::http_match::{applies, is_catch_all, route_match, RouteContext};
 use super::http_policy::{cors, fault, header_ops, HeaderOps};
 use super::names::{cluster_name, ext, DEFAULT_ROUTE};
-use super::proto::{any, map_field, u32_value, zero_duration};
+use super::proto::{any, map_field, u32_value};
 use super::scope::{Scope, VsRef};
 use crate::config::api::virtual_service::{HttpMatchRequest, HttpRoute, HttpRouteDestination};
 use crate::registry::Service;
@@ -46,7 +46,8 @@ pub(super) fn virtual_service_routes(scope: &Scope<'_>, (ix, vs): VsRef<'_>, ctx
 /// retries, no timeout, and the DestinationRule's hash policy.
 pub(super) fn default_route(scope: &Scope<'_>, service: &Service, port: u16) -> Route {
     let hash = hash_policy(scope, service, "", port);
-    let mut action = RouteAction { timeout: Some(zero_duration()), ..Default::default() };
+    let mut action = RouteAction::default();
+    set_timeout(&mut action, None);
     set_cluster(&mut action, cluster_name(port, "", service.hostname.as_str()));
     action.retry_policy = retry_policy(None, hash.is_some());
     action.hash_policy = hash.into_iter().collect();

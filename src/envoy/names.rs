@@ -63,6 +63,8 @@ pub(super) mod ext {
     pub const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
     /// Retry host predicate avoiding previously tried hosts.
     pub const PREVIOUS_HOSTS: &str = "envoy.retry_host_predicates.previous_hosts";
+    /// Retry priority preferring priorities (localities) not tried yet.
+    pub const PREVIOUS_PRIORITIES: &str = "envoy.retry_priorities.previous_priorities";
     /// DNS cluster type.
     pub const DNS_CLUSTER: &str = "envoy.clusters.dns";
     /// File access logger.

@@ -7,42 +7,54 @@ use envoy_types::pb::envoy::config::route::v3::{
     route, route_match::PathSpecifier, DirectResponseAction, Route, RouteAction, RouteMatch, VirtualHost,
 };
 
-use super::http_action::set_cluster;
-use super::names::{domain_name, ALLOW_ANY_VHOST, BLOCK_ALL_VHOST, PASSTHROUGH_CLUSTER};
-use super::proto::zero_duration;
+use super::http_action::{set_cluster, set_timeout};
+use super::names::{ALLOW_ANY_VHOST, BLOCK_ALL_VHOST, PASSTHROUGH_CLUSTER};
 use crate::config::api::sidecar::OutboundMode;
-use crate::registry::Service;
+use crate::registry::{Resolution, Service, ServiceOrigin};
 
-/// Domains of a service on `port` for a proxy in `proxy_ns`: the host, Istio's short forms of
-/// Kubernetes-style hosts (`name`, `name.ns`, `name.ns.svc`), and the service's IPs, each also
-/// with `:PORT`.
-pub(super) fn service_domains(service: &Service, port: u16, proxy_ns: &str, domain: &str) -> Vec<String> {
+/// Domains of a service for a sidecar in `proxy_ns`, as istiod lists them for its per-port route
+/// configurations (which ignore the port in host matching, so no `:PORT` forms): the host and its
+/// absolute form (`host.`), Istio's short forms of Kubernetes-style hosts (`name`, `name.ns.svc`,
+/// `name.ns` in the proxy's namespace; `name.ns`, `name.ns.svc` elsewhere), each also as
+/// `*.NAME` for a headless Kubernetes service (its pods' own names), then the service's IPs.
+pub(super) fn service_domains(service: &Service, proxy_ns: &str, domain: &str) -> Vec<String> {
     let host = service.hostname.as_str();
-    let mut names = vec![host.to_string()];
+    let mut names = vec![ip_compliant(host), format!("{host}.")];
     names.extend(short_names(host, proxy_ns, domain));
-    names.extend(service.addresses.iter().filter(|a| !a.contains('/') && a.as_str() != "0.0.0.0").cloned());
-    names.iter().flat_map(|n| host_domains(n, port)).collect()
+    if service.resolution == Resolution::Passthrough && matches!(service.origin, ServiceOrigin::Kube(_)) {
+        let pods: Vec<String> = names.iter().map(|n| format!("*.{n}")).collect();
+        names.extend(pods);
+    }
+    let addresses = service.addresses.iter().filter(|a| !a.contains('/') && a.as_str() != "0.0.0.0");
+    names.extend(addresses.map(|a| ip_compliant(a)));
+    names
 }
 
-/// `name.ns.svc.DOMAIN` → the shorter names clients in `proxy_ns` may use.
+/// `name.ns.svc.DOMAIN` → the shorter names clients in `proxy_ns` may use, in istiod's order.
 fn short_names(host: &str, proxy_ns: &str, domain: &str) -> Vec<String> {
     let Some(prefix) = host.strip_suffix(&format!(".svc.{domain}")) else { return Vec::new() };
     let Some((name, ns)) = prefix.split_once('.') else { return Vec::new() };
     if ns.is_empty() || ns.contains('.') || name.is_empty() {
         return Vec::new();
     }
-    let mut out = Vec::new();
-    if ns == proxy_ns {
-        out.push(name.to_string());
+    match ns == proxy_ns {
+        true => vec![name.to_string(), format!("{prefix}.svc"), prefix.to_string()],
+        false => vec![prefix.to_string(), format!("{prefix}.svc")],
     }
-    out.push(format!("{prefix}.svc"));
-    out.push(prefix.to_string());
-    out
 }
 
-/// Domains of a host that is not a service: the host and `host:PORT`.
-pub(super) fn host_domains(host: &str, port: u16) -> Vec<String> {
-    vec![host.to_string(), domain_name(host, port)]
+/// An IPv6 address in brackets, as a `Host` header carries it; anything else as it is.
+fn ip_compliant(host: &str) -> String {
+    match host.parse::<std::net::Ipv6Addr>() {
+        Ok(_) => format!("[{host}]"),
+        Err(_) => host.to_string(),
+    }
+}
+
+/// Domains of a host that is not a service (a VirtualService's or a gateway server's): the host
+/// alone, the route configuration ignoring the port.
+pub(super) fn host_domains(host: &str) -> Vec<String> {
+    vec![ip_compliant(host)]
 }
 
 /// Virtual hosts of one route configuration, keeping names and domains unique: Envoy rejects a
@@ -85,7 +97,8 @@ impl VirtualHosts {
 pub(super) fn catch_all(mode: OutboundMode) -> VirtualHost {
     let (name, action) = match mode {
         OutboundMode::AllowAny => {
-            let mut action = RouteAction { timeout: Some(zero_duration()), ..Default::default() };
+            let mut action = RouteAction::default();
+            set_timeout(&mut action, None);
             set_cluster(&mut action, PASSTHROUGH_CLUSTER.to_string());
             (ALLOW_ANY_VHOST, route::Action::Route(action))
         }
