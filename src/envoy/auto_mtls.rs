@@ -17,8 +17,6 @@ use super::tls::Upstream;
 use crate::config::api::peer_authentication::MtlsMode;
 use crate::registry::{Endpoint, Resolution, Service};
 
-/// The label a workload with a sidecar carries (set by injection or on a WorkloadEntry).
-pub(super) const TLS_MODE_LABEL: &str = "security.istio.io/tlsMode";
 /// The endpoint metadata key transport socket matches read.
 const TRANSPORT_SOCKET_MATCH: &str = "envoy.transport_socket_match";
 /// The raw buffer transport socket.
@@ -66,7 +64,7 @@ fn tls_mode_struct() -> Struct {
 /// The EDS metadata of an endpoint whose workload has a sidecar, which the `tlsMode-istio`
 /// match selects.
 pub(super) fn endpoint_metadata(endpoint: &Endpoint) -> Option<Metadata> {
-    (endpoint.labels.get(TLS_MODE_LABEL).map(String::as_str) == Some("istio")).then(|| Metadata {
+    endpoint.istio_mtls.then(|| Metadata {
         filter_metadata: map_field([(TRANSPORT_SOCKET_MATCH.to_string(), tls_mode_struct())]),
         ..Default::default()
     })
@@ -113,7 +111,8 @@ spec:
   ports: [{number: 80, name: http}]
   endpoints:
   - {address: 10.0.0.1, serviceAccount: sa-a, labels: {security.istio.io/tlsMode: istio}}
-  - {address: 10.0.0.2, serviceAccount: sa-legacy}
+  - {address: 10.0.0.2, serviceAccount: sa-legacy, labels: {security.istio.io/tlsMode: disabled}}
+  - {address: 10.0.0.4, serviceAccount: sa-vm}
 ---
 apiVersion: networking.istio.io/v1
 kind: ServiceEntry
@@ -187,11 +186,12 @@ spec: {mtls: {mode: DISABLE}}
         for san in ["spiffe://cluster.local/ns/ns/sa/sa-a", "spiffe://cluster.local/ns/ns/sa/sa-legacy", "ROOTCA"] {
             assert!(validation.contains(san), "{san} missing: {validation}");
         }
-        // EDS marks the endpoint with a sidecar, which the first match selects.
+        // EDS marks the endpoints with a sidecar, which the first match selects: by the label, or,
+        // without it, an entry's endpoint naming a service account (as istiod does).
         let cla: ClusterLoadAssignment =
             find(&s, &sidecar("client", &[]), TypeUrl::Endpoint, "outbound|80||a.ns.svc.cluster.local");
         let marked: Vec<bool> = cla.endpoints[0].lb_endpoints.iter().map(|e| e.metadata.is_some()).collect();
-        assert_eq!(marked, [true, false]);
+        assert_eq!(marked, [true, false, true]);
         // Outside the mesh, or where the destination's namespace disables mutual TLS: plaintext.
         assert!(cluster(&s, "outbound|80||ext.example.com").transport_socket_matches.is_empty());
         assert!(cluster(&s, "outbound|80||c.plain.svc.cluster.local").transport_socket_matches.is_empty());

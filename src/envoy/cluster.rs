@@ -60,6 +60,7 @@ fn outbound_cluster(scope: &Scope<'_>, oc: &OutboundCluster<'_>, sans: &[String]
     }
     let policy = Policy::effective(oc.rule, oc.subset, oc.port.number);
     traffic_policy::apply(&mut c, &policy, oc.port.protocol, mesh);
+    traffic_policy::disable_panic_mode_by_default(&mut c);
     if oc.port.protocol == Protocol::Unsupported && scope.view.kind == ProxyKind::Sidecar {
         // A sniffed port's HTTP goes upstream as the client sent it (HTTP/1.1 or h2c), as in
         // Istio; gateways do not sniff.

@@ -74,6 +74,7 @@ pub(super) fn inbound_transport_socket(kind: InboundTls) -> TransportSocket {
 /// root and, when known, the identities in `sans`; SNI `sni`; Istio's in-mesh ALPN.
 pub(super) fn istio_mutual_transport_socket(sni: &str, sans: &[String], http2: bool) -> TransportSocket {
     let mut common = mesh_common_context(sans);
+    common.tls_params = Some(upstream_tls_params());
     common.alpn_protocols = if http2 { strings(&ALPN_IN_MESH_H2) } else { strings(&ALPN_IN_MESH) };
     let context = UpstreamTlsContext { common_tls_context: Some(common), sni: sni.to_string(), ..Default::default() };
     tls_socket(any(context))
@@ -90,6 +91,16 @@ pub(super) fn istio_mutual_server_socket(alpn: &[&str], sans: &[String]) -> Tran
         ..Default::default()
     };
     tls_socket(any(context))
+}
+
+/// The protocol versions of every TLS origination, as istiod sets them: TLS 1.2 up to 1.3 (Envoy's
+/// client default stops at 1.2).
+pub(super) fn upstream_tls_params() -> TlsParameters {
+    TlsParameters {
+        tls_minimum_protocol_version: TlsProtocol::TlSv12 as i32,
+        tls_maximum_protocol_version: TlsProtocol::TlSv13 as i32,
+        ..Default::default()
+    }
 }
 
 /// Certificate `default`, validation against `ROOTCA` with exact SAN matches.

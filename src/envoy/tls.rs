@@ -12,7 +12,9 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     UpstreamTlsContext,
 };
 
-use super::mtls::{istio_mutual_server_socket, istio_mutual_transport_socket, san_matcher, tls_socket};
+use super::mtls::{
+    istio_mutual_server_socket, istio_mutual_transport_socket, san_matcher, tls_socket, upstream_tls_params,
+};
 use super::proto::{any, bool_value};
 use super::sds::{ads_secret, agent_secret, credential_resource_name, file_cert_name, file_root_name, CA_SUFFIX};
 use crate::config::api::destination_rule::{ClientTlsMode, ClientTlsSettings};
@@ -47,7 +49,7 @@ pub(super) fn upstream_transport_socket(tls: &ClientTlsSettings, upstream: &Upst
         }
     };
     let credential = (!tls.credential_name.is_empty()).then(|| credential_resource_name(&tls.credential_name));
-    let mut common = CommonTlsContext::default();
+    let mut common = CommonTlsContext { tls_params: Some(upstream_tls_params()), ..Default::default() };
     if mutual {
         common.tls_certificate_sds_secret_configs = match &credential {
             Some(name) => vec![ads_secret(name)],

@@ -82,6 +82,14 @@ pub(super) fn apply(cluster: &mut Cluster, policy: &Policy<'_>, protocol: Protoc
     apply_load_balancer(cluster, policy.load_balancer);
 }
 
+/// Turns Envoy's panic mode off on an outbound service cluster whose outlier detection did not
+/// set a threshold, as istiod does: it sends not-ready endpoints (as UNHEALTHY), and in panic
+/// mode Envoy would route to them.
+pub(super) fn disable_panic_mode_by_default(cluster: &mut Cluster) {
+    let common = cluster.common_lb_config.get_or_insert_with(Default::default);
+    common.healthy_panic_threshold.get_or_insert(EnvoyPercent { value: 0.0 });
+}
+
 /// Makes a sidecar cluster of a sniffed port speak upstream the protocol the client spoke (Istio's
 /// `use_downstream_protocol` for unknown protocols), unless a policy already asked for HTTP/2.
 pub(super) fn use_downstream_protocol(cluster: &mut Cluster) {

@@ -145,7 +145,14 @@ pub struct Endpoint {
     pub service_account: Arc<str>,
     /// Health.
     pub health: EndpointHealth,
+    /// Whether the workload accepts Istio mutual TLS (Istio's endpoint `tlsMode: istio`): the
+    /// `security.istio.io/tlsMode` label says so; a WorkloadEntry without it, when it names a
+    /// service account.
+    pub istio_mtls: bool,
 }
+
+/// The label saying whether a workload accepts Istio mutual TLS (`istio`) or not (`disabled`).
+pub const TLS_MODE_LABEL: &str = "security.istio.io/tlsMode";
 
 impl Endpoint {
     /// An endpoint at `address` with no identity yet: no labels, weight 1, healthy, ports
@@ -163,6 +170,7 @@ impl Endpoint {
             weight: 1,
             service_account: none,
             health: EndpointHealth::Healthy,
+            istio_mtls: false,
         }
     }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::kube_index::KubeLookup;
 use super::kubernetes::KubePod;
-use super::service::{Endpoint, EndpointHealth, EndpointPorts, NETWORK_LABEL};
+use super::service::{Endpoint, EndpointHealth, EndpointPorts, NETWORK_LABEL, TLS_MODE_LABEL};
 use crate::config::api::WorkloadEntry;
 
 /// WorkloadEntries by namespace, in key order.
@@ -33,6 +33,7 @@ pub(super) fn pod_endpoint(pod: &KubePod, slice_node: Option<&Arc<str>>, index: 
         node,
         network,
         service_account: pod.service_account.clone(),
+        istio_mtls: pod.labels.get(TLS_MODE_LABEL).map(String::as_str) == Some("istio"),
         ..workload_default()
     }
 }
@@ -72,5 +73,9 @@ pub(super) fn workload_entry_endpoint(we: &WorkloadEntry) -> Endpoint {
         weight: we.weight.filter(|w| *w > 0).unwrap_or(1),
         service_account: Arc::from(we.service_account.as_str()),
         health: EndpointHealth::Healthy,
+        istio_mtls: match we.labels.get(TLS_MODE_LABEL) {
+            Some(mode) => mode == "istio",
+            None => !we.service_account.is_empty(),
+        },
     }
 }
