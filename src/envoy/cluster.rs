@@ -129,6 +129,7 @@ fn passthrough_cluster(scope: &Scope<'_>) -> Cluster {
         ..Default::default()
     };
     traffic_policy::apply(&mut c, &Policy::default(), Protocol::Tcp, &scope.snapshot.mesh);
+    traffic_policy::passthrough_http_options(&mut c);
     c
 }
 
@@ -204,6 +205,11 @@ mod tests {
         let outlier = v1.outlier_detection.as_ref().expect("outlier detection");
         assert_eq!(outlier.consecutive_5xx.map(|v| v.value), Some(5));
         assert_eq!(outlier.enforcing_consecutive_5xx.map(|v| v.value), Some(100));
+        let keepalive =
+            v1.upstream_connection_options.as_ref().and_then(|o| o.tcp_keepalive.as_ref()).expect("keepalive");
+        assert_eq!(keepalive.keepalive_time.map(|v| v.value), Some(7200));
+        assert_eq!(keepalive.keepalive_interval.map(|v| v.value), Some(75));
+        assert_eq!(keepalive.keepalive_probes, None, "the system's count");
         let v3 = bookinfo("outbound|9080|v3|reviews.bookinfo.svc.cluster.local");
         assert_eq!(lb(&v3), cluster::LbPolicy::Random, "the subset's own load balancer");
     }
@@ -284,6 +290,14 @@ mod tests {
         assert_eq!(all, sorted);
         let passthrough = bookinfo(PASSTHROUGH_CLUSTER);
         assert_eq!(lb(&passthrough), cluster::LbPolicy::ClusterProvided);
+        let options: HttpProtocolOptions =
+            unpack(&passthrough.typed_extension_protocol_options[ext::HTTP_PROTOCOL_OPTIONS]);
+        let idle = options.common_http_protocol_options.and_then(|c| c.idle_timeout).map(|d| d.seconds);
+        assert_eq!(idle, Some(300), "istiod's idle timeout");
+        assert!(matches!(
+            options.upstream_protocol_options,
+            Some(UpstreamProtocolOptions::UseDownstreamProtocolConfig(_))
+        ));
     }
 
     #[test]

@@ -2,8 +2,11 @@
 
 use envoy_types::pb::envoy::config::cluster::v3::{
     circuit_breakers::Thresholds, cluster, CircuitBreakers, Cluster, OutlierDetection as EnvoyOutlier,
+    UpstreamConnectionOptions,
 };
-use envoy_types::pb::envoy::config::core::v3::{Http1ProtocolOptions, Http2ProtocolOptions, HttpProtocolOptions};
+use envoy_types::pb::envoy::config::core::v3::{
+    Http1ProtocolOptions, Http2ProtocolOptions, HttpProtocolOptions, TcpKeepalive,
+};
 use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
     http_protocol_options::UseDownstreamHttpConfig,
     http_protocol_options::{explicit_http_config::ProtocolConfig, ExplicitHttpConfig, UpstreamProtocolOptions},
@@ -90,6 +93,29 @@ pub(super) fn disable_panic_mode_by_default(cluster: &mut Cluster) {
     common.healthy_panic_threshold.get_or_insert(EnvoyPercent { value: 0.0 });
 }
 
+/// How long the passthrough cluster keeps an idle upstream connection (istiod's value).
+const PASSTHROUGH_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// The passthrough cluster's HTTP options, as istiod sends them: upstream in the client's protocol,
+/// idle connections closed after five minutes.
+pub(super) fn passthrough_http_options(cluster: &mut Cluster) {
+    let options = UpstreamHttpOptions {
+        common_http_protocol_options: Some(HttpProtocolOptions {
+            idle_timeout: Some(duration(PASSTHROUGH_IDLE_TIMEOUT)),
+            ..Default::default()
+        }),
+        upstream_protocol_options: Some(UpstreamProtocolOptions::UseDownstreamProtocolConfig(
+            UseDownstreamHttpConfig {
+                http_protocol_options: Some(Http1ProtocolOptions::default()),
+                http2_protocol_options: Some(Http2ProtocolOptions::default()),
+                ..Default::default()
+            },
+        )),
+        ..Default::default()
+    };
+    cluster.typed_extension_protocol_options = map_field([(ext::HTTP_PROTOCOL_OPTIONS.to_string(), any(options))]);
+}
+
 /// Makes a sidecar cluster of a sniffed port speak upstream the protocol the client spoke (Istio's
 /// `use_downstream_protocol` for unknown protocols), unless a policy already asked for HTTP/2.
 pub(super) fn use_downstream_protocol(cluster: &mut Cluster) {
@@ -132,6 +158,26 @@ fn apply_connection_pool(cluster: &mut Cluster, pool: Option<&ConnectionPoolSett
         ..Default::default()
     };
     cluster.circuit_breakers = Some(CircuitBreakers { thresholds: vec![thresholds], ..Default::default() });
+    if let Some(keepalive) = tcp.and_then(|t| t.tcp_keepalive.as_ref()) {
+        let options = cluster.upstream_connection_options.get_or_insert_with(UpstreamConnectionOptions::default);
+        options.tcp_keepalive = Some(tcp_keepalive(keepalive));
+    }
+}
+
+/// `tcpKeepalive` (validated: `probes` a count, `time` and `interval` durations) as Envoy's socket
+/// keepalive; an empty one turns SO_KEEPALIVE on with the system's timing, as istiod sends it.
+fn tcp_keepalive(keepalive: &serde_json::Value) -> TcpKeepalive {
+    let seconds = |name: &str| {
+        let value = keepalive.get(name)?.clone();
+        let parsed: crate::config::api::common::Duration = serde_json::from_value(value).ok()?;
+        Some(u32_value(u32::try_from(parsed.0.as_secs()).unwrap_or(u32::MAX)))
+    };
+    let probes = keepalive.get("probes").and_then(serde_json::Value::as_u64).filter(|p| *p > 0);
+    TcpKeepalive {
+        keepalive_probes: probes.map(|p| u32_value(u32::try_from(p).unwrap_or(u32::MAX))),
+        keepalive_time: seconds("time"),
+        keepalive_interval: seconds("interval"),
+    }
 }
 
 /// `envoy.extensions.upstreams.http.v3.HttpProtocolOptions` for the cluster, when it needs any.
