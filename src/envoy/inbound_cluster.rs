@@ -63,7 +63,7 @@ fn inbound_cluster(scope: &Scope<'_>, c: &InboundChain) -> Cluster {
     let sidecar_pool = scope.sidecar.and_then(|s| s.inbound_connection_pool(c.target_port));
     let rule = c.service.as_ref().and_then(|key| {
         let service = scope.snapshot.registry.services.get(key)?;
-        scope.destination_rule(service)
+        scope.inbound_destination_rule(service)
     });
     let rule_pool = Policy::effective(rule, None, c.port).connection_pool;
     // Only the pool: load balancing, outlier detection and TLS are the callers' business.

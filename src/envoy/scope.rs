@@ -7,7 +7,7 @@ use crate::config::api::sidecar::{IstioEgressListener, OutboundMode};
 use crate::config::api::{DestinationRule, Sidecar, VirtualService};
 use crate::envoy::{ProxyKind, ProxyView};
 use crate::registry::{host_matches, hosts_overlap, Hostname, Service};
-use crate::snapshot::{Indexed, Snapshot};
+use crate::snapshot::{Direction, Indexed, Snapshot};
 
 /// A VirtualService with its index entry (qualified hosts, key).
 pub(super) type VsRef<'a> = (&'a Indexed<VirtualService>, &'a VirtualService);
@@ -195,9 +195,15 @@ impl<'a> Scope<'a> {
         self.snapshot.service_for_host(self.namespace(), host)
     }
 
-    /// The DestinationRule for a service, as seen from this proxy.
+    /// The DestinationRule this proxy applies to traffic it sends to a service.
     pub(super) fn destination_rule(&self, service: &Service) -> Option<&'a DestinationRule> {
-        self.snapshot.destination_rule_for(self.namespace(), service)
+        self.snapshot.destination_rule_for(self.namespace(), &self.view.labels, service, Direction::Outbound)
+    }
+
+    /// The DestinationRule this proxy applies to traffic it receives for one of its services
+    /// (workload selectors do not apply inbound).
+    pub(super) fn inbound_destination_rule(&self, service: &Service) -> Option<&'a DestinationRule> {
+        self.snapshot.destination_rule_for(self.namespace(), &self.view.labels, service, Direction::Inbound)
     }
 }
 

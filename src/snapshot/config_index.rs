@@ -5,6 +5,7 @@ use std::collections::BTreeSet;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+use super::destination_rules::{DestinationRuleIndex, RuleInput};
 use crate::config::api::{DestinationRule, VirtualService};
 use crate::config::{ConfigKey, ConfigObjects, Kind, Spec, ValidConfig};
 use crate::mesh::MeshConfig;
@@ -41,6 +42,8 @@ pub(super) struct ConfigIndex {
     selector_keys: imbl::OrdMap<ConfigKey, Arc<[String]>>,
     /// The Secrets each Gateway or DestinationRule names as a credential (others are absent).
     credentials: imbl::OrdMap<ConfigKey, Arc<[String]>>,
+    /// The DestinationRules merged and indexed for lookups, rebuilt when one changes.
+    pub(super) destination_rule_lookup: Arc<DestinationRuleIndex>,
 }
 
 impl ConfigIndex {
@@ -52,6 +55,7 @@ impl ConfigIndex {
                 index.set(&config.key, Some(config), mesh);
             }
         }
+        index.index_destination_rules(mesh);
         index
     }
 
@@ -64,10 +68,25 @@ impl ConfigIndex {
         mesh: &MeshConfig,
     ) -> ConfigIndex {
         let mut index = self.clone();
+        let mut rules_changed = false;
         for key in changed.filter(|k| INDEXED_KINDS.contains(&k.kind)) {
+            rules_changed |= key.kind == Kind::DestinationRule;
             index.set(key, configs.get(key), mesh);
         }
+        if rules_changed {
+            index.index_destination_rules(mesh);
+        }
         index
+    }
+
+    /// Merges and indexes every DestinationRule again (a few microseconds per rule).
+    fn index_destination_rules(&mut self, mesh: &MeshConfig) {
+        let rules = self.destination_rules.iter().filter_map(|(key, ix)| match &ix.config.spec {
+            Spec::DestinationRule(rule) => Some(RuleInput { key, host: ix.hosts.first()?, rule }),
+            _ => None,
+        });
+        let index = DestinationRuleIndex::new(rules, &mesh.root_namespace, &mesh.default_destination_rule_export_to);
+        self.destination_rule_lookup = Arc::new(index);
     }
 
     /// Replaces what is indexed under `key` by what `config` gives (nothing when `None`).
@@ -137,6 +156,9 @@ fn selector_keys_of(config: &ValidConfig) -> BTreeSet<String> {
     match &config.spec {
         Spec::Sidecar(s) => keys.extend(s.workload_selector.iter().flat_map(|w| w.match_labels.keys().cloned())),
         Spec::Gateway(g) => keys.extend(g.selector.keys().cloned()),
+        Spec::DestinationRule(dr) => {
+            keys.extend(dr.workload_selector.iter().flat_map(|w| w.match_labels.keys().cloned()))
+        }
         Spec::PeerAuthentication(pa) => keys.extend(pa.selector_labels().into_iter().flat_map(|l| l.keys().cloned())),
         Spec::VirtualService(vs) => {
             let http = vs.http.iter().flat_map(|r| r.matches.iter().map(|m| &m.source_labels));

@@ -6,6 +6,7 @@ use std::time::SystemTime;
 
 use super::config_index::{of_kind, ConfigIndex, Indexed};
 use super::credentials::{credential_problem, secret_key};
+use super::destination_rules::Direction;
 use super::security::SecurityIndex;
 use super::{ChangeSet, ChangedKey, Version};
 use crate::config::api::gateway::ServerTlsSettings;
@@ -13,9 +14,7 @@ use crate::config::api::{DestinationRule, Gateway, Labels, Sidecar, VirtualServi
 use crate::config::{ConfigError, ConfigKey, ConfigObjects, IgnoredObject, Kind, Spec, ValidConfig};
 use crate::mesh::MeshConfig;
 use crate::registry::kubernetes::{KubeKind, KubeObject, KubeObjects, KubeSecret};
-use crate::registry::{
-    host_matches, Endpoint, Endpoints, Hostname, InstanceIndex, NamespaceScope, Registry, Service, ServiceKey,
-};
+use crate::registry::{Endpoint, Endpoints, Hostname, InstanceIndex, NamespaceScope, Registry, Service, ServiceKey};
 
 /// Everything the sources currently hold, as ingest hands it to the snapshot builder.
 #[derive(Debug, Clone, Default)]
@@ -235,42 +234,23 @@ impl Snapshot {
             .collect()
     }
 
-    /// The DestinationRules of `namespace`: rules are kept in config key order, so a
-    /// namespace's are one range of them, found in O(log n) rather than by a scan per lookup.
-    fn destination_rules_in(&self, namespace: &str) -> impl Iterator<Item = &Indexed<DestinationRule>> + use<'_> {
-        let first = ConfigKey { kind: Kind::DestinationRule, namespace: namespace.to_string(), name: String::new() };
-        let rules = self.index.destination_rules.range(first.clone()..).map(|(_, ix)| &**ix);
-        rules.take_while(move |ix| ix.config.key.namespace == first.namespace)
-    }
-
     /// The qualified hosts of the DestinationRule `key`, if this snapshot holds it.
     pub fn destination_rule_hosts(&self, key: &ConfigKey) -> Option<&[Hostname]> {
         self.index.destination_rules.get(key).map(|ix| ix.hosts.as_slice())
     }
 
-    /// The DestinationRule that applies to `host` for a proxy in `namespace`, using Istio's
-    /// lookup order: the proxy's namespace, then the service's namespace, then the root
-    /// namespace; within one, the most specific host wins.
-    pub fn destination_rule_for(&self, namespace: &str, service: &Service) -> Option<&DestinationRule> {
-        let host = &service.hostname;
-        let candidates = |ns: &str| {
-            self.destination_rules_in(ns)
-                .filter(|ix| ix.hosts.iter().any(|h| host_matches(h.as_str(), host.as_str())))
-                .min_by_key(|ix| ix.hosts.first().map(|h| (h.is_wildcard(), usize::MAX - h.as_str().len())))
-        };
-        let order = [namespace, service.namespace.as_str(), self.mesh.root_namespace.as_str()];
-        order
-            .iter()
-            .enumerate()
-            .filter_map(|(i, ns)| {
-                let ix = candidates(ns)?;
-                // Rules outside the proxy's own namespace apply only where exported to it.
-                (i == 0 || ix.visibility.visible_to(namespace)).then_some(ix)
-            })
-            .find_map(|ix| match &ix.config.spec {
-                Spec::DestinationRule(dr) => Some(dr),
-                _ => None,
-            })
+    /// The DestinationRule a proxy in `namespace` with `labels` applies to `service`'s traffic in
+    /// `direction`, as istiod picks it (see `destination_rules`): the rules for its host merged, the
+    /// proxy's namespace first, then the service's, then the root namespace.
+    pub fn destination_rule_for(
+        &self,
+        namespace: &str,
+        labels: &Labels,
+        service: &Service,
+        direction: Direction,
+    ) -> Option<&DestinationRule> {
+        let merged = self.index.destination_rule_lookup.rule_for(namespace, labels, service, direction)?;
+        Some(&merged.rule)
     }
 
     /// The Sidecar that applies to a workload: one in its namespace selecting its labels, else one
@@ -359,32 +339,101 @@ mod tests {
     use super::*;
     use crate::config::parse::{parse_file, Document};
 
-    #[test]
-    fn a_namespaces_destination_rules_are_found_among_others() {
-        let rule = |ns: &str, name: &str| {
-            format!("apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {{name: {name}, namespace: {ns}}}\nspec: {{host: {name}}}\n---\n")
-        };
-        let yaml: String = [("b", "r1"), ("a", "r2"), ("c", "r3"), ("b", "r4"), ("bb", "r5")]
-            .iter()
-            .map(|(ns, n)| rule(ns, n))
-            .collect();
+    /// A snapshot of `yaml`'s valid objects.
+    fn snapshot_of(yaml: &str) -> Snapshot {
         let mut state = SourceState::default();
-        for doc in parse_file("t.yaml", &yaml) {
+        for doc in parse_file("t.yaml", yaml) {
             let Document::Valid(o) = doc else { panic!("{doc:?}") };
             state.configs.insert(o.key.clone(), Arc::new(o));
         }
-        let snap = Snapshot::build(Version::new(1, 1), ChangeSet::full(), &state);
-        let names = |ns: &str| snap.destination_rules_in(ns).map(|ix| ix.config.key.name.clone()).collect::<Vec<_>>();
-        assert_eq!(
-            (names("a"), names("b"), names("bb"), names("c")),
-            (
-                vec!["r2".to_string()],
-                vec!["r1".to_string(), "r4".to_string()],
-                vec!["r5".to_string()],
-                vec!["r3".to_string()]
-            )
+        Snapshot::build(Version::new(1, 1), ChangeSet::full(), &state)
+    }
+
+    fn rule(ns: &str, name: &str, spec: &str) -> String {
+        format!("apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {{name: {name}, namespace: {ns}}}\nspec: {spec}\n---\n")
+    }
+
+    const SERVICE: &str = "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: svc, namespace: shop}\nspec: {hosts: [svc.shop.svc.cluster.local], ports: [{number: 80, name: http}], resolution: STATIC, endpoints: [{address: 10.0.0.1}]}\n---\n";
+
+    /// The subset names and load balancer of the rule a proxy in `ns` with `labels` applies.
+    fn applied(s: &Snapshot, ns: &str, labels: &[(&str, &str)], direction: Direction) -> Option<(Vec<String>, String)> {
+        let service = s.registry.services.values().find(|svc| svc.hostname.as_str() == "svc.shop.svc.cluster.local")?;
+        let labels: Labels = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let rule = s.destination_rule_for(ns, &labels, service, direction)?;
+        let subsets = rule.subsets.iter().map(|s| s.name.clone()).collect();
+        let lb =
+            rule.traffic_policy.as_ref().and_then(|p| p.load_balancer.as_ref()).map(|lb| format!("{:?}", lb.simple));
+        Some((subsets, lb.unwrap_or_default()))
+    }
+
+    #[test]
+    fn rules_of_one_host_in_one_namespace_merge_subsets_and_keep_the_first_traffic_policy() {
+        let yaml = [
+            SERVICE,
+            &rule("shop", "a", "{host: svc, subsets: [{name: v1, labels: {v: '1'}}]}"),
+            &rule("shop", "b", "{host: svc, trafficPolicy: {loadBalancer: {simple: RANDOM}}, subsets: [{name: v2, labels: {v: '2'}}, {name: v1, labels: {v: x}}]}"),
+            &rule("shop", "c", "{host: svc, trafficPolicy: {loadBalancer: {simple: ROUND_ROBIN}}}"),
+        ]
+        .concat();
+        let s = snapshot_of(&yaml);
+        let (subsets, lb) = applied(&s, "shop", &[], Direction::Outbound).expect("a merged rule");
+        assert_eq!(subsets, ["v1", "v2"], "b's v1 is a duplicate");
+        assert!(lb.contains("Random"), "the first rule with a policy (by name): {lb}");
+        assert!(applied(&s, "elsewhere", &[], Direction::Outbound).is_some(), "exported to every namespace");
+    }
+
+    #[test]
+    fn a_root_namespace_proxy_looks_in_the_services_namespace_before_the_root_namespaces_public_rules() {
+        let yaml = [
+            SERVICE,
+            &rule("istio-system", "root", "{host: '*.local', trafficPolicy: {loadBalancer: {simple: RANDOM}}}"),
+            &rule("shop", "own", "{host: svc, trafficPolicy: {loadBalancer: {simple: ROUND_ROBIN}}}"),
+        ]
+        .concat();
+        let s = snapshot_of(&yaml);
+        let (_, lb) = applied(&s, "istio-system", &[], Direction::Outbound).expect("a rule");
+        assert!(lb.contains("RoundRobin"), "the service's namespace first: {lb}");
+        // A private rule in the root namespace is that namespace's own, and comes first there.
+        let private = rule(
+            "istio-system",
+            "mine",
+            "{host: '*.local', exportTo: ['.'], trafficPolicy: {loadBalancer: {simple: LEAST_REQUEST}}}",
         );
-        assert!(names("none").is_empty() && names("").is_empty());
+        let s = snapshot_of(&format!("{yaml}{private}"));
+        let (_, lb) = applied(&s, "istio-system", &[], Direction::Outbound).expect("a rule");
+        assert!(lb.contains("LeastRequest"), "{lb}");
+        let (_, lb) = applied(&s, "web", &[], Direction::Outbound).expect("a rule");
+        assert!(lb.contains("RoundRobin"), "{lb}");
+    }
+
+    #[test]
+    fn a_private_rule_hides_nothing_from_other_namespaces_which_fall_back_to_the_root() {
+        let yaml = [
+            SERVICE,
+            &rule("istio-system", "root", "{host: '*.local', trafficPolicy: {loadBalancer: {simple: RANDOM}}}"),
+            &rule("shop", "own", "{host: svc, exportTo: ['.'], trafficPolicy: {loadBalancer: {simple: ROUND_ROBIN}}}"),
+        ]
+        .concat();
+        let s = snapshot_of(&yaml);
+        assert!(applied(&s, "shop", &[], Direction::Outbound).expect("own").1.contains("RoundRobin"));
+        assert!(applied(&s, "web", &[], Direction::Outbound).expect("root").1.contains("Random"));
+    }
+
+    #[test]
+    fn a_rule_with_a_workload_selector_applies_to_its_workloads_outbound_only() {
+        let yaml = [
+            SERVICE,
+            &rule("web", "all", "{host: svc.shop.svc.cluster.local, trafficPolicy: {loadBalancer: {simple: RANDOM}}}"),
+            &rule("web", "canary", "{host: svc.shop.svc.cluster.local, workloadSelector: {matchLabels: {app: canary}}, trafficPolicy: {loadBalancer: {simple: ROUND_ROBIN}}}"),
+        ]
+        .concat();
+        let s = snapshot_of(&yaml);
+        let canary = [("app", "canary"), ("v", "2")];
+        assert!(applied(&s, "web", &canary, Direction::Outbound).expect("selected").1.contains("RoundRobin"));
+        assert!(applied(&s, "web", &[("app", "web")], Direction::Outbound).expect("catch-all").1.contains("Random"));
+        assert!(applied(&s, "web", &canary, Direction::Inbound).expect("catch-all").1.contains("Random"));
+        // Rules of a namespace that is neither the proxy's, the service's nor the root reach nobody.
+        assert!(applied(&s, "other", &canary, Direction::Outbound).is_none());
     }
 
     #[test]
