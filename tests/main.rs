@@ -14,6 +14,7 @@ mod authorization_mtls;
 mod conformance;
 mod dashboards;
 mod deploy_config;
+mod differential;
 mod deploy_load_balancers;
 mod deploy_manifests;
 mod envoy_live_changes;

@@ -24,6 +24,8 @@ pub mod corpus;
 pub mod deploy;
 /// A stub DNS server.
 pub mod dns;
+/// The differential judge: istiod and meshpilot on the same inputs, compared.
+pub mod judge;
 /// A real Envoy: locator, bootstrap, admin API.
 pub mod envoy;
 /// A real etcd.
