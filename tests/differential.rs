@@ -9,6 +9,7 @@
 //! baseline (`baseline.json`) has agreeing must still agree; a failure shows the diff.
 //! `MESHPILOT_JUDGE=full` adds Istio's own inputs from the Go module cache and writes
 //! `docs/fidelity.md` and `docs/fidelity/report.json` (`scripts/judge.sh`).
+//! `MESHPILOT_JUDGE_OUT=DIR` writes the report there instead.
 //! `MESHPILOT_JUDGE_UPDATE=1` records the agreements of the run as the new baseline.
 
 use crate::common;
@@ -81,9 +82,12 @@ async fn meshpilot_agrees_with_istiod_at_least_as_the_baseline_records() {
         reports.push(r);
     }
     eprintln!("\n{}", report::summary_table(&reports));
-    let out_dir = match full {
-        true => common::deploy::repo().join("docs"),
-        false => judge.dir().to_path_buf(),
+    // Where the report goes: `MESHPILOT_JUDGE_OUT`, else docs/ for a full run, else the judge's
+    // temp dir (gone with it: CI reads the failure message, which carries the diffs).
+    let out_dir = match (std::env::var_os("MESHPILOT_JUDGE_OUT"), full) {
+        (Some(dir), _) => std::path::PathBuf::from(dir),
+        (None, true) => common::deploy::repo().join("docs"),
+        (None, false) => judge.dir().to_path_buf(),
     };
     write_reports(&reports, &cases, &out_dir, full);
     let baseline = report::read_baseline();

@@ -18,9 +18,11 @@ pub struct Rule {
 }
 
 /// Every rule, in the order applied.
-pub const RULES: [Rule; 3] = [
+pub const RULES: [Rule; 5] = [
     Rule { name: "istio_only_extensions", apply: istio_only_extensions },
     Rule { name: "istio_telemetry_metadata", apply: istio_telemetry_metadata },
+    Rule { name: "empty_locality", apply: empty_locality },
+    Rule { name: "unknown_health_is_healthy", apply: unknown_health_is_healthy },
     Rule { name: "set_like_lists", apply: set_like_lists },
 ];
 
@@ -129,6 +131,32 @@ fn set_like_lists(value: &mut Value) {
         }
         Value::Array(items) => items.iter_mut().for_each(set_like_lists),
         _ => {}
+    }
+}
+
+/// An endpoint group's `locality: {}` is dropped: every field of a Locality is a string, and
+/// Envoy reads an absent locality as the one with all of them empty.
+fn empty_locality(value: &mut Value) {
+    if let Some(Value::Array(groups)) = value.get_mut("endpoints") {
+        for group in groups.iter_mut().filter_map(Value::as_object_mut) {
+            if group.get("locality").is_some_and(is_empty) {
+                group.remove("locality");
+            }
+        }
+    }
+}
+
+/// An endpoint's `health_status: HEALTHY` is dropped: an absent status is UNKNOWN, which Envoy
+/// load-balances to exactly as HEALTHY (its docs: "interpreted by Envoy as HEALTHY").
+fn unknown_health_is_healthy(value: &mut Value) {
+    let Some(Value::Array(groups)) = value.get_mut("endpoints") else { return };
+    for group in groups.iter_mut() {
+        let Some(Value::Array(lb)) = group.get_mut("lb_endpoints") else { continue };
+        for e in lb.iter_mut().filter_map(Value::as_object_mut) {
+            if e.get("health_status").and_then(Value::as_str) == Some("HEALTHY") {
+                e.remove("health_status");
+            }
+        }
     }
 }
 
