@@ -17,10 +17,13 @@ use crate::common;
 use std::path::Path;
 
 use common::judge::case::{self, Case};
+use common::judge::compare::{differences, generic_path};
 use common::judge::declared::DeclaredSet;
-use common::judge::normalise::RULES;
+use common::judge::normalise::{normalise, RULES};
 use common::judge::report::{self, CaseReport};
 use common::judge::run::Judge;
+use common::judge::template;
+use serde_json::json;
 
 fn header(cases: &[Case], full: bool) -> String {
     let version = std::fs::read_to_string(common::deploy::repo().join("scripts/istio-version")).unwrap_or_default();
@@ -35,7 +38,11 @@ fn header(cases: &[Case], full: bool) -> String {
          `tests/testdata/differential/declared.yaml`; otherwise it *differs*, or was sent by one server only.\n",
         version.trim(),
         cases.len(),
-        if full { "examples, hand-made cases, Istio's tests/testdata/config and xDS benchmark inputs" } else { "CI subset" },
+        if full {
+            "examples, hand-made cases, Istio's tests/testdata/config and xDS benchmark inputs"
+        } else {
+            "CI subset"
+        },
         rules.join(", ")
     )
 }
@@ -44,7 +51,7 @@ fn write_reports(reports: &[CaseReport], cases: &[Case], dir: &Path, full: bool)
     let md = report::markdown(reports, &header(cases, full), 3);
     std::fs::create_dir_all(dir.join("fidelity")).expect("creating the report dir");
     std::fs::write(dir.join("fidelity.md"), md).expect("writing fidelity.md");
-    let json = serde_json::to_string_pretty(reports).expect("report JSON");
+    let json = serde_json::to_string_pretty(&report::json_report(reports, 12)).expect("report JSON");
     std::fs::write(dir.join("fidelity/report.json"), json + "\n").expect("writing report.json");
     eprintln!("report written to {}/fidelity.md and {}/fidelity/report.json", dir.display(), dir.display());
 }
@@ -111,4 +118,43 @@ async fn meshpilot_agrees_with_istiod_at_least_as_the_baseline_records() {
         regressions.len(),
         regressions.join("\n")
     );
+}
+
+#[test]
+fn named_lists_match_by_name_and_leaves_are_reported() {
+    let a = json!({"f": [{"name": "x", "v": 1}, {"name": "y"}], "n": 1});
+    let b = json!({"f": [{"name": "y"}, {"name": "x", "v": 2}], "m": 1});
+    let paths: Vec<String> = differences(&a, &b).iter().map(|d| d.path.clone()).collect();
+    assert_eq!(paths, ["/f/[name=x]/v", "/m", "/n"]);
+    assert_eq!(generic_path("/f/[name=x]/v/0"), "/f/*/v/*");
+}
+
+#[test]
+fn drops_istio_filters_and_metadata_and_sorts_sets_only() {
+    let v = json!({
+        "metadata": {"filter_metadata": {"istio": {"config": "x"}, "envoy.lb": {"a": 1}}},
+        "filter_chains": [
+            {"name": "b", "filters": [{"name": "istio.stats", "typed_config": {"@type": "type.googleapis.com/stats.PluginConfig"}},
+                                       {"name": "envoy.filters.network.tcp_proxy"}]},
+            {"name": "a", "filter_chain_match": {"server_names": ["y", "x"]}}
+        ],
+        "alpn_protocols": ["h2", "http/1.1"]
+    });
+    let n = normalise(v);
+    assert_eq!(n["metadata"], json!({"filter_metadata": {"envoy.lb": {"a": 1}}}));
+    assert_eq!(n["filter_chains"][0]["filter_chain_match"]["server_names"], json!(["x", "y"]));
+    assert_eq!(n["filter_chains"][1]["filters"], json!([{"name": "envoy.filters.network.tcp_proxy"}]));
+    // ALPN order is a preference: kept.
+    assert_eq!(n["alpn_protocols"], json!(["h2", "http/1.1"]));
+}
+
+#[test]
+fn benchmark_templates_render_ranges_arithmetic_and_refuse_the_rest() {
+    let params = template::parameters();
+    let text = "a: 1\n---\n{{- range $i := until .Services }}\nname: s-{{$i}}\nip: 1.{{div $i 2 }}.{{mod $i 2 }}\n{{- end }}\n";
+    let out = template::render(text, &params).expect("renders");
+    let docs = case::documents(&out);
+    assert_eq!(docs.len(), 4, "{out}");
+    assert!(docs[3].contains("name: s-2") && docs[3].contains("ip: 1.1.0"), "{out}");
+    assert!(template::render("{{ printf \"%d\" 1 }}", &params).is_err());
 }

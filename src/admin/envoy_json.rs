@@ -204,14 +204,17 @@ mod tests {
 
     #[test]
     fn lenient_json_keeps_unknown_extensions_as_raw() {
-        use envoy_types::pb::envoy::config::listener::v3::{Filter, Listener};
         use envoy_types::pb::envoy::config::listener::v3::filter::ConfigType;
+        use envoy_types::pb::envoy::config::listener::v3::{Filter, Listener};
         let unknown = Any { type_url: "type.googleapis.com/stats.PluginConfig".into(), value: vec![8, 1] };
         let listener = Listener {
             name: "l".into(),
             listener_filters: vec![],
             filter_chains: vec![envoy_types::pb::envoy::config::listener::v3::FilterChain {
-                filters: vec![Filter { name: "istio.stats".into(), config_type: Some(ConfigType::TypedConfig(unknown)) }],
+                filters: vec![Filter {
+                    name: "istio.stats".into(),
+                    config_type: Some(ConfigType::TypedConfig(unknown)),
+                }],
                 ..Default::default()
             }],
             ..Default::default()

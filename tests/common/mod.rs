@@ -24,8 +24,6 @@ pub mod corpus;
 pub mod deploy;
 /// A stub DNS server.
 pub mod dns;
-/// The differential judge: istiod and meshpilot on the same inputs, compared.
-pub mod judge;
 /// A real Envoy: locator, bootstrap, admin API.
 pub mod envoy;
 /// A real etcd.
@@ -42,6 +40,8 @@ pub mod ingress;
 pub mod istio;
 /// Istio's real istioctl.
 pub mod istioctl;
+/// The differential judge: istiod and meshpilot on the same inputs, compared.
+pub mod judge;
 /// A real kube-apiserver on a real etcd, and applying objects to it.
 pub mod kube;
 /// A standalone meshpilot with a gateway and a sidecar Envoy.

@@ -62,7 +62,8 @@ impl Case {
             let mut value: Value = match serde_saphyr::from_str(&doc) {
                 Ok(v) => v,
                 Err(e) => {
-                    case.skipped.push(format!("document {} does not parse: {e}", i + 1));
+                    let first = e.to_string().lines().next().unwrap_or_default().to_string();
+                    case.skipped.push(format!("document {} does not parse: {first}", i + 1));
                     continue;
                 }
             };
@@ -77,7 +78,11 @@ impl Case {
             if kind != "Namespace" && value["metadata"]["namespace"].is_null() {
                 value["metadata"]["namespace"] = Value::from("default");
             }
-            if istio { case.config.push(value) } else { case.kube.push(value) }
+            if istio {
+                case.config.push(value)
+            } else {
+                case.kube.push(value)
+            }
         }
         case.proxies = default_set(&case.config, &case.kube);
         case

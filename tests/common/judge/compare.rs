@@ -87,18 +87,3 @@ fn names(items: &[Value]) -> Option<Vec<&str>> {
     let distinct: BTreeSet<&&str> = names.iter().collect();
     (distinct.len() == names.len() && !names.is_empty()).then_some(names)
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn named_lists_match_by_name_and_leaves_are_reported() {
-        let a = json!({"f": [{"name": "x", "v": 1}, {"name": "y"}], "n": 1});
-        let b = json!({"f": [{"name": "y"}, {"name": "x", "v": 2}], "m": 1});
-        let paths: Vec<String> = differences(&a, &b).iter().map(|d| d.path.clone()).collect();
-        assert_eq!(paths, ["/f/[name=x]/v", "/m", "/n"]);
-        assert_eq!(generic_path("/f/[name=x]/v/0"), "/f/*/v/*");
-    }
-}

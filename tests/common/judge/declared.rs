@@ -31,8 +31,8 @@ impl DeclaredSet {
     pub fn load() -> DeclaredSet {
         let path = super::case::hand_made_dir().join("declared.yaml");
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-        let entries: Vec<Declared> =
-            serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{}: not a list of declared differences: {e}", path.display()));
+        let entries: Vec<Declared> = serde_saphyr::from_str(&text)
+            .unwrap_or_else(|e| panic!("{}: not a list of declared differences: {e}", path.display()));
         let entries = entries
             .into_iter()
             .map(|d| {
@@ -51,9 +51,7 @@ impl DeclaredSet {
         self.entries
             .iter()
             .find(|(d, re)| {
-                (d.type_name == "*" || d.type_name == type_name)
-                    && re.is_match(name)
-                    && prefix_matches(&d.path, &parts)
+                (d.type_name == "*" || d.type_name == type_name) && re.is_match(name) && prefix_matches(&d.path, &parts)
             })
             .map(|(d, _)| d.reason.as_str())
     }

@@ -86,7 +86,8 @@ fn istio_telemetry_metadata(value: &mut Value) {
             if let Some(Value::Object(fm)) = map.get_mut("metadata").and_then(|m| m.get_mut("filter_metadata")) {
                 fm.remove("istio");
             }
-            let empty_filter_metadata = map.get("metadata").and_then(|m| m.get("filter_metadata")).is_some_and(is_empty);
+            let empty_filter_metadata =
+                map.get("metadata").and_then(|m| m.get("filter_metadata")).is_some_and(is_empty);
             if empty_filter_metadata {
                 if let Some(Value::Object(m)) = map.get_mut("metadata") {
                     m.remove("filter_metadata");
@@ -166,30 +167,5 @@ fn is_empty(v: &Value) -> bool {
         Value::Array(a) => a.is_empty(),
         Value::Null => true,
         _ => false,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn drops_istio_filters_and_metadata_and_sorts_sets_only() {
-        let v = json!({
-            "metadata": {"filter_metadata": {"istio": {"config": "x"}, "envoy.lb": {"a": 1}}},
-            "filter_chains": [
-                {"name": "b", "filters": [{"name": "istio.stats", "typed_config": {"@type": "type.googleapis.com/stats.PluginConfig"}},
-                                           {"name": "envoy.filters.network.tcp_proxy"}]},
-                {"name": "a", "filter_chain_match": {"server_names": ["y", "x"]}}
-            ],
-            "alpn_protocols": ["h2", "http/1.1"]
-        });
-        let n = normalise(v);
-        assert_eq!(n["metadata"], json!({"filter_metadata": {"envoy.lb": {"a": 1}}}));
-        assert_eq!(n["filter_chains"][0]["filter_chain_match"]["server_names"], json!(["x", "y"]));
-        assert_eq!(n["filter_chains"][1]["filters"], json!([{"name": "envoy.filters.network.tcp_proxy"}]));
-        // ALPN order is a preference: kept.
-        assert_eq!(n["alpn_protocols"], json!(["h2", "http/1.1"]));
     }
 }

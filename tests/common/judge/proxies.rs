@@ -61,7 +61,8 @@ impl ProxyDef {
             Role::Router => "router",
         };
         let mut spec = SimProxySpec::sidecar(xds_url, &self.namespace, &self.name, &self.ip);
-        spec.node_id = format!("{prefix}~{}~{}.{}~{}.svc.cluster.local", self.ip, self.name, self.namespace, self.namespace);
+        spec.node_id =
+            format!("{prefix}~{}~{}.{}~{}.svc.cluster.local", self.ip, self.name, self.namespace, self.namespace);
         spec.labels = self.labels.clone();
         let workload = self.labels.get("app").cloned().unwrap_or_else(|| self.name.clone());
         spec.metadata = [
@@ -73,10 +74,7 @@ impl ProxyDef {
             ("INSTANCE_IPS", self.ip.clone()),
             ("NAME", self.name.clone()),
             ("NODE_NAME", "judge-node".to_string()),
-            (
-                "OWNER",
-                format!("kubernetes://apis/apps/v1/namespaces/{}/deployments/{workload}", self.namespace),
-            ),
+            ("OWNER", format!("kubernetes://apis/apps/v1/namespaces/{}/deployments/{workload}", self.namespace)),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))

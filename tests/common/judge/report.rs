@@ -21,7 +21,7 @@ use crate::common::oracle::line_diff;
 /// Differences kept per resource in reports.
 const DIFFERENCES_PER_RESOURCE: usize = 12;
 /// Lines of line diff kept per resource.
-const DIFF_LINES: usize = 40;
+const DIFF_LINES: usize = 30;
 /// Resources larger than this (lines of JSON) get no line diff: the field list says it.
 const LINE_DIFF_MAX_LINES: usize = 1500;
 
@@ -110,7 +110,9 @@ pub struct CaseReport {
 fn decode(type_url: TypeUrl, r: &HeldResource) -> Value {
     let name = type_url.as_str().trim_start_matches("type.googleapis.com/");
     let raw = match &r.bytes {
-        Some(bytes) => bytes_to_json_lenient(name, bytes).unwrap_or_else(|e| Value::String(format!("undecodable: {e}"))),
+        Some(bytes) => {
+            bytes_to_json_lenient(name, bytes).unwrap_or_else(|e| Value::String(format!("undecodable: {e}")))
+        }
         None => Value::Null,
     };
     normalise(raw)
@@ -195,7 +197,10 @@ pub fn judge_case(case: &Case, results: Result<&[ProxyResult], String>, declared
                         let tally = report.kinds.entry(kind.clone()).or_default();
                         tally.resources += 1;
                         if tally.example.is_empty() {
-                            let d = diffs.iter().find(|d| format!("{t} {}", d.kind()) == kind).expect("the kind's difference");
+                            let d = diffs
+                                .iter()
+                                .find(|d| format!("{t} {}", d.kind()) == kind)
+                                .expect("the kind's difference");
                             tally.example = format!(
                                 "{resource} {}: istiod {} / meshpilot {}",
                                 d.path,
@@ -251,7 +256,13 @@ fn cap_lines(text: &str, n: usize) -> String {
 pub fn describe(d: &Disagreement) -> String {
     let mut out = format!("{} {} ({})\n", d.type_name, d.resource, d.verdict);
     for diff in &d.differences {
-        let _ = writeln!(out, "  {}: istiod {} | meshpilot {}", diff.path, short_value(&diff.istiod), short_value(&diff.meshpilot));
+        let _ = writeln!(
+            out,
+            "  {}: istiod {} | meshpilot {}",
+            diff.path,
+            short_value(&diff.istiod),
+            short_value(&diff.meshpilot)
+        );
     }
     if d.more > 0 {
         let _ = writeln!(out, "  … and {} more fields", d.more);
@@ -419,16 +430,81 @@ pub fn markdown(reports: &[CaseReport], header: &str, diffs_per_case: usize) -> 
     for r in reports.iter().filter(|r| !r.skipped.is_empty()) {
         let _ = writeln!(out, "- {}: {}", r.name, r.skipped.join("; "));
     }
-    out.push_str("\n## Diffs\n\nFirst disagreements of each case (see report.json for every resource's fields).\n");
+    out.push_str(
+        "\n## Diffs\n\nPer case, up to a few disagreeing resources that show a kind of difference no case above \
+         showed yet (report.json has every case's first disagreements field by field).\n",
+    );
+    let mut shown: BTreeSet<String> = BTreeSet::new();
     for r in reports.iter().filter(|r| !r.disagreements.is_empty()) {
-        let _ = writeln!(out, "\n### {}\n\n```", r.name);
-        for d in r.disagreements.iter().take(diffs_per_case) {
-            out.push_str(&describe(d));
+        let fresh: Vec<&Disagreement> = r
+            .disagreements
+            .iter()
+            .filter(|d| {
+                let new = kinds_of(d).into_iter().filter(|k| !shown.contains(k)).collect::<Vec<_>>();
+                let any = !new.is_empty();
+                shown.extend(new);
+                any
+            })
+            .take(diffs_per_case)
+            .collect();
+        let _ = writeln!(out, "\n### {}\n\n{} disagreeing resources.", r.name, r.disagreements.len());
+        if fresh.is_empty() {
+            continue;
         }
-        if r.disagreements.len() > diffs_per_case {
-            let _ = writeln!(out, "… {} more disagreeing resources", r.disagreements.len() - diffs_per_case);
+        out.push_str("\n```\n");
+        for d in fresh {
+            out.push_str(&describe(d));
         }
         out.push_str("```\n");
     }
     out
+}
+
+/// The difference kinds one disagreement shows.
+fn kinds_of(d: &Disagreement) -> Vec<String> {
+    match d.verdict.as_str() {
+        "differ" | "declared" => d.differences.iter().map(|x| format!("{} {}", d.type_name, x.kind())).collect(),
+        v => vec![format!("{} ({v})", d.type_name)],
+    }
+}
+
+/// The JSON report: every case's counts and agreeing resources in full; its `per_case` most
+/// common difference kinds and first `per_case` disagreements with their fields (values cut to a readable length, no line
+/// diff), so the file stays a size one reads and commits.
+pub fn json_report(reports: &[CaseReport], per_case: usize) -> Value {
+    let cases: Vec<Value> = reports
+        .iter()
+        .map(|r| {
+            let disagreements: Vec<Value> = r
+                .disagreements
+                .iter()
+                .take(per_case)
+                .map(|d| {
+                    let fields: Vec<Value> = d
+                        .differences
+                        .iter()
+                        .map(|x| {
+                            serde_json::json!({"path": x.path, "istiod": short_value(&x.istiod), "meshpilot": short_value(&x.meshpilot)})
+                        })
+                        .collect();
+                    serde_json::json!({"type": d.type_name, "resource": d.resource, "verdict": d.verdict,
+                        "differences": fields, "more_fields": d.more, "reasons": d.reasons})
+                })
+                .collect();
+            serde_json::json!({
+                "name": r.name, "corpus": r.corpus, "proxies": r.proxies, "skipped": r.skipped, "error": r.error,
+                "counts": r.counts, "agreeing": r.agreeing, "kinds": top_case_kinds(r, per_case),
+                "disagreements": disagreements,
+                "disagreements_left_off": r.disagreements.len().saturating_sub(per_case),
+            })
+        })
+        .collect();
+    Value::Array(cases)
+}
+
+/// The `n` difference kinds of `r` shown by the most resources.
+fn top_case_kinds(r: &CaseReport, n: usize) -> BTreeMap<String, Tally> {
+    let mut kinds: Vec<(&String, &Tally)> = r.kinds.iter().collect();
+    kinds.sort_by(|a, b| b.1.resources.cmp(&a.1.resources).then(a.0.cmp(b.0)));
+    kinds.into_iter().take(n).map(|(k, t)| (k.clone(), t.clone())).collect()
 }

@@ -95,8 +95,7 @@ impl Judge {
             Some(m) => m.clone(),
             None => write(dir.path(), "mesh.yaml", DEFAULT_MESH),
         };
-        let meshpilot =
-            Meshpilot::standalone(&config_dir).kubeconfig(&self.kubeconfig).mesh_config(&mesh).start();
+        let meshpilot = Meshpilot::standalone(&config_dir).kubeconfig(&self.kubeconfig).mesh_config(&mesh).start();
         let istiod = Istiod::start(&self.pilot_discovery, &self.api, &config_dir, &mesh, case.config.len()).await;
         meshpilot.wait_ready(STARTUP_TIMEOUT).await;
         let (mut to_istiod, mut to_meshpilot) = (Vec::new(), Vec::new());

@@ -111,7 +111,11 @@ fn emit(
                         if b == 0 {
                             return Err(format!("`{e}` divides by zero"));
                         }
-                        if *op == "div" { a / b } else { a % b }
+                        if *op == "div" {
+                            a / b
+                        } else {
+                            a % b
+                        }
                     }
                     _ => return Err(format!("unsupported expression `{e}`")),
                 };
@@ -121,8 +125,10 @@ fn emit(
                 let n = value(count, params, vars)?;
                 for i in 0..n {
                     vars.insert(var.clone(), i);
-                    // Go's template keeps the text between iterations: each starts on a new line.
-                    out.push('\n');
+                    // Every range in these inputs repeats whole documents, and some bodies end
+                    // without a separator (`knative-gateway.yaml`): each iteration starts a new
+                    // document (empty documents are dropped).
+                    out.push_str("\n---\n");
                     emit(body, params, vars, out)?;
                 }
                 vars.remove(var);
