@@ -17,7 +17,7 @@ use crate::common;
 use std::path::Path;
 
 use common::judge::case::{self, Case};
-use common::judge::compare::{differences, generic_path};
+use common::judge::compare::{differences, generic_path, Difference};
 use common::judge::declared::DeclaredSet;
 use common::judge::normalise::{normalise, RULES};
 use common::judge::report::{self, CaseReport};
@@ -157,4 +157,20 @@ fn benchmark_templates_render_ranges_arithmetic_and_refuse_the_rest() {
     assert_eq!(docs.len(), 4, "{out}");
     assert!(docs[3].contains("name: s-2") && docs[3].contains("ip: 1.1.0"), "{out}");
     assert!(template::render("{{ printf \"%d\" 1 }}", &params).is_err());
+}
+
+#[test]
+fn declared_differences_match_by_type_name_and_path_prefix_with_wildcards() {
+    let set = DeclaredSet::parse(
+        "- {type: CDS, name: 'outbound\\|.*', path: /circuit_breakers/thresholds/*/track_remaining, reason: stats only}\n",
+        "test",
+    );
+    let diff = |path: &str| Difference { path: path.into(), istiod: None, meshpilot: Some(json!(true)) };
+    let d = diff("/circuit_breakers/thresholds/0/track_remaining");
+    assert_eq!(set.reason("CDS", "outbound|80||a.b.svc.cluster.local", &d), Some("stats only"));
+    assert_eq!(set.reason("LDS", "outbound|80||a.b.svc.cluster.local", &d), None);
+    assert_eq!(set.reason("CDS", "BlackHoleCluster", &d), None);
+    assert_eq!(set.reason("CDS", "outbound|80||a", &diff("/circuit_breakers/thresholds/0/max_requests")), None);
+    // The file in the repository loads, and each of its entries has a reason.
+    let _ = DeclaredSet::load();
 }

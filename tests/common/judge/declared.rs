@@ -31,8 +31,13 @@ impl DeclaredSet {
     pub fn load() -> DeclaredSet {
         let path = super::case::hand_made_dir().join("declared.yaml");
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-        let entries: Vec<Declared> = serde_saphyr::from_str(&text)
-            .unwrap_or_else(|e| panic!("{}: not a list of declared differences: {e}", path.display()));
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// The declared differences of YAML `text` (`place` names it in messages).
+    pub fn parse(text: &str, place: &str) -> DeclaredSet {
+        let entries: Vec<Declared> =
+            serde_saphyr::from_str(text).unwrap_or_else(|e| panic!("{place}: not a list of declared differences: {e}"));
         let entries = entries
             .into_iter()
             .map(|d| {
