@@ -81,7 +81,8 @@ pub fn bytes_to_json_lenient(full_name: &str, bytes: &[u8]) -> Result<Value, Jso
 }
 
 /// Unknown `Any` payloads carried through JSON mapping: wrapped as a `Struct` that marks them,
-/// then unwrapped into `{"@type", "@raw"}` in the JSON.
+/// then unwrapped in the JSON into `{"@type", "@raw"}`, or for a `TypedStruct` (which the
+/// descriptor set lacks, and whose content is JSON already) `{"@type", "type_url", "value"}`.
 mod opaque {
     use prost::Message;
     use prost_reflect::{DescriptorPool, DynamicMessage, ReflectMessage, Value as PValue};
@@ -93,6 +94,9 @@ mod opaque {
 
     /// Replaces every `Any` (at any depth, inside known `Any`s too) whose type `pool` lacks.
     pub(super) fn wrap_unknown(message: &mut DynamicMessage, pool: &DescriptorPool) {
+        if message.descriptor().full_name() == "google.protobuf.Any" {
+            return wrap_any(message, pool);
+        }
         for (_, value) in message.fields_mut() {
             wrap_value(value, pool);
         }
@@ -100,7 +104,6 @@ mod opaque {
 
     fn wrap_value(value: &mut PValue, pool: &DescriptorPool) {
         match value {
-            PValue::Message(m) if m.descriptor().full_name() == "google.protobuf.Any" => wrap_any(m, pool),
             PValue::Message(m) => wrap_unknown(m, pool),
             PValue::List(items) => items.iter_mut().for_each(|v| wrap_value(v, pool)),
             PValue::Map(map) => map.values_mut().for_each(|v| wrap_value(v, pool)),
@@ -125,11 +128,30 @@ mod opaque {
         any.set_field_by_name("value", PValue::Bytes(replacement.1.into()));
     }
 
+    /// `xds.type.v3.TypedStruct` and `udpa.type.v1.TypedStruct`, which share this layout.
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct TypedStruct {
+        #[prost(string, tag = "1")]
+        type_url: String,
+        #[prost(message, optional, tag = "2")]
+        value: Option<envoy_types::pb::google::protobuf::Struct>,
+    }
+
     fn marker(url: &str, bytes: &[u8]) -> Vec<u8> {
         use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value as PbValue};
         let text = |s: String| PbValue { kind: Some(Kind::StringValue(s)) };
-        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-        let fields = [(MARK.to_string(), text(url.to_string())), (RAW.to_string(), text(hex))].into_iter().collect();
+        let mut fields: std::collections::HashMap<String, PbValue> =
+            [(MARK.to_string(), text(url.to_string()))].into_iter().collect();
+        let typed = url.ends_with("/xds.type.v3.TypedStruct") || url.ends_with("/udpa.type.v1.TypedStruct");
+        match TypedStruct::decode(bytes).ok().filter(|_| typed) {
+            Some(t) => {
+                fields.insert("type_url".into(), text(t.type_url));
+                fields.insert("value".into(), PbValue { kind: Some(Kind::StructValue(t.value.unwrap_or_default())) });
+            }
+            None => {
+                fields.insert(RAW.into(), text(bytes.iter().map(|b| format!("{b:02x}")).collect()));
+            }
+        }
         Struct { fields }.encode_to_vec()
     }
 
@@ -140,9 +162,10 @@ mod opaque {
                 let marked = map.get("@type").and_then(Value::as_str) == Some(STRUCT_URL)
                     && map.get("value").is_some_and(|v| v.get(MARK).is_some());
                 if marked {
-                    let inner = map.remove("value").unwrap_or_default();
-                    map.insert("@type".into(), inner.get(MARK).cloned().unwrap_or_default());
-                    map.insert(RAW.into(), inner.get(RAW).cloned().unwrap_or_default());
+                    if let Some(Value::Object(mut inner)) = map.remove("value") {
+                        map.insert("@type".into(), inner.remove(MARK).unwrap_or_default());
+                        map.extend(inner);
+                    }
                 } else {
                     map.values_mut().for_each(unwrap_marked);
                 }
@@ -203,7 +226,7 @@ mod tests {
     }
 
     #[test]
-    fn lenient_json_keeps_unknown_extensions_as_raw() {
+    fn lenient_json_keeps_unknown_extensions_raw_and_typed_structs_as_json() {
         use envoy_types::pb::envoy::config::listener::v3::filter::ConfigType;
         use envoy_types::pb::envoy::config::listener::v3::{Filter, Listener};
         let unknown = Any { type_url: "type.googleapis.com/stats.PluginConfig".into(), value: vec![8, 1] };
@@ -227,6 +250,26 @@ mod tests {
             json!({"@type": "type.googleapis.com/stats.PluginConfig", "@raw": "0801"})
         );
         assert_eq!(json["name"], "l");
+
+        use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value as PbValue};
+        let config = Struct {
+            fields: [("k".to_string(), PbValue { kind: Some(Kind::StringValue("v".into())) })].into_iter().collect(),
+        };
+        let typed = opaque_typed_struct_bytes("type.googleapis.com/some.Filter", config);
+        let any = Any { type_url: "type.googleapis.com/xds.type.v3.TypedStruct".into(), value: typed };
+        let json = bytes_to_json_lenient("google.protobuf.Any", &any.encode_to_vec()).expect("lenient json");
+        assert_eq!(
+            json,
+            json!({"@type": "type.googleapis.com/xds.type.v3.TypedStruct", "type_url": "type.googleapis.com/some.Filter", "value": {"k": "v"}})
+        );
+    }
+
+    /// A TypedStruct's encoding: the type URL (field 1) and the Struct (field 2).
+    fn opaque_typed_struct_bytes(url: &str, value: envoy_types::pb::google::protobuf::Struct) -> Vec<u8> {
+        let mut out = Vec::new();
+        prost::encoding::string::encode(1, &url.to_string(), &mut out);
+        prost::encoding::message::encode(2, &value, &mut out);
+        out
     }
 
     #[test]
