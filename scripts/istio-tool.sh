@@ -4,7 +4,9 @@
 #                sidecar tests; beside it goes Istio's Envoy bootstrap template
 #                (envoy_bootstrap_tmpl.json), which pilot-agent reads at run time and which
 #                istio-proxy images ship, taken from the same module;
-#   istioctl     the operator's client, for the tests of istioctl against meshpilot.
+#   istioctl     the operator's client, for the tests of istioctl against meshpilot;
+#   pilot-discovery  istiod's xDS server, for the differential judge (tests/differential.rs,
+#                scripts/judge.sh), which compares what it and meshpilot send on the same inputs.
 #
 # The version is scripts/istio-version (MESHPILOT_ISTIO_VERSION overrides it): a master
 # pseudo-version, the only istio.io/istio version the module proxy here serves. It is built with
@@ -13,11 +15,12 @@
 # is a no-op. Exit 1 with a message on stderr where it cannot be built.
 set -euo pipefail
 
-TOOL="${1:?usage: istio-tool.sh pilot-agent|istioctl}"
+TOOL="${1:?usage: istio-tool.sh pilot-agent|istioctl|pilot-discovery}"
 case "$TOOL" in
     pilot-agent) PACKAGE="istio.io/istio/pilot/cmd/pilot-agent" ;;
     istioctl) PACKAGE="istio.io/istio/istioctl/cmd/istioctl" ;;
-    *) echo "istio-tool.sh: unknown tool $TOOL (pilot-agent or istioctl)" >&2; exit 1 ;;
+    pilot-discovery) PACKAGE="istio.io/istio/pilot/cmd/pilot-discovery" ;;
+    *) echo "istio-tool.sh: unknown tool $TOOL (pilot-agent, istioctl or pilot-discovery)" >&2; exit 1 ;;
 esac
 log() { echo "$TOOL: $*" >&2; }
 

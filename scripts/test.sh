@@ -34,6 +34,13 @@ if istioctl="$(bash scripts/istio-tool.sh istioctl)"; then
 else
     echo "istioctl not installed: the istioctl tests (tests/istioctl.rs) will skip" >&2
 fi
+# Istio's pilot-discovery (istiod), the same way, for the differential judge (tests/differential.rs).
+if pilot_discovery="$(bash scripts/istio-tool.sh pilot-discovery)"; then
+    export MESHPILOT_PILOT_DISCOVERY="$pilot_discovery"
+    echo "pilot-discovery: $MESHPILOT_PILOT_DISCOVERY"
+else
+    echo "pilot-discovery not installed: the differential judge (tests/differential.rs) will skip" >&2
+fi
 
 # A suite run builds everything once, from a clean clone in CI: incremental compilation state
 # would only take disk (gigabytes of it, which a CI machine ran out of), never save time.

@@ -16,6 +16,7 @@ mod dashboards;
 mod deploy_config;
 mod deploy_load_balancers;
 mod deploy_manifests;
+mod differential;
 mod envoy_live_changes;
 mod envoy_regex_limits;
 mod envoy_routing;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::config::cluster::v3::{cluster::ClusterDiscoveryType, cluster::DiscoveryType, Cluster};
-use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::config::core::v3::{Locality, Node};
 use envoy_types::pb::envoy::config::listener::v3::Listener;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::{
@@ -35,6 +35,8 @@ pub struct SimProxySpec {
     /// Further string fields of the node metadata (e.g. `ISTIO_VERSION`, which says a
     /// pilot-agent serves the proxy's certificates).
     pub metadata: BTreeMap<String, String>,
+    /// Where the proxy runs (`node.locality`, as pilot-agent sends the pod's node's topology labels).
+    pub locality: Option<Locality>,
     /// ADS endpoint, e.g. `http://127.0.0.1:15010`.
     pub xds_url: String,
     /// NACK every response of this type (to test rejection handling).
@@ -58,6 +60,7 @@ impl SimProxySpec {
             namespace: namespace.to_string(),
             labels: [("app".to_string(), name.to_string())].into_iter().collect(),
             metadata: BTreeMap::new(),
+            locality: None,
             xds_url: xds_url.to_string(),
             reject: None,
             reject_resources: BTreeSet::new(),
@@ -248,6 +251,7 @@ fn node(spec: &SimProxySpec) -> Node {
             .chain(spec.metadata.iter().map(|(k, v)| (k.clone(), s(v))))
             .collect(),
         }),
+        locality: spec.locality.clone(),
         ..Default::default()
     }
 }

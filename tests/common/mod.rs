@@ -40,6 +40,8 @@ pub mod ingress;
 pub mod istio;
 /// Istio's real istioctl.
 pub mod istioctl;
+/// The differential judge: istiod and meshpilot on the same inputs, compared.
+pub mod judge;
 /// A real kube-apiserver on a real etcd, and applying objects to it.
 pub mod kube;
 /// A standalone meshpilot with a gateway and a sidecar Envoy.
