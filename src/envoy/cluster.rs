@@ -18,7 +18,7 @@ use super::proto::{ads_config_source, any, duration, resource};
 use super::resource::Resource;
 use super::scope::Scope;
 use super::tls::{upstream_transport_socket, Upstream};
-use super::traffic_policy::{self, Policy};
+use super::traffic_policy::{self, alt_stat_name, Policy};
 use crate::config::api::Protocol;
 use crate::envoy::ProxyKind;
 use crate::registry::{Endpoint, Resolution, Service};
@@ -42,7 +42,7 @@ pub(super) fn clusters(scope: &Scope<'_>) -> Vec<Resource> {
 
 fn outbound_cluster(scope: &Scope<'_>, oc: &OutboundCluster<'_>, sans: &[String]) -> Cluster {
     let mesh = &scope.snapshot.mesh;
-    let mut c = Cluster { name: oc.name.clone(), ..Default::default() };
+    let mut c = Cluster { name: oc.name.clone(), alt_stat_name: alt_stat_name(&oc.name), ..Default::default() };
     match oc.service.resolution {
         Resolution::Static => {
             c.cluster_discovery_type = Some(discovery(cluster::DiscoveryType::Eds));
@@ -116,6 +116,7 @@ fn dns_assignment(scope: &Scope<'_>, oc: &OutboundCluster<'_>, logical: bool) ->
 fn blackhole_cluster(scope: &Scope<'_>) -> Cluster {
     Cluster {
         name: BLACKHOLE_CLUSTER.to_string(),
+        alt_stat_name: alt_stat_name(BLACKHOLE_CLUSTER),
         cluster_discovery_type: Some(discovery(cluster::DiscoveryType::Static)),
         connect_timeout: Some(duration(scope.snapshot.mesh.connect_timeout.as_std())),
         ..Default::default()
@@ -125,6 +126,7 @@ fn blackhole_cluster(scope: &Scope<'_>) -> Cluster {
 fn passthrough_cluster(scope: &Scope<'_>) -> Cluster {
     let mut c = Cluster {
         name: PASSTHROUGH_CLUSTER.to_string(),
+        alt_stat_name: alt_stat_name(PASSTHROUGH_CLUSTER),
         cluster_discovery_type: Some(discovery(cluster::DiscoveryType::OriginalDst)),
         ..Default::default()
     };

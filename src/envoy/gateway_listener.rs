@@ -16,8 +16,8 @@ use super::gateway::{gateway_ports, GatewayPort, GatewayServer, ServerKind};
 use super::http_match::RouteContext;
 use super::names::{gateway_http_route_name, listener_name};
 use super::network_filter::{
-    chain, claim_server_names, secured_http_connection_manager, sni_match, stat_prefix_of, tcp_proxy_filter,
-    tls_inspector,
+    accept_one_connection_per_event, chain, claim_server_names, secured_http_connection_manager, sni_match,
+    stat_prefix_of, tcp_proxy_filter, tls_inspector, HttpClass,
 };
 use super::proto::{resource, socket_address};
 use super::resource::Resource;
@@ -46,8 +46,13 @@ fn gateway_listener(scope: &Scope<'_>, gp: &GatewayPort<'_>) -> Option<Listener>
     let mesh = &scope.snapshot.mesh;
     let chains = if gp.servers.iter().any(|s| s.kind == ServerKind::Http) {
         let security = authz::http_filters(scope);
-        let hcm =
-            secured_http_connection_manager(&stat_prefix, &gateway_http_route_name(gp.port), true, mesh, security);
+        let hcm = secured_http_connection_manager(
+            &stat_prefix,
+            &gateway_http_route_name(gp.port),
+            HttpClass::Gateway,
+            mesh,
+            security,
+        );
         vec![chain(String::new(), None, vec![hcm], None)]
     } else {
         let mut chains = Chains::default();
@@ -66,6 +71,7 @@ fn gateway_listener(scope: &Scope<'_>, gp: &GatewayPort<'_>) -> Option<Listener>
         traffic_direction: TrafficDirection::Outbound as i32,
         filter_chains: chains,
         listener_filters: if sni { vec![tls_inspector()] } else { Vec::new() },
+        max_connections_to_accept_per_socket_event: Some(accept_one_connection_per_event()),
         ..Default::default()
     })
 }
@@ -134,7 +140,13 @@ fn server_chains(scope: &Scope<'_>, server: &GatewayServer<'_>, stat_prefix: &st
             chains.add(chain_name, &hosts, || {
                 let socket = downstream_transport_socket(tls?, &HTTPS_ALPN).ok()?;
                 let prefix = if server.server.name.is_empty() { stat_prefix } else { &server.server.name };
-                let hcm = secured_http_connection_manager(prefix, route_name, true, mesh, authz::http_filters(scope));
+                let hcm = secured_http_connection_manager(
+                    prefix,
+                    route_name,
+                    HttpClass::Gateway,
+                    mesh,
+                    authz::http_filters(scope),
+                );
                 Some(chain(String::new(), None, vec![hcm], Some(socket)))
             });
         }

@@ -1,15 +1,15 @@
 //! VirtualService HTTP rules → Envoy routes (shared by sidecars and gateways).
 
 use envoy_types::pb::envoy::config::route::v3::{
-    route, route_action::ClusterSpecifier, route_action::HostRewriteSpecifier, weighted_cluster, Route, RouteAction,
-    WeightedCluster,
+    route, route_action::ClusterSpecifier, route_action::HostRewriteSpecifier, weighted_cluster, Decorator, Route,
+    RouteAction, WeightedCluster,
 };
 
 use super::destination::{hash_policy, resolve};
 use super::http_action::{direct_response, forward_action, redirect, retry_policy, set_cluster, set_timeout};
 use super::http_match::{applies, is_catch_all, route_match, RouteContext};
 use super::http_policy::{cors, fault, header_ops, HeaderOps};
-use super::names::{cluster_name, ext, DEFAULT_ROUTE};
+use super::names::{cluster_name, ext, trace_operation, DEFAULT_ROUTE};
 use super::proto::{any, map_field, u32_value};
 use super::scope::{Scope, VsRef};
 use crate::config::api::virtual_service::{HttpMatchRequest, HttpRoute, HttpRouteDestination};
@@ -55,6 +55,10 @@ pub(super) fn default_route(scope: &Scope<'_>, service: &Service, port: u16) -> 
         name: DEFAULT_ROUTE.to_string(),
         r#match: Some(route_match(None)),
         action: Some(route::Action::Route(action)),
+        decorator: Some(Decorator {
+            operation: trace_operation(service.hostname.as_str(), port),
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }

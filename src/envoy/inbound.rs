@@ -9,13 +9,13 @@ use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
 use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, FilterChainMatch, Listener};
 
 use super::authz;
-use super::inbound_http::inbound_http_connection_manager;
+use super::inbound_http::{inbound_http_connection_manager, InboundRoute};
 use super::inbound_mtls::{inbound_chains, ChainProtocol};
 use super::names::{
     inbound_cluster_name, listener_name, BLACKHOLE_CLUSTER, INBOUND_PASSTHROUGH_CLUSTER, VIRTUAL_INBOUND_BLACKHOLE,
     VIRTUAL_INBOUND_CATCHALL_HTTP, VIRTUAL_INBOUND_LISTENER, VIRTUAL_INBOUND_PORT, WILDCARD_ADDRESS,
 };
-use super::network_filter::{chain, tcp_proxy_filter, to_cluster};
+use super::network_filter::{accept_one_connection_per_event, chain, tcp_proxy_filter, to_cluster};
 use super::proto::{bool_value, resource, socket_address, u32_value, zero_duration};
 use super::resource::Resource;
 use super::scope::Scope;
@@ -213,6 +213,7 @@ fn inbound_listener(
         // Istio's protocolDetectionTimeout default: inspect for as long as the client takes to speak.
         listener_filters_timeout: Some(zero_duration()),
         continue_on_listener_filters_timeout: true,
+        max_connections_to_accept_per_socket_event: Some(accept_one_connection_per_event()),
         transparent: tproxy.then(|| bool_value(true)),
         ..Default::default()
     }
@@ -226,10 +227,10 @@ fn chains_for(scope: &Scope<'_>, c: &InboundChain, peer: &PeerMtls) -> Vec<Filte
     let cluster = inbound_cluster_name(c.target_port);
     let stat_prefix = format!("inbound_{name}");
     let security = authz::http_filters(scope);
-    let http = || {
-        let security = security.clone();
-        inbound_http_connection_manager(&stat_prefix, &cluster, &cluster, c.port, c.protocol, mesh, security)
-    };
+    let service = c.service.as_ref().and_then(|key| scope.snapshot.registry.services.get(key));
+    let host = service.map_or("", |s| s.hostname.as_str());
+    let route = InboundRoute { name: &cluster, cluster: &cluster, port: c.port, protocol: c.protocol, host };
+    let http = || inbound_http_connection_manager(&stat_prefix, &route, mesh, security.clone());
     let tcp = || authz::secured_tcp(scope, tcp_proxy_filter(&cluster, to_cluster(&cluster), mesh));
     let sniffed = Sniffed::of(c.protocol);
     let terminated =
@@ -277,10 +278,8 @@ fn passthrough_chains(scope: &Scope<'_>, peer: &PeerMtls) -> Vec<FilterChain> {
     let mesh = &scope.snapshot.mesh;
     let cluster = INBOUND_PASSTHROUGH_CLUSTER;
     let security = authz::http_filters(scope);
-    let hcm = || {
-        let security = security.clone();
-        inbound_http_connection_manager(cluster, cluster, cluster, 0, Protocol::Unsupported, mesh, security)
-    };
+    let route = InboundRoute { name: cluster, cluster, port: 0, protocol: Protocol::Unsupported, host: "" };
+    let hcm = || inbound_http_connection_manager(cluster, &route, mesh, security.clone());
     let tcp = || authz::secured_tcp(scope, tcp_proxy_filter(cluster, to_cluster(cluster), mesh));
     let name = |p: ChainProtocol| match p {
         ChainProtocol::Http => VIRTUAL_INBOUND_CATCHALL_HTTP.to_string(),

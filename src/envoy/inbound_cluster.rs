@@ -11,11 +11,11 @@ use envoy_types::pb::google::protobuf::Duration;
 
 use super::endpoint::lb_endpoint;
 use super::inbound::{inbound_plan, InboundChain, InboundEndpoint};
-use super::names::{inbound_cluster_name, INBOUND_PASSTHROUGH_BIND, INBOUND_PASSTHROUGH_CLUSTER};
+use super::names::{inbound_cluster_name, INBOUND_PASSTHROUGH_BIND, INBOUND_PASSTHROUGH_CLUSTER, PASSTHROUGH_CLUSTER};
 use super::proto::resource;
 use super::resource::Resource;
 use super::scope::Scope;
-use super::traffic_policy::{self, use_downstream_protocol, Policy};
+use super::traffic_policy::{self, alt_stat_name, use_downstream_protocol, Policy};
 use crate::config::api::Protocol;
 use crate::envoy::ProxyKind;
 
@@ -38,7 +38,7 @@ pub(super) fn clusters(scope: &Scope<'_>) -> Vec<Resource> {
 
 fn inbound_cluster(scope: &Scope<'_>, c: &InboundChain) -> Cluster {
     let name = inbound_cluster_name(c.target_port);
-    let mut cl = Cluster { name: name.clone(), ..Default::default() };
+    let mut cl = Cluster { name: name.clone(), alt_stat_name: alt_stat_name(&name), ..Default::default() };
     match &c.endpoint {
         InboundEndpoint::OriginalDst => {
             cl.cluster_discovery_type = Some(discovery(cluster::DiscoveryType::OriginalDst));
@@ -79,12 +79,14 @@ fn inbound_cluster(scope: &Scope<'_>, c: &InboundChain) -> Cluster {
 fn passthrough_cluster(scope: &Scope<'_>) -> Cluster {
     let mut c = Cluster {
         name: INBOUND_PASSTHROUGH_CLUSTER.to_string(),
+        // istiod builds it as the outbound passthrough cluster renamed: its statistics too.
+        alt_stat_name: alt_stat_name(PASSTHROUGH_CLUSTER),
         cluster_discovery_type: Some(discovery(cluster::DiscoveryType::OriginalDst)),
         upstream_bind_config: Some(passthrough_bind()),
         ..Default::default()
     };
     traffic_policy::apply(&mut c, &Policy::default(), Protocol::Unsupported, &scope.snapshot.mesh);
-    use_downstream_protocol(&mut c);
+    traffic_policy::passthrough_http_options(&mut c);
     c
 }
 

@@ -17,10 +17,10 @@ use super::names::{
     VIRTUAL_OUTBOUND_PORT, WILDCARD_ADDRESS,
 };
 use super::network_filter::{
-    chain, claim_server_names, destination_match, http_connection_manager, sni_match, stat_prefix_of, tcp_proxy_filter,
-    tls_inspector, to_cluster,
+    accept_one_connection_per_event, chain, claim_server_names, destination_match, http_connection_manager, sni_match,
+    stat_prefix_of, tcp_proxy_filter, tls_inspector, to_cluster, HttpClass, TRANSPORT_SOCKET_CONNECT_TIMEOUT,
 };
-use super::proto::{bool_value, resource, socket_address, zero_duration};
+use super::proto::{bool_value, duration, resource, socket_address, zero_duration};
 use super::resource::Resource;
 use super::scope::{Imports, Scope};
 use super::sniffing::{http_inspector, require_http};
@@ -156,12 +156,17 @@ fn outbound_listener(scope: &Scope<'_>, l: &OutboundListener<'_>) -> Listener {
         address: Some(socket_address(&l.address, u32::from(l.port))),
         traffic_direction: TrafficDirection::Outbound as i32,
         bind_to_port: (!l.bound).then(|| bool_value(false)),
+        max_connections_to_accept_per_socket_event: l.bound.then(accept_one_connection_per_event),
+        // Istio's protocolDetectionTimeout (0s: no limit): a connection whose client stays silent
+        // is not dropped by the inspectors.
+        listener_filters_timeout: Some(zero_duration()),
+        continue_on_listener_filters_timeout: true,
         ..Default::default()
     };
     match l.protocol {
         ListenerProtocol::Http => {
             let stat_prefix = format!("outbound_{}", l.name);
-            let hcm = http_connection_manager(&stat_prefix, &l.port.to_string(), false, mesh);
+            let hcm = http_connection_manager(&stat_prefix, &l.port.to_string(), HttpClass::SidecarOutbound, mesh);
             listener.filter_chains = vec![chain(String::new(), None, vec![hcm], None)];
         }
         ListenerProtocol::Tcp => {
@@ -175,16 +180,16 @@ fn outbound_listener(scope: &Scope<'_>, l: &OutboundListener<'_>) -> Listener {
             listener.default_filter_chain = Some(default);
             // The TLS inspector first: TLS is never taken for HTTP.
             listener.listener_filters = vec![tls_inspector(), http_inspector()];
-            // Istio's protocolDetectionTimeout (0s: no limit); a connection whose client stays
-            // silent is not dropped by the inspectors.
-            listener.listener_filters_timeout = Some(zero_duration());
-            listener.continue_on_listener_filters_timeout = true;
         }
         ListenerProtocol::Tls => {
             listener.filter_chains = tls_chains(scope, l);
             listener.default_filter_chain = Some(policy_chain(scope));
             listener.listener_filters = vec![tls_inspector()];
         }
+    }
+    // istiod bounds the TLS handshake of every outbound chain (slow-handshake attacks).
+    for chain in &mut listener.filter_chains {
+        chain.transport_socket_connect_timeout = Some(duration(TRANSPORT_SOCKET_CONNECT_TIMEOUT));
     }
     listener
 }
@@ -232,7 +237,7 @@ fn tcp_chains(scope: &Scope<'_>, l: &OutboundListener<'_>) -> (Vec<FilterChain>,
     let vss = scope.mesh_virtual_services(l.imports);
     let sniffed = l.protocol == ListenerProtocol::Auto;
     let stat_prefix = format!("outbound_{}", l.name);
-    let hcm = || http_connection_manager(&stat_prefix, &l.port.to_string(), false, mesh);
+    let hcm = || http_connection_manager(&stat_prefix, &l.port.to_string(), HttpClass::SidecarOutbound, mesh);
     let mut chains = Vec::new();
     let mut seen_matches = HashSet::new();
     let mut default = None;
@@ -321,6 +326,7 @@ fn virtual_outbound(scope: &Scope<'_>) -> Listener {
         use_original_dst: Some(bool_value(true)),
         traffic_direction: TrafficDirection::Outbound as i32,
         filter_chains: vec![catch_all],
+        max_connections_to_accept_per_socket_event: Some(accept_one_connection_per_event()),
         // TPROXY keeps the original addresses on the socket: Envoy must accept them as its own.
         transparent: (scope.view.interception == crate::envoy::Interception::Tproxy).then(|| bool_value(true)),
         ..Default::default()

@@ -45,6 +45,8 @@ pub(super) mod ext {
     pub const JWT_AUTHN: &str = "envoy.filters.http.jwt_authn";
     /// CORS HTTP filter.
     pub const CORS: &str = "envoy.filters.http.cors";
+    /// gRPC statistics HTTP filter.
+    pub const GRPC_STATS: &str = "envoy.filters.http.grpc_stats";
     /// Fault injection HTTP filter.
     pub const FAULT: &str = "envoy.filters.http.fault";
     /// Router HTTP filter.
@@ -99,4 +101,9 @@ pub(super) fn gateway_http_route_name(port: u16) -> String {
 /// Route configuration of one TLS-terminating HTTPS server of a gateway.
 pub(super) fn gateway_https_route_name(port: u16, port_name: &str, gateway: &str, namespace: &str) -> String {
     format!("https.{port}.{port_name}.{gateway}.{namespace}")
+}
+
+/// The operation a default route's trace spans are named after, as istiod names it: `HOST:PORT/*`.
+pub(super) fn trace_operation(host: &str, port: u16) -> String {
+    format!("{}/*", domain_name(host, port))
 }

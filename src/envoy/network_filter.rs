@@ -11,57 +11,95 @@ use envoy_types::pb::envoy::config::listener::v3::{
 use envoy_types::pb::envoy::extensions::access_loggers::file::v3::FileAccessLog;
 use envoy_types::pb::envoy::extensions::filters::http::cors::v3::Cors;
 use envoy_types::pb::envoy::extensions::filters::http::fault::v3::HttpFault;
+use envoy_types::pb::envoy::extensions::filters::http::grpc_stats::v3::{filter_config, FilterConfig as GrpcStats};
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
-    http_connection_manager::{RouteSpecifier, UpgradeConfig},
-    http_filter, HttpConnectionManager, HttpFilter, Rds,
+    http_connection_manager::{PathWithEscapedSlashesAction, RouteSpecifier, UpgradeConfig},
+    http_filter, HttpConnectionManager, HttpFilter, Rds, RequestIdExtension,
 };
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{tcp_proxy, TcpProxy};
+use envoy_types::pb::envoy::extensions::request_id::uuid::v3::UuidRequestIdConfig;
 use prost::{Message, Name};
 
 use super::names::ext;
-use super::proto::{ads_config_source, any, bool_value, u32_value};
+use super::proto::{ads_config_source, any, bool_value, u32_value, zero_duration};
 use crate::mesh::MeshConfig;
 
+/// The server name inbound and gateway connection managers put in the `server` header (a sidecar's
+/// outbound side keeps Envoy's own, as istiod leaves it).
+pub(super) const ISTIO_SERVER_NAME: &str = "istio-envoy";
+
+/// Who an HTTP connection manager serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum HttpClass {
+    /// A sidecar's outbound side.
+    SidecarOutbound,
+    /// A gateway: the client's address is the remote one.
+    Gateway,
+}
+
 /// An HTTP connection manager fetching route configuration `route_name` over RDS, with Istio's
-/// outbound filter order (CORS, fault, router). Gateways use the client's address as remote.
+/// outbound filter order.
 pub(super) fn http_connection_manager(
     stat_prefix: &str,
     route_name: &str,
-    use_remote_address: bool,
+    class: HttpClass,
     mesh: &MeshConfig,
 ) -> Filter {
-    secured_http_connection_manager(stat_prefix, route_name, use_remote_address, mesh, Vec::new())
+    secured_http_connection_manager(stat_prefix, route_name, class, mesh, Vec::new())
 }
 
 /// [`http_connection_manager`] with security filters (JWT authentication, RBAC) first.
 pub(super) fn secured_http_connection_manager(
     stat_prefix: &str,
     route_name: &str,
-    use_remote_address: bool,
+    class: HttpClass,
     mesh: &MeshConfig,
     security: Vec<HttpFilter>,
 ) -> Filter {
-    let mut http_filters = security;
-    http_filters.extend([
-        http_filter(ext::CORS, Cors {}),
-        http_filter(ext::FAULT, HttpFault::default()),
-        http_filter(ext::ROUTER, Router::default()),
-    ]);
-    let hcm = HttpConnectionManager {
-        stat_prefix: stat_prefix.to_string(),
+    let mut hcm = HttpConnectionManager {
         route_specifier: Some(RouteSpecifier::Rds(Rds {
             config_source: Some(ads_config_source()),
             route_config_name: route_name.to_string(),
         })),
-        http_filters,
-        use_remote_address: Some(bool_value(use_remote_address)),
-        upgrade_configs: vec![UpgradeConfig { upgrade_type: "websocket".into(), ..Default::default() }],
+        use_remote_address: Some(bool_value(class == HttpClass::Gateway)),
         access_log: access_logs(mesh),
         ..Default::default()
     };
+    if class == HttpClass::Gateway {
+        hcm.server_name = ISTIO_SERVER_NAME.to_string();
+    }
+    with_istio_defaults(&mut hcm, stat_prefix, security);
     network_filter(ext::HTTP_CONNECTION_MANAGER, hcm)
+}
+
+/// What istiod sets on every HTTP connection manager: the stat prefix with Istio's delimiter,
+/// path normalisation that keeps escaped slashes, no stream idle timeout, UUID request ids that
+/// decide trace sampling, `100-continue` proxied, websocket upgrades, and the filters after
+/// `security`: gRPC statistics, fault injection, CORS, then the router.
+pub(super) fn with_istio_defaults(hcm: &mut HttpConnectionManager, stat_prefix: &str, security: Vec<HttpFilter>) {
+    hcm.stat_prefix = format!("{stat_prefix};");
+    hcm.normalize_path = Some(bool_value(true));
+    hcm.path_with_escaped_slashes_action = PathWithEscapedSlashesAction::KeepUnchanged as i32;
+    hcm.stream_idle_timeout = Some(zero_duration());
+    hcm.proxy_100_continue = true;
+    hcm.upgrade_configs = vec![UpgradeConfig { upgrade_type: "websocket".into(), ..Default::default() }];
+    let uuid = UuidRequestIdConfig { use_request_id_for_trace_sampling: Some(bool_value(true)), ..Default::default() };
+    hcm.request_id_extension = Some(RequestIdExtension { typed_config: Some(any(uuid)) });
+    let grpc_stats = GrpcStats {
+        emit_filter_state: true,
+        per_method_stat_specifier: Some(filter_config::PerMethodStatSpecifier::StatsForAllMethods(bool_value(false))),
+        ..Default::default()
+    };
+    let mut http_filters = security;
+    http_filters.extend([
+        http_filter(ext::GRPC_STATS, grpc_stats),
+        http_filter(ext::FAULT, HttpFault::default()),
+        http_filter(ext::CORS, Cors {}),
+        http_filter(ext::ROUTER, Router::default()),
+    ]);
+    hcm.http_filters = http_filters;
 }
 
 /// A TCP proxy to one cluster or weighted clusters.
@@ -88,13 +126,24 @@ pub(super) fn stat_prefix_of(target: &tcp_proxy::ClusterSpecifier) -> &str {
     }
 }
 
-/// The TLS inspector, needed before filter chains can match on SNI.
+/// The TLS inspector, needed before filter chains can match on SNI; it reads at most 512 bytes at
+/// first (Envoy's default is 64 KiB), as istiod configures it.
 pub(super) fn tls_inspector() -> ListenerFilter {
+    let inspector = TlsInspector { initial_read_buffer_size: Some(u32_value(512)), ..Default::default() };
     ListenerFilter {
         name: ext::TLS_INSPECTOR.to_string(),
-        config_type: Some(listener_filter::ConfigType::TypedConfig(any(TlsInspector::default()))),
+        config_type: Some(listener_filter::ConfigType::TypedConfig(any(inspector))),
         ..Default::default()
     }
+}
+
+/// How long an outbound or gateway chain waits for the TLS handshake (istiod's default).
+pub(super) const TRANSPORT_SOCKET_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// A listener that binds accepts one connection per socket event, as istiod sets it, so that
+/// Envoy's workers share a burst of connections.
+pub(super) fn accept_one_connection_per_event() -> envoy_types::pb::google::protobuf::UInt32Value {
+    u32_value(1)
 }
 
 /// A filter chain with one filter and an optional match and transport socket.

@@ -93,6 +93,12 @@ pub(super) fn disable_panic_mode_by_default(cluster: &mut Cluster) {
     common.healthy_panic_threshold.get_or_insert(EnvoyPercent { value: 0.0 });
 }
 
+/// The name a cluster's statistics are also kept under, as istiod sets it: the name followed by
+/// Istio's stat prefix delimiter.
+pub(super) fn alt_stat_name(name: &str) -> String {
+    format!("{name};")
+}
+
 /// How long the passthrough cluster keeps an idle upstream connection (istiod's value).
 const PASSTHROUGH_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
@@ -154,7 +160,6 @@ fn apply_connection_pool(cluster: &mut Cluster, pool: Option<&ConnectionPoolSett
         max_pending_requests: Some(limit(http.and_then(|h| h.http1_max_pending_requests))),
         max_requests: Some(limit(http.and_then(|h| h.http2_max_requests))),
         max_retries: Some(limit(http.and_then(|h| h.max_retries))),
-        track_remaining: true,
         ..Default::default()
     };
     cluster.circuit_breakers = Some(CircuitBreakers { thresholds: vec![thresholds], ..Default::default() });

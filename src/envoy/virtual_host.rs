@@ -115,6 +115,7 @@ pub(super) fn catch_all(mode: OutboundMode) -> VirtualHost {
             action: Some(action),
             ..Default::default()
         }],
+        include_request_attempt_count: true,
         ..Default::default()
     }
 }

@@ -143,6 +143,9 @@ fn http_chains_get_jwt_then_audit_deny_allow_before_the_router() {
             ("envoy.filters.http.rbac", Some(rbac::Action::Log as i32)),
             ("envoy.filters.http.rbac", Some(rbac::Action::Deny as i32)),
             ("envoy.filters.http.rbac", Some(rbac::Action::Allow as i32)),
+            ("envoy.filters.http.grpc_stats", None),
+            ("envoy.filters.http.fault", None),
+            ("envoy.filters.http.cors", None),
             ("envoy.filters.http.router", None),
         ]
     );
@@ -155,7 +158,8 @@ fn http_chains_get_jwt_then_audit_deny_allow_before_the_router() {
     let legacy = sidecar_at("shop", &[("app", "legacy")], &["10.2.0.7"]);
     let l: Listener = find(&s, &legacy, TypeUrl::Listener, VIRTUAL_INBOUND_LISTENER);
     let names: Vec<String> = http_filters(chain(&l, "0.0.0.0_8080", true)).into_iter().map(|(n, _, _)| n).collect();
-    assert_eq!(names, ["envoy.filters.http.rbac", "envoy.filters.http.router"]);
+    let istios = ["envoy.filters.http.grpc_stats", "envoy.filters.http.fault", "envoy.filters.http.cors"];
+    assert_eq!(names, [&["envoy.filters.http.rbac"][..], &istios, &["envoy.filters.http.router"]].concat());
 }
 
 #[test]
@@ -369,7 +373,8 @@ fn gateways_get_policies_of_the_root_namespace_and_their_selectors() {
     assert!(deny.policies.contains_key("ns[istio-system]-policy[gw]-rule[0]"));
     let names: Vec<&str> = filters.iter().map(|(n, _, _)| n.as_str()).collect();
     assert_eq!(names.last(), Some(&"envoy.filters.http.router"));
-    assert_eq!(names[names.len() - 3..names.len() - 1], ["envoy.filters.http.cors", "envoy.filters.http.fault"]);
+    let istios = ["envoy.filters.http.grpc_stats", "envoy.filters.http.fault", "envoy.filters.http.cors"];
+    assert_eq!(names[names.len() - 4..names.len() - 1], istios, "Istio's filters after the security ones");
 }
 
 fn bookinfo_gateway() -> &'static str {
