@@ -143,3 +143,6 @@ fn parse_bool(value: &str) -> bool {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod ext_authz_tests;
