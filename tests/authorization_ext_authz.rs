@@ -144,7 +144,10 @@ struct GrpcAuthorizer {
 
 #[tonic::async_trait]
 impl Authorization for GrpcAuthorizer {
-    async fn check(&self, request: tonic::Request<CheckRequest>) -> Result<tonic::Response<CheckResponse>, tonic::Status> {
+    async fn check(
+        &self,
+        request: tonic::Request<CheckRequest>,
+    ) -> Result<tonic::Response<CheckResponse>, tonic::Status> {
         self.checks.fetch_add(1, Ordering::SeqCst);
         let headers = request
             .into_inner()
@@ -368,9 +371,9 @@ async fn a_custom_policy_that_cannot_be_enforced_denies_its_scope() {
         write_atomic(s.config.path(), "policy.yaml", &custom_policy(provider));
         let found = format!("but found \"{provider}\"");
         let reported = |errors: &[Value]| {
-            errors.iter().any(|e| {
-                e["field"] == "spec.provider.name" && e["reason"].as_str().is_some_and(|r| r.contains(&found))
-            })
+            errors
+                .iter()
+                .any(|e| e["field"] == "spec.provider.name" && e["reason"].as_str().is_some_and(|r| r.contains(&found)))
         };
         poll(CONVERGE_TIMEOUT, async || reported(&policy_errors(&s.cp, "ext").await)).await;
         let errors = policy_errors(&s.cp, "ext").await;

@@ -160,7 +160,8 @@ fn check_provider_name(name: &str) -> Result<(), String> {
     if name.len() > MAX_PROVIDER_NAME_LEN {
         return Err(format!("invalid provider name {name:?}: too long (max 63 characters): {}", name.len()));
     }
-    if let Some((i, c)) = name.char_indices().find(|(_, c)| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-'))
+    if let Some((i, c)) =
+        name.char_indices().find(|(_, c)| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-'))
     {
         return Err(format!(
             "invalid provider name {name:?}: invalid character {c:?} at position {i} (only lowercase letters, \

@@ -259,7 +259,8 @@ mod tests {
             }
             other => panic!("expected a field error, got {other:?}"),
         }
-        let wrong_type = MeshConfig::parse("m.yaml", "extensionProviders:\n- name: a\n  envoyExtAuthzGrpc: {port: many}\n");
+        let wrong_type =
+            MeshConfig::parse("m.yaml", "extensionProviders:\n- name: a\n  envoyExtAuthzGrpc: {port: many}\n");
         let err = wrong_type.unwrap_err().to_string();
         assert!(err.contains("extensionProviders[0].envoyExtAuthzGrpc.port"), "{err}");
     }

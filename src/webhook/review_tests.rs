@@ -176,7 +176,10 @@ fn an_authorization_policy_with_action_custom_needs_a_provider() {
             "spec": spec,
         })
     };
-    let verdict = review(&request("CREATE", Some(custom(json!({"action": "CUSTOM", "provider": {"name": "ext-authz"}, "rules": [{}]})))));
+    let verdict = review(&request(
+        "CREATE",
+        Some(custom(json!({"action": "CUSTOM", "provider": {"name": "ext-authz"}, "rules": [{}]}))),
+    ));
     assert!(verdict.allowed, "{verdict:?}");
     let verdict = review(&request("CREATE", Some(custom(json!({"action": "CUSTOM", "rules": [{}]})))));
     assert!(!verdict.allowed);

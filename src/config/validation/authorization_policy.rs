@@ -84,8 +84,9 @@ fn check_custom_rule(errors: &mut Errors, path: &str, rule: &Rule) {
     }
     for (j, condition) in rule.when.iter().enumerate() {
         let key = condition.key.as_str();
-        let identity = matches!(key, "source.namespace" | "source.serviceAccount" | "source.trustDomain" | "source.principal")
-            || key.starts_with("request.auth.");
+        let identity =
+            matches!(key, "source.namespace" | "source.serviceAccount" | "source.trustDomain" | "source.principal")
+                || key.starts_with("request.auth.");
         if identity {
             errors.add(format!("{path}.when[{j}].key"), unsupported(key));
         }

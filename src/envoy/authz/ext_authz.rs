@@ -9,9 +9,7 @@
 //! the service) keeps its scope denied, as a rejected policy does. On a TCP chain an HTTP provider
 //! cannot check anything: the policies' rules deny what they match there (Istio skips them).
 
-use envoy_types::pb::envoy::config::core::v3::{
-    grpc_service, http_uri, ApiVersion, GrpcService, HeaderValue, HttpUri,
-};
+use envoy_types::pb::envoy::config::core::v3::{grpc_service, http_uri, ApiVersion, GrpcService, HeaderValue, HttpUri};
 use envoy_types::pb::envoy::config::listener::v3::Filter;
 use envoy_types::pb::envoy::config::rbac::v3::Rbac;
 use envoy_types::pb::envoy::extensions::filters::http::ext_authz::v3 as http_authz;
@@ -71,9 +69,7 @@ pub(super) fn plan<'a>(scope: &Scope<'a>, policies: &[PolicyRef<'_>]) -> Custom<
         return Custom::None;
     }
     let reject = |reason: String| {
-        Custom::Rejected(
-            custom.iter().map(|p| RejectedPolicy { key: p.key.clone(), reason: reason.clone() }).collect(),
-        )
+        Custom::Rejected(custom.iter().map(|p| RejectedPolicy { key: p.key.clone(), reason: reason.clone() }).collect())
     };
     let mut names: Vec<&str> =
         custom.iter().map(|p| p.spec.provider.as_ref().map(|x| x.name.as_str()).unwrap_or_default()).collect();
@@ -108,7 +104,11 @@ fn policy_prefix(provider: &str) -> String {
 }
 
 /// The HTTP filters of an enforced provider: the shadow RBAC filter, then ext_authz.
-pub(super) fn http_filters(p: &ResolvedProvider<'_>, policies: &[PolicyRef<'_>], ctx: &RuleContext<'_>) -> Vec<HttpFilter> {
+pub(super) fn http_filters(
+    p: &ResolvedProvider<'_>,
+    policies: &[PolicyRef<'_>],
+    ctx: &RuleContext<'_>,
+) -> Vec<HttpFilter> {
     let prefix = policy_prefix(p.name);
     let rbac = HttpRbac {
         shadow_rules: Some(custom_rules(policies, &format!("{prefix}-"), "", ctx)),
@@ -120,7 +120,11 @@ pub(super) fn http_filters(p: &ResolvedProvider<'_>, policies: &[PolicyRef<'_>],
 
 /// The network filters of an enforced provider: for a gRPC provider the shadow RBAC filter, then
 /// ext_authz; an HTTP provider cannot check a TCP stream, so there its rules deny what they match.
-pub(super) fn network_filters(p: &ResolvedProvider<'_>, policies: &[PolicyRef<'_>], ctx: &RuleContext<'_>) -> Vec<Filter> {
+pub(super) fn network_filters(
+    p: &ResolvedProvider<'_>,
+    policies: &[PolicyRef<'_>],
+    ctx: &RuleContext<'_>,
+) -> Vec<Filter> {
     let prefix = policy_prefix(p.name);
     match p.ext_authz {
         ExtAuthz::Grpc(grpc) => {
@@ -151,7 +155,8 @@ pub(super) fn network_filters(p: &ResolvedProvider<'_>, policies: &[PolicyRef<'_
 
 /// Runs the filter only when the shadow rules matched a policy of `provider`.
 fn enabled_metadata(filter: &str, provider: &str) -> envoy_types::pb::envoy::r#type::matcher::v3::MetadataMatcher {
-    let prefix = StringMatcher { match_pattern: Some(MatchPattern::Prefix(policy_prefix(provider))), ignore_case: false };
+    let prefix =
+        StringMatcher { match_pattern: Some(MatchPattern::Prefix(policy_prefix(provider))), ignore_case: false };
     metadata(filter, &[EFFECTIVE_POLICY_KEY], string_value(prefix))
 }
 
@@ -220,12 +225,13 @@ fn http_ext_authz(p: &ResolvedProvider<'_>) -> http_authz::ExtAuthz {
                 &http.headers_to_downstream_on_deny,
                 &http.headers_to_downstream_on_allow,
             ];
-            let authorization_response = answers.iter().any(|h| !h.is_empty()).then(|| http_authz::AuthorizationResponse {
-                allowed_upstream_headers: header_list(&http.headers_to_upstream_on_allow),
-                allowed_client_headers: header_list(&http.headers_to_downstream_on_deny),
-                allowed_client_headers_on_success: header_list(&http.headers_to_downstream_on_allow),
-                ..Default::default()
-            });
+            let authorization_response =
+                answers.iter().any(|h| !h.is_empty()).then(|| http_authz::AuthorizationResponse {
+                    allowed_upstream_headers: header_list(&http.headers_to_upstream_on_allow),
+                    allowed_client_headers: header_list(&http.headers_to_downstream_on_deny),
+                    allowed_client_headers_on_success: header_list(&http.headers_to_downstream_on_allow),
+                    ..Default::default()
+                });
             let service = http_authz::HttpService {
                 server_uri: Some(HttpUri {
                     // Required, though the filter sends to the cluster.
@@ -245,11 +251,25 @@ fn http_ext_authz(p: &ResolvedProvider<'_>) -> http_authz::ExtAuthz {
                 None => header_list(&http.include_headers_in_check),
             };
             let services = http_authz::ext_authz::Services::HttpService(service);
-            (services, http.fail_open, http.clear_route_cache, &http.status_on_error, &http.include_request_body_in_check, allowed)
+            (
+                services,
+                http.fail_open,
+                http.clear_route_cache,
+                &http.status_on_error,
+                &http.include_request_body_in_check,
+                allowed,
+            )
         }
         ExtAuthz::Grpc(grpc) => {
             let services = http_authz::ext_authz::Services::GrpcService(grpc_service(p, grpc.timeout));
-            (services, grpc.fail_open, grpc.clear_route_cache, &grpc.status_on_error, &grpc.include_request_body_in_check, None)
+            (
+                services,
+                grpc.fail_open,
+                grpc.clear_route_cache,
+                &grpc.status_on_error,
+                &grpc.include_request_body_in_check,
+                None,
+            )
         }
     };
     http_authz::ExtAuthz {

@@ -171,8 +171,10 @@ fn patterns(l: &Option<ListStringMatcher>) -> Vec<String> {
         .collect()
 }
 
-const SHADOW_NAMES: [&str; 2] =
-    ["istio-ext-authz-default-ns[shop]-policy[orders-1]-rule[0]", "istio-ext-authz-default-ns[shop]-policy[orders-2]-rule[0]"];
+const SHADOW_NAMES: [&str; 2] = [
+    "istio-ext-authz-default-ns[shop]-policy[orders-1]-rule[0]",
+    "istio-ext-authz-default-ns[shop]-policy[orders-2]-rule[0]",
+];
 
 #[test]
 fn http_provider_gets_a_shadow_rbac_filter_then_ext_authz_over_http() {
@@ -336,7 +338,8 @@ fn provider_errors(s: &Snapshot, name: &str) -> Vec<String> {
 
 #[test]
 fn custom_policies_that_cannot_be_enforced_keep_their_scope_denied() {
-    let rejected = vec!["ns[shop]-policy[orders-1]-rejected".to_string(), "ns[shop]-policy[orders-2]-rejected".to_string()];
+    let rejected =
+        vec!["ns[shop]-policy[orders-1]-rejected".to_string(), "ns[shop]-policy[orders-2]-rejected".to_string()];
 
     // An unknown provider (a tracing provider is not an authorizer).
     for name in ["nope", "tracing"] {
@@ -367,7 +370,8 @@ fn custom_policies_that_cannot_be_enforced_keep_their_scope_denied() {
     assert!(provider_errors(&s, "orders-1").iter().any(|e| e.contains("multiple namespaces")));
 
     // Several providers on one workload.
-    let two = GRPC_MESH.to_string() + "- name: other\n  envoyExtAuthzGrpc: {service: my-ext-authz.foo.svc.cluster.local, port: 9000}\n";
+    let two = GRPC_MESH.to_string()
+        + "- name: other\n  envoyExtAuthzGrpc: {service: my-ext-authz.foo.svc.cluster.local, port: 9000}\n";
     let one_each = custom_policies("default").replacen("name: default", "name: other", 1);
     let s = snapshot_with(&two, &one_each);
     assert_eq!(denied(&s, &orders()), (rejected.clone(), 0));

@@ -83,13 +83,13 @@ fn network_filters(scope: &Scope<'_>) -> Vec<Filter> {
         _ => Vec::new(),
     };
     let rbac = rbac_rules(scope, &policies, &custom, &ctx).into_iter().map(|rules| {
-            let config = NetworkRbac {
-                stat_prefix: TCP_STAT_PREFIX.to_string(),
-                shadow_rules_stat_prefix: rules.shadow_stat_prefix(),
-                rules: rules.rules,
-                shadow_rules: rules.shadow,
-                ..Default::default()
-            };
+        let config = NetworkRbac {
+            stat_prefix: TCP_STAT_PREFIX.to_string(),
+            shadow_rules_stat_prefix: rules.shadow_stat_prefix(),
+            rules: rules.rules,
+            shadow_rules: rules.shadow,
+            ..Default::default()
+        };
         network_filter(NETWORK_RBAC, config)
     });
     filters.extend(rbac);
