@@ -266,6 +266,17 @@ mod tests {
     }
 
     #[test]
+    fn extension_providers_survive_the_serde_form_replication_sends() {
+        let text = "extensionProviders:\n- name: a\n  envoyExtAuthzHttp: {service: a.ns.svc, port: 80, timeout: 1.5s, failOpen: true, includeAdditionalHeadersInCheck: {x-a: b}, includeRequestBodyInCheck: {maxRequestBytes: 9}}\n- name: b\n  envoyExtAuthzGrpc: {service: ns/b.ns.svc, port: 90, statusOnError: '503'}\n- name: c\n  zipkin: {}\n";
+        let m = MeshConfig::parse("m", text).unwrap();
+        let back: MeshConfig = serde_json::from_value(serde_json::to_value(&m).unwrap()).unwrap();
+        assert_eq!(back.extension_providers, m.extension_providers);
+        assert!(
+            matches!(back.extension_providers[0].ext_authz(), Some(ExtAuthz::Http(h)) if h.timeout.map(|t| t.as_std().as_millis()) == Some(1500))
+        );
+    }
+
+    #[test]
     fn accepts_the_istio_configmap_shape() {
         let m =
             MeshConfig::parse("m", "apiVersion: v1\nkind: ConfigMap\ndata:\n  mesh: |\n    rootNamespace: mesh-root\n")

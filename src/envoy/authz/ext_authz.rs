@@ -27,7 +27,7 @@ use crate::envoy::names::cluster_name;
 use crate::envoy::network_filter::{http_filter, network_filter};
 use crate::envoy::proto::duration;
 use crate::envoy::scope::Scope;
-use crate::mesh::{check_status, ExtAuthz, RequestBody};
+use crate::mesh::{check_status, ExtAuthz, ExtAuthzHttpProvider, RequestBody};
 use crate::registry::Hostname;
 use crate::snapshot::{RejectedPolicy, ResolvedProvider};
 
@@ -212,75 +212,61 @@ fn header_list(headers: &[String]) -> Option<ListStringMatcher> {
 
 /// The ext_authz HTTP filter's configuration for an enforced provider.
 fn http_ext_authz(p: &ResolvedProvider<'_>) -> http_authz::ExtAuthz {
-    let cluster = cluster_name(p.port, "", p.hostname().as_str());
-    let (services, fail_open, clear_route_cache, status, body, allowed_headers) = match p.ext_authz {
-        ExtAuthz::Http(http) => {
-            let headers_to_add: Vec<HeaderValue> = http
-                .include_additional_headers_in_check
-                .iter()
-                .map(|(k, v)| HeaderValue { key: k.clone(), value: v.clone(), ..Default::default() })
-                .collect();
-            let answers = [
-                &http.headers_to_upstream_on_allow,
-                &http.headers_to_downstream_on_deny,
-                &http.headers_to_downstream_on_allow,
-            ];
-            let authorization_response =
-                answers.iter().any(|h| !h.is_empty()).then(|| http_authz::AuthorizationResponse {
-                    allowed_upstream_headers: header_list(&http.headers_to_upstream_on_allow),
-                    allowed_client_headers: header_list(&http.headers_to_downstream_on_deny),
-                    allowed_client_headers_on_success: header_list(&http.headers_to_downstream_on_allow),
-                    ..Default::default()
-                });
-            let service = http_authz::HttpService {
-                server_uri: Some(HttpUri {
-                    // Required, though the filter sends to the cluster.
-                    uri: format!("http://{}", p.hostname()),
-                    timeout: Some(timeout(http.timeout)),
-                    http_upstream_type: Some(http_uri::HttpUpstreamType::Cluster(cluster)),
-                }),
-                path_prefix: http.path_prefix.clone(),
-                authorization_request: (!headers_to_add.is_empty())
-                    .then(|| http_authz::AuthorizationRequest { headers_to_add, ..Default::default() }),
-                authorization_response,
-                ..Default::default()
-            };
+    let common =
+        |fail_open: bool, clear_route_cache: bool, status: &str, body: &Option<RequestBody>| http_authz::ExtAuthz {
+            transport_api_version: ApiVersion::V3 as i32,
+            failure_mode_allow: fail_open,
+            clear_route_cache,
+            status_on_error: status_on_error(status),
+            with_request_body: buffer(body),
+            filter_enabled_metadata: Some(enabled_metadata(HTTP_RBAC, p.name)),
+            ..Default::default()
+        };
+    match p.ext_authz {
+        ExtAuthz::Http(http) => http_authz::ExtAuthz {
+            services: Some(http_authz::ext_authz::Services::HttpService(http_service(p, http))),
             // The deprecated list counts only when the new one is empty (Istio's rule).
-            let allowed = match header_list(&http.include_request_headers_in_check) {
-                Some(list) => Some(list),
-                None => header_list(&http.include_headers_in_check),
-            };
-            let services = http_authz::ext_authz::Services::HttpService(service);
-            (
-                services,
-                http.fail_open,
-                http.clear_route_cache,
-                &http.status_on_error,
-                &http.include_request_body_in_check,
-                allowed,
-            )
-        }
-        ExtAuthz::Grpc(grpc) => {
-            let services = http_authz::ext_authz::Services::GrpcService(grpc_service(p, grpc.timeout));
-            (
-                services,
-                grpc.fail_open,
-                grpc.clear_route_cache,
-                &grpc.status_on_error,
-                &grpc.include_request_body_in_check,
-                None,
-            )
-        }
-    };
-    http_authz::ExtAuthz {
-        transport_api_version: ApiVersion::V3 as i32,
-        failure_mode_allow: fail_open,
-        clear_route_cache,
-        status_on_error: status_on_error(status),
-        with_request_body: buffer(body),
-        filter_enabled_metadata: Some(enabled_metadata(HTTP_RBAC, p.name)),
-        allowed_headers,
-        services: Some(services),
+            allowed_headers: header_list(&http.include_request_headers_in_check)
+                .or_else(|| header_list(&http.include_headers_in_check)),
+            ..common(http.fail_open, http.clear_route_cache, &http.status_on_error, &http.include_request_body_in_check)
+        },
+        ExtAuthz::Grpc(grpc) => http_authz::ExtAuthz {
+            services: Some(http_authz::ext_authz::Services::GrpcService(grpc_service(p, grpc.timeout))),
+            ..common(grpc.fail_open, grpc.clear_route_cache, &grpc.status_on_error, &grpc.include_request_body_in_check)
+        },
+    }
+}
+
+/// The HTTP service of an HTTP provider: where checks go and which headers travel.
+fn http_service(p: &ResolvedProvider<'_>, http: &ExtAuthzHttpProvider) -> http_authz::HttpService {
+    let headers_to_add: Vec<HeaderValue> = http
+        .include_additional_headers_in_check
+        .iter()
+        .map(|(k, v)| HeaderValue { key: k.clone(), value: v.clone(), ..Default::default() })
+        .collect();
+    let answers =
+        [&http.headers_to_upstream_on_allow, &http.headers_to_downstream_on_deny, &http.headers_to_downstream_on_allow];
+    let authorization_response = answers.iter().any(|h| !h.is_empty()).then(|| http_authz::AuthorizationResponse {
+        allowed_upstream_headers: header_list(&http.headers_to_upstream_on_allow),
+        allowed_client_headers: header_list(&http.headers_to_downstream_on_deny),
+        allowed_client_headers_on_success: header_list(&http.headers_to_downstream_on_allow),
+        ..Default::default()
+    });
+    http_authz::HttpService {
+        server_uri: Some(HttpUri {
+            // Required, though the filter sends to the cluster.
+            uri: format!("http://{}", p.hostname()),
+            timeout: Some(timeout(http.timeout)),
+            http_upstream_type: Some(http_uri::HttpUpstreamType::Cluster(cluster_name(
+                p.port,
+                "",
+                p.hostname().as_str(),
+            ))),
+        }),
+        path_prefix: http.path_prefix.clone(),
+        authorization_request: (!headers_to_add.is_empty())
+            .then(|| http_authz::AuthorizationRequest { headers_to_add, ..Default::default() }),
+        authorization_response,
         ..Default::default()
     }
 }
