@@ -294,7 +294,7 @@ async fn rejected_policies_keep_their_scope_denied() {
     assert!(errors.iter().any(|e| e["field"] == "spec.provider.name"), "reported: {errors:?}");
 
     // An invalid DENY policy (a misspelt field) with no valid version denies its scope too.
-    write_atomic(s.config.path(), "custom.yaml", "");
+    std::fs::remove_file(s.config.path().join("custom.yaml")).expect("remove custom.yaml");
     let typo = policy("deny-admin", "action: DENY\nrules: [{to: [{operation: {pahts: [/admin]}}]}]");
     write_atomic(s.config.path(), "deny.yaml", &typo);
     poll(CONVERGE_TIMEOUT, async || !policy_errors(&s.cp, "deny-admin").await.is_empty()).await;
