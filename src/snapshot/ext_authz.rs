@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use crate::config::api::authorization_policy::Action;
+use crate::config::api::authorization_policy::{Action, AuthorizationPolicy};
 use crate::config::error::FieldError;
 use crate::config::{ConfigError, ConfigKey, Spec, ValidConfig};
 use crate::mesh::{ExtAuthz, MeshConfig};
@@ -85,30 +85,71 @@ fn lookup_service<'a>(registry: &'a Registry, service: &str) -> Result<&'a Arc<S
     .ok_or_else(|| format!("could not find service {service} in the service registry"))
 }
 
-/// An error for every CUSTOM policy of `configs` whose provider does not resolve.
+/// An error for every CUSTOM policy of `configs` whose provider does not resolve, or whose
+/// workloads a CUSTOM policy of another provider also selects (translation denies such workloads:
+/// one provider per workload).
 pub(super) fn provider_errors<'a>(
     configs: impl Iterator<Item = &'a ValidConfig>,
     mesh: &MeshConfig,
     registry: &Registry,
 ) -> Vec<ConfigError> {
-    configs
+    let custom: Vec<(&ValidConfig, &AuthorizationPolicy)> = configs
         .filter_map(|c| match &c.spec {
             Spec::AuthorizationPolicy(ap) if ap.action == Action::Custom => Some((c, ap)),
             _ => None,
         })
-        .filter_map(|(c, ap)| {
-            let name = ap.provider.as_ref().map(|p| p.name.as_str()).unwrap_or_default();
-            let reason = resolve(mesh, registry, name).err()?;
-            Some(ConfigError {
-                file: SOURCE.to_string(),
-                document: 0,
-                object: Some(ConfigKey::clone(&c.key)),
-                error: FieldError::new(
-                    "spec.provider.name",
-                    format!("{reason}; the policy cannot be enforced and its scope is denied"),
-                ),
-                policy_selector: None,
-            })
-        })
-        .collect()
+        .collect();
+    let provider = |ap: &AuthorizationPolicy| ap.provider.as_ref().map(|p| p.name.clone()).unwrap_or_default();
+    let mut out = Vec::new();
+    for (c, ap) in &custom {
+        let name = provider(ap);
+        let reason = match resolve(mesh, registry, &name) {
+            Err(reason) => format!("{reason}; the policy cannot be enforced and its scope is denied"),
+            Ok(_) => {
+                let others: Vec<String> = custom
+                    .iter()
+                    .filter(|(o, oap)| {
+                        provider(oap) != name && may_share_workloads(&mesh.root_namespace, c, ap, o, oap)
+                    })
+                    .map(|(o, oap)| format!("{}/{} ({})", o.key.namespace, o.key.name, provider(oap)))
+                    .collect();
+                if others.is_empty() {
+                    continue;
+                }
+                format!(
+                    "CUSTOM policies of other providers apply to the same workloads: {}; only one provider per \
+                     workload is supported, and a workload where several apply is denied",
+                    others.join(", ")
+                )
+            }
+        };
+        out.push(ConfigError {
+            file: SOURCE.to_string(),
+            document: 0,
+            object: Some(ConfigKey::clone(&c.key)),
+            error: FieldError::new("spec.provider.name", reason),
+            policy_selector: None,
+        });
+    }
+    out
+}
+
+/// Whether every workload one of two policies selects, the other selects too (its namespace is
+/// the other's or the root namespace, and it requires a subset of the other's labels). Scopes that
+/// only partly overlap are not reported (that would need the workloads); translation still denies
+/// a workload where both apply.
+fn may_share_workloads(
+    root: &str,
+    a: &ValidConfig,
+    a_spec: &AuthorizationPolicy,
+    b: &ValidConfig,
+    b_spec: &AuthorizationPolicy,
+) -> bool {
+    let labels = |ap: &AuthorizationPolicy| ap.selector.as_ref().map(|s| s.match_labels.clone()).unwrap_or_default();
+    let (la, lb) = (labels(a_spec), labels(b_spec));
+    let contains =
+        |outer_ns: &str, outer: &crate::config::api::Labels, inner_ns: &str, inner: &crate::config::api::Labels| {
+            (outer_ns == root || outer_ns == inner_ns) && outer.iter().all(|(k, v)| inner.get(k) == Some(v))
+        };
+    contains(&a.key.namespace, &la, &b.key.namespace, &lb) || contains(&b.key.namespace, &lb, &a.key.namespace, &la)
 }

@@ -375,7 +375,23 @@ fn custom_policies_that_cannot_be_enforced_keep_their_scope_denied() {
     let one_each = custom_policies("default").replacen("name: default", "name: other", 1);
     let s = snapshot_with(&two, &one_each);
     assert_eq!(denied(&s, &orders()), (rejected.clone(), 0));
-    assert!(s.errors.is_empty(), "each provider resolves: {:?}", s.errors);
+    let errors = provider_errors(&s, "orders-1");
+    assert!(
+        errors.iter().any(|e| e.contains("other providers apply to the same workloads: shop/orders-2 (default)")),
+        "{errors:?}"
+    );
+    // Selectors that cannot meet are no conflict.
+    let apart = one_each.replacen("{app: orders}", "{app: legacy}", 1);
+    let s = snapshot_with(&two, &apart);
+    assert!(s.errors.is_empty(), "{:?}", s.errors);
+    assert_eq!(denied(&s, &orders()), (vec![], 1));
+    // Scopes that only partly overlap are not reported, but a workload in both is still denied.
+    let partly = one_each.replacen("{app: orders}", "{tier: back}", 1);
+    let s = snapshot_with(&two, &partly);
+    assert!(s.errors.is_empty(), "{:?}", s.errors);
+    let both = sidecar_at("shop", &[("app", "orders"), ("tier", "back")], &["10.2.0.5"]);
+    assert_eq!(denied(&s, &both), (rejected.clone(), 0));
+    assert_eq!(denied(&s, &orders()), (vec![], 1));
 
     // The proxy has no cluster for the service: its Sidecar imports only its own namespace.
     let sidecar = "apiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata: {name: default, namespace: shop}\nspec:\n  egress: [{hosts: [./*]}]\n";
