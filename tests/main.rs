@@ -10,6 +10,7 @@ mod common;
 
 mod architecture;
 mod authorization;
+mod authorization_ext_authz;
 mod authorization_mtls;
 mod conformance;
 mod dashboards;

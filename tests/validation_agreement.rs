@@ -7,8 +7,6 @@
 //! that the disagreement is exactly that one:
 //! - `unknown-field`: istioctl decodes strictly and rejects a field of a spec its types lack;
 //!   istiod and its admission webhook drop it, and so does meshpilot, with a warning naming it.
-//! - `unenforceable`: Istio accepts a protection meshpilot cannot enforce (a CUSTOM
-//!   AuthorizationPolicy); meshpilot rejects it (and denies its scope), failing closed.
 
 use crate::common;
 
@@ -103,10 +101,6 @@ fn check(case: &Case, istioctl: &Verdict, meshpilot: &Verdict) -> Result<(), Str
                 _ => Err(format!("expected istioctl to reject an unknown field and meshpilot to accept it with a warning naming it:{}", both())),
             }
         }
-        Some("unenforceable") => match (istioctl.valid, meshpilot.valid) {
-            (true, false) if meshpilot.output.contains("not supported by meshpilot") => Ok(()),
-            _ => Err(format!("expected istioctl to accept and meshpilot to reject as not supported:{}", both())),
-        },
         Some(other) => Err(format!("unknown `# differs: {other}`")),
     }
 }

@@ -273,6 +273,19 @@ mod tests {
     }
 
     #[test]
+    fn ext_authz_filters_are_known_types() {
+        // CUSTOM policies put them in listeners; /debug/config_dump must expand them.
+        use envoy_types::pb::envoy::extensions::filters::http::ext_authz::v3::ExtAuthz;
+        use envoy_types::pb::envoy::extensions::filters::network::ext_authz::v3::ExtAuthz as NetworkExtAuthz;
+        let http = ExtAuthz { failure_mode_allow: true, ..Default::default() };
+        let any = Any { type_url: ExtAuthz::type_url(), value: http.encode_to_vec() };
+        assert_eq!(to_json(&any).expect("json")["failure_mode_allow"], true);
+        let tcp = NetworkExtAuthz { stat_prefix: "tcp.".into(), ..Default::default() };
+        let any = Any { type_url: NetworkExtAuthz::type_url(), value: tcp.encode_to_vec() };
+        assert_eq!(to_json(&any).expect("json")["stat_prefix"], "tcp.");
+    }
+
+    #[test]
     fn bad_bytes_and_unknown_types_are_errors() {
         assert!(matches!(bytes_to_json("envoy.config.cluster.v3.Cluster", &[0xff]), Err(JsonError::Decode { .. })));
         assert!(matches!(bytes_to_json("no.such.Type", &[]), Err(JsonError::UnknownType(_))));

@@ -215,7 +215,7 @@ fn envoy_accepts_security_policies() {
     let read = |f: &str| std::fs::read_to_string(super::testing::testdata().join(f)).expect("testdata");
     let mut state = crate::snapshot::SourceState::default();
     let text = [read("inbound.yaml"), read("security.yaml")].join("\n---\n");
-    let rejected = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: ext, namespace: shop}\nspec: {action: CUSTOM, provider: {name: x}, rules: [{}]}\n";
+    let rejected = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: ext, namespace: shop}\nspec: {action: CUSTOM, rules: [{}]}\n";
     let mut errors = Vec::new();
     for doc in crate::config::parse::parse_file("t.yaml", &format!("{text}\n---\n{rejected}")) {
         match doc {
@@ -231,6 +231,44 @@ fn envoy_accepts_security_policies() {
     let s = Snapshot::build(crate::snapshot::Version::new(1, 1), crate::snapshot::ChangeSet::full(), &state);
     assert_envoy_accepts("security-inbound", &s, &sidecar_at("shop", &[("app", "orders")], &["10.2.0.5"]));
     assert_envoy_accepts("security-gateway", &s, &router("shop", &[("istio", "ingressgateway")]));
+}
+
+#[test]
+fn envoy_accepts_ext_authz() {
+    // CUSTOM policies through an HTTP and a gRPC provider: shadow RBAC and ext_authz on HTTP
+    // chains, network ext_authz (gRPC) or the rules' DENY (HTTP provider) on TCP chains.
+    let read = |f: &str| std::fs::read_to_string(super::testing::testdata().join(f)).expect("testdata");
+    let authz = "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: authz, namespace: shop}\nspec:\n  hosts: [authz.shop.svc.cluster.local]\n  location: MESH_INTERNAL\n  resolution: STATIC\n  ports: [{number: 9000, name: grpc, protocol: GRPC}, {number: 8000, name: http, protocol: HTTP}]\n  endpoints: [{address: 10.7.0.1}]\n";
+    let policy = |name: &str, provider: &str, labels: &str| {
+        format!("apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {{name: {name}, namespace: shop}}\nspec: {{action: CUSTOM, provider: {{name: {provider}}}, selector: {{matchLabels: {labels}}}, rules: [{{to: [{{operation: {{paths: [/x], ports: ['8080']}}}}]}}, {{}}]}}\n")
+    };
+    let text = [
+        read("inbound.yaml"),
+        authz.to_string(),
+        policy("by-grpc", "grpc", "{app: orders}"),
+        policy("by-http", "http", "{app: legacy}"),
+        policy("at-gateway", "http", "{istio: ingressgateway}"),
+        "apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata: {name: gw, namespace: shop}\nspec:\n  selector: {istio: ingressgateway}\n  servers: [{port: {number: 8080, name: http, protocol: HTTP}, hosts: ['*']}, {port: {number: 9443, name: tcp, protocol: TCP}, hosts: ['*']}]\n".to_string(),
+    ]
+    .join("\n---\n");
+    let mesh = "extensionProviders:\n\
+                - name: grpc\n  envoyExtAuthzGrpc: {service: authz.shop.svc.cluster.local, port: 9000, timeout: 2s, statusOnError: '503', includeRequestBodyInCheck: {maxRequestBytes: 1024}}\n\
+                - name: http\n  envoyExtAuthzHttp: {service: shop/authz.shop.svc.cluster.local, port: 8000, pathPrefix: /check, failOpen: true, clearRouteCache: true, includeRequestHeadersInCheck: [x-a, 'x-b-*'], includeAdditionalHeadersInCheck: {x-c: d}, headersToUpstreamOnAllow: ['*-user'], headersToDownstreamOnDeny: [set-cookie], headersToDownstreamOnAllow: [x-e]}\n";
+    let mut state = crate::snapshot::SourceState::default();
+    for doc in crate::config::parse::parse_file("t.yaml", &text) {
+        match doc {
+            crate::config::parse::Document::Valid(o) => {
+                state.configs.insert(o.key.clone(), std::sync::Arc::new(o));
+            }
+            other => panic!("invalid test config: {other:?}"),
+        }
+    }
+    state.mesh = std::sync::Arc::new(crate::mesh::MeshConfig::parse("mesh.yaml", mesh).expect("mesh config"));
+    let s = Snapshot::build(crate::snapshot::Version::new(1, 1), crate::snapshot::ChangeSet::full(), &state);
+    assert!(s.errors.is_empty(), "{:?}", s.errors);
+    assert_envoy_accepts("ext-authz-grpc", &s, &sidecar_at("shop", &[("app", "orders")], &["10.2.0.5"]));
+    assert_envoy_accepts("ext-authz-http", &s, &sidecar_at("shop", &[("app", "legacy")], &["10.2.0.7"]));
+    assert_envoy_accepts("ext-authz-gateway", &s, &router("shop", &[("istio", "ingressgateway")]));
 }
 
 #[test]

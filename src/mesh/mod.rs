@@ -1,5 +1,6 @@
 //! Mesh-wide settings (Istio's MeshConfig): the fields that shape xDS.
 
+mod extension_provider;
 mod label_selector;
 mod networks;
 
@@ -13,6 +14,9 @@ use crate::config::validation::{check_duration, check_duration_above};
 
 /// pilot's default `--domain`: the DNS suffix of Kubernetes service names.
 pub const DEFAULT_DOMAIN: &str = "cluster.local";
+pub use extension_provider::{
+    check_status, ExtAuthz, ExtAuthzGrpcProvider, ExtAuthzHttpProvider, ExtensionProvider, RequestBody,
+};
 pub use label_selector::{LabelSelector, LabelSelectorRequirement};
 pub use networks::{MeshNetworks, Network, NetworkEndpoints, NetworkGateway};
 
@@ -42,6 +46,9 @@ pub struct MeshConfig {
     pub discovery_selectors: Vec<LabelSelector>,
     /// Auto mTLS: clusters without DestinationRule TLS use ISTIO_MUTUAL to workloads with a sidecar.
     pub enable_auto_mtls: bool,
+    /// Extension providers: the external authorizers CUSTOM AuthorizationPolicies name (and
+    /// providers of other kinds, read for their name only).
+    pub extension_providers: Vec<ExtensionProvider>,
     /// DNS suffix of Kubernetes service names (`name.namespace.svc.<domain>`): pilot's `--domain`
     /// flag, not a MeshConfig field, set by the sources.
     #[serde(skip)]
@@ -74,6 +81,7 @@ impl Default for MeshConfig {
             access_log_file: String::new(),
             discovery_selectors: Vec::new(),
             enable_auto_mtls: true,
+            extension_providers: Vec::new(),
             domain: DEFAULT_DOMAIN.into(),
             source_hash: 0,
         }
@@ -149,7 +157,7 @@ impl MeshConfig {
         for (i, selector) in self.discovery_selectors.iter().enumerate() {
             selector.validate().map_err(|(field, reason)| (format!("discoverySelectors[{i}].{field}"), reason))?;
         }
-        Ok(())
+        extension_provider::validate(&self.extension_providers)
     }
 
     /// Reads and parses a mesh config file.
@@ -234,6 +242,38 @@ mod tests {
             }
             other => panic!("expected a field error, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn extension_providers_are_read_and_bad_ones_reported_with_their_path() {
+        let text = "extensionProviders:\n- name: opa\n  envoyExtAuthzGrpc: {service: opa.authz.svc.cluster.local, port: 9191}\n- name: otel\n  opentelemetry: {service: otel.svc, port: 4317}\n";
+        let m = MeshConfig::parse("m", text).unwrap();
+        assert_eq!(m.extension_providers.len(), 2);
+        assert!(matches!(m.extension_providers[0].ext_authz(), Some(ExtAuthz::Grpc(g)) if g.port == 9191));
+        assert!(m.extension_providers[1].ext_authz().is_none());
+        let bad = "data:\n  mesh: |\n    extensionProviders:\n    - name: opa\n      envoyExtAuthzHttp: {service: opa, port: 70000}\n";
+        match MeshConfig::parse("m.yaml", bad) {
+            Err(MeshConfigError::Field { field, reason, .. }) => {
+                assert_eq!(field, "data.mesh.extensionProviders[0].envoyExtAuthzHttp.port");
+                assert!(reason.contains("1..65535"), "{reason}");
+            }
+            other => panic!("expected a field error, got {other:?}"),
+        }
+        let wrong_type =
+            MeshConfig::parse("m.yaml", "extensionProviders:\n- name: a\n  envoyExtAuthzGrpc: {port: many}\n");
+        let err = wrong_type.unwrap_err().to_string();
+        assert!(err.contains("extensionProviders[0].envoyExtAuthzGrpc.port"), "{err}");
+    }
+
+    #[test]
+    fn extension_providers_survive_the_serde_form_replication_sends() {
+        let text = "extensionProviders:\n- name: a\n  envoyExtAuthzHttp: {service: a.ns.svc, port: 80, timeout: 1.5s, failOpen: true, includeAdditionalHeadersInCheck: {x-a: b}, includeRequestBodyInCheck: {maxRequestBytes: 9}}\n- name: b\n  envoyExtAuthzGrpc: {service: ns/b.ns.svc, port: 90, statusOnError: '503'}\n- name: c\n  zipkin: {}\n";
+        let m = MeshConfig::parse("m", text).unwrap();
+        let back: MeshConfig = serde_json::from_value(serde_json::to_value(&m).unwrap()).unwrap();
+        assert_eq!(back.extension_providers, m.extension_providers);
+        assert!(
+            matches!(back.extension_providers[0].ext_authz(), Some(ExtAuthz::Http(h)) if h.timeout.map(|t| t.as_std().as_millis()) == Some(1500))
+        );
     }
 
     #[test]

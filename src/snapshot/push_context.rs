@@ -7,6 +7,7 @@ use std::time::SystemTime;
 use super::config_index::{of_kind, ConfigIndex, Indexed};
 use super::credentials::{credential_problem, secret_key};
 use super::destination_rules::Direction;
+use super::ext_authz::ResolvedProvider;
 use super::security::SecurityIndex;
 use super::{ChangeSet, ChangedKey, Version};
 use crate::config::api::gateway::ServerTlsSettings;
@@ -125,12 +126,17 @@ impl Snapshot {
         selector_keys.extend(security.selector_keys().cloned());
         let kube = super::credentials::keep_referenced(&state.kube, &index.named_secrets());
         // A frontend's state carries the leader's errors, these included: never twice.
-        let mut credential_errors = super::credentials::credential_errors(&kube, of_kind(&configs, Kind::Gateway));
-        credential_errors.retain(|e| !state.errors.contains(e));
-        let errors = if credential_errors.is_empty() {
+        let mut derived_errors = super::credentials::credential_errors(&kube, of_kind(&configs, Kind::Gateway));
+        derived_errors.extend(super::ext_authz::provider_errors(
+            of_kind(&configs, Kind::AuthorizationPolicy),
+            &mesh,
+            &registry,
+        ));
+        derived_errors.retain(|e| !state.errors.contains(e));
+        let errors = if derived_errors.is_empty() {
             state.errors.clone()
         } else {
-            Arc::new(state.errors.iter().cloned().chain(credential_errors).collect())
+            Arc::new(state.errors.iter().cloned().chain(derived_errors).collect())
         };
         Snapshot {
             version,
@@ -293,8 +299,21 @@ impl Snapshot {
 }
 
 /// The rejected AuthorizationPolicies among `errors` (the security index denies their scope).
+/// Unresolved providers are left out: they are derived from the snapshot itself (translation
+/// denies those policies' scopes), so comparing them would rebuild the index at every snapshot.
 fn rejected_authorization(errors: &[ConfigError]) -> impl Iterator<Item = &ConfigError> {
-    errors.iter().filter(|e| e.object.as_ref().is_some_and(|k| k.kind == Kind::AuthorizationPolicy))
+    errors.iter().filter(|e| {
+        e.file != super::ext_authz::SOURCE && e.object.as_ref().is_some_and(|k| k.kind == Kind::AuthorizationPolicy)
+    })
+}
+
+/// The extension providers of CUSTOM AuthorizationPolicies (the rules are in [`super::ext_authz`]).
+impl Snapshot {
+    /// The provider `name` of a CUSTOM policy resolved against the mesh config and the registry;
+    /// the error says why it cannot be used.
+    pub fn ext_authz_provider(&self, name: &str) -> Result<ResolvedProvider<'_>, String> {
+        super::ext_authz::resolve(&self.mesh, &self.registry, name)
+    }
 }
 
 /// Whether a VirtualService in `vs_ns` binds to `gateway` (`mesh` or `ns/name`).

@@ -211,11 +211,7 @@ mod tests {
     #[test]
     fn rejected_policies_deny_their_selector_or_namespace() {
         let yaml = [
-            ap(
-                "shop",
-                "custom",
-                "{action: CUSTOM, provider: {name: x}, rules: [{}], selector: {matchLabels: {app: orders}}}",
-            ),
+            ap("shop", "custom", "{action: CUSTOM, provider: {name: x}, selector: {matchLabels: {app: orders}}}"),
             ap("shop", "typo", "{action: DENY, rules: [{to: [{operation: {pahts: [/admin]}}]}]}"),
             ap("other", "wild", "{action: DENY, rules: [{}], selector: {matchLabels: {app: '*'}}}"),
         ]
@@ -225,7 +221,7 @@ mod tests {
             ix.rejected_policies_for(ns, &labels(l)).iter().map(|r| r.key.name.clone()).collect()
         };
         assert_eq!(rejected("shop", &[("app", "orders")]), ["custom", "typo"]);
-        assert_eq!(rejected("shop", &[("app", "web")]), ["typo"], "the CUSTOM policy's selector is readable");
+        assert_eq!(rejected("shop", &[("app", "web")]), ["typo"], "the invalid CUSTOM policy's selector is readable");
         assert!(rejected("shop", &[("app", "*")]).iter().all(|n| n != "wild"));
         assert_eq!(rejected("other", &[("app", "orders")]), ["wild"], "an invalid selector denies the namespace");
         let r = &ix.rejected_policies_for("shop", &labels(&[]))[0];

@@ -37,7 +37,7 @@ pub enum Action {
     Deny,
     /// Log matching requests (Envoy RBAC action LOG).
     Audit,
-    /// Delegate to an external authorizer (ext_authz): not supported by meshpilot.
+    /// Delegate to the external authorizer (ext_authz) of the mesh config provider it names.
     Custom,
 }
 

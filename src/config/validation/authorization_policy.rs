@@ -1,6 +1,7 @@
 //! AuthorizationPolicy rules, after Istio's `ValidateAuthorizationPolicy` and the attribute checks
-//! of its `pkg/config/security`. CUSTOM (ext_authz) is rejected: meshpilot has no external
-//! authorizer to send requests to, and a rejected policy keeps its scope denied.
+//! of its `pkg/config/security`. A CUSTOM policy names an extension provider of the mesh config;
+//! whether that provider exists is known only against the mesh config and the registry, so it is
+//! checked where the snapshot is built (a policy naming none that works keeps its scope denied).
 
 use crate::config::api::authorization_policy::{Action, AuthorizationPolicy, Operation, Rule, Source};
 
@@ -21,10 +22,17 @@ const MAX_ITEMS: usize = 512;
 pub(super) fn validate(policy: &AuthorizationPolicy, errors: &mut Errors) {
     check_policy_target(errors, policy.selector.as_ref(), policy.target_ref.as_ref(), &policy.target_refs);
     match policy.action {
-        Action::Custom => errors.add(
-            "spec.action",
-            invalid("CUSTOM", "CUSTOM action (ext_authz) is not supported by meshpilot; its scope is denied instead"),
+        Action::Custom if policy.rules.is_none() => errors.add(
+            "spec.rules",
+            required(
+                "CUSTOM action without `rules` is meaningless as it will never be triggered, add an empty rule `{}` \
+                 if you want it be triggered for every request",
+            ),
         ),
+        Action::Custom if policy.provider.as_ref().is_none_or(|p| p.name.is_empty()) => {
+            errors.add("spec.provider.name", required("`provider.name` must not be empty"))
+        }
+        Action::Custom => {}
         _ if policy.provider.is_some() => errors.add(
             "spec.provider",
             forbidden(format!("`provider` must not be with non CUSTOM action, found {}", policy.action.name())),
@@ -44,6 +52,44 @@ pub(super) fn validate(policy: &AuthorizationPolicy, errors: &mut Errors) {
     }
     for (i, rule) in rules.iter().enumerate() {
         check_rule(errors, &format!("spec.rules[{i}]"), rule);
+        if policy.action == Action::Custom {
+            check_custom_rule(errors, &format!("spec.rules[{i}]"), rule);
+        }
+    }
+}
+
+/// The attributes Istio does not support with CUSTOM: peer and request identities (the external
+/// authorizer sees the request, not what mutual TLS or JWT authentication established).
+fn check_custom_rule(errors: &mut Errors, path: &str, rule: &Rule) {
+    let unsupported = |what: &str| forbidden(format!("{what} is currently not supported with CUSTOM action"));
+    for (j, from) in rule.from.iter().flatten().enumerate() {
+        let Some(s) = &from.source else { continue };
+        let identities: [(&str, &str, &Vec<String>); 10] = [
+            ("namespaces", "From.Namespaces", &s.namespaces),
+            ("notNamespaces", "From.NotNamespaces", &s.not_namespaces),
+            ("serviceAccounts", "From.ServiceAccounts", &s.service_accounts),
+            ("notServiceAccounts", "From.NotServiceAccounts", &s.not_service_accounts),
+            ("trustDomains", "From.TrustDomains", &s.trust_domains),
+            ("notTrustDomains", "From.NotTrustDomains", &s.not_trust_domains),
+            ("principals", "From.Principals", &s.principals),
+            ("notPrincipals", "From.NotPrincipals", &s.not_principals),
+            ("requestPrincipals", "From.RequestPrincipals", &s.request_principals),
+            ("notRequestPrincipals", "From.NotRequestPrincipals", &s.not_request_principals),
+        ];
+        for (field, name, values) in identities {
+            if !values.is_empty() {
+                errors.add(format!("{path}.from[{j}].source.{field}"), unsupported(name));
+            }
+        }
+    }
+    for (j, condition) in rule.when.iter().enumerate() {
+        let key = condition.key.as_str();
+        let identity =
+            matches!(key, "source.namespace" | "source.serviceAccount" | "source.trustDomain" | "source.principal")
+                || key.starts_with("request.auth.");
+        if identity {
+            errors.add(format!("{path}.when[{j}].key"), unsupported(key));
+        }
     }
 }
 
@@ -325,13 +371,47 @@ mod tests {
     }
 
     #[test]
-    fn custom_is_rejected_as_unsupported() {
-        assert_rejected(
+    fn custom_needs_a_provider_and_rules_as_in_istio() {
+        for spec in [
             "action: CUSTOM\nprovider: {name: ext}\nrules: [{}]",
-            "spec.action",
-            "CUSTOM action (ext_authz) is not supported",
-        );
+            "action: CUSTOM\nprovider: {name: ext}\nrules: []",
+            "action: CUSTOM\nprovider: {name: ext}\nrules:\n- to: [{operation: {paths: [/admin]}}]\n  from: [{source: {ipBlocks: [10.0.0.0/8]}}]\n  when: [{key: 'request.headers[x-a]', values: [b]}]",
+        ] {
+            assert_eq!(error(spec), None, "{spec}");
+        }
+        assert_rejected("action: CUSTOM\nprovider: {name: ext}", "spec.rules", "CUSTOM action without `rules`");
+        assert_rejected("action: CUSTOM\nrules: [{}]", "spec.provider.name", "`provider.name` must not be empty");
+        assert_rejected("action: CUSTOM\nprovider: {}\nrules: [{}]", "spec.provider.name", "must not be empty");
         assert_rejected("provider: {name: ext}\nrules: [{}]", "spec.provider", "must not be with non CUSTOM action");
+        assert_rejected(
+            "action: DENY\nprovider: {name: ext}\nrules: [{}]",
+            "spec.provider",
+            "must not be with non CUSTOM action, found DENY",
+        );
+    }
+
+    #[test]
+    fn custom_refuses_identity_attributes_as_in_istio() {
+        assert_rejected(
+            "action: CUSTOM\nprovider: {name: ext}\nrules: [{from: [{source: {principals: [a]}}]}]",
+            "spec.rules[0].from[0].source.principals",
+            "From.Principals is currently not supported with CUSTOM action",
+        );
+        assert_rejected(
+            "action: CUSTOM\nprovider: {name: ext}\nrules: [{from: [{source: {requestPrincipals: ['*']}}]}]",
+            "spec.rules[0].from[0].source.requestPrincipals",
+            "From.RequestPrincipals is currently not supported",
+        );
+        assert_rejected(
+            "action: CUSTOM\nprovider: {name: ext}\nrules: [{when: [{key: 'request.auth.claims[iss]', values: [x]}]}]",
+            "spec.rules[0].when[0].key",
+            "request.auth.claims[iss] is currently not supported with CUSTOM action",
+        );
+        assert_rejected(
+            "action: CUSTOM\nprovider: {name: ext}\nrules: [{when: [{key: source.namespace, values: [x]}]}]",
+            "spec.rules[0].when[0].key",
+            "not supported with CUSTOM",
+        );
     }
 
     #[test]

@@ -100,28 +100,52 @@ fn rbac_of(
         Action::Allow => rbac::Action::Allow,
         Action::Deny => rbac::Action::Deny,
         Action::Audit => rbac::Action::Log,
-        // Rejected by validation; never reaches generation.
+        // CUSTOM policies are translated by `custom_rules`.
         Action::Custom => return None,
     };
-    let mut policies_out = Vec::new();
-    for (key, policy) in of_action {
-        let rules = policy.rules.as_deref().unwrap_or_default();
-        if rules.is_empty() {
-            // No rules: a policy that never matches (an ALLOW policy alone then denies all).
-            policies_out.push((rule_name(key, 0), never_matching()));
-        }
-        for (i, rule) in rules.iter().enumerate() {
-            if let Some(p) = rule_policy(rule, action, &key.namespace, ctx) {
-                policies_out.push((rule_name(key, i), p));
-            }
-        }
-    }
+    let mut policies_out = rule_policies(action, of_action, ctx, &|key, i| rule_name(key, i));
     for r in rejected {
         let name = format!("ns[{}]-policy[{}]-rejected", r.key.namespace, r.key.name);
         policies_out.push((name, matching_everything()));
     }
     // One process-wide hasher: the same policies encode to the same bytes (and content hash).
     Some(Rbac { action: envoy_action as i32, policies: map_field(policies_out), ..Default::default() })
+}
+
+/// The RBAC policies of `policies`' rules translated with `action`'s semantics, named by `name`
+/// (policy key, rule index).
+fn rule_policies(
+    action: Action,
+    policies: &[(&ConfigKey, &AuthorizationPolicy)],
+    ctx: &RuleContext<'_>,
+    name: &dyn Fn(&ConfigKey, usize) -> String,
+) -> Vec<(String, Policy)> {
+    let mut out = Vec::new();
+    for (key, policy) in policies {
+        let rules = policy.rules.as_deref().unwrap_or_default();
+        if rules.is_empty() {
+            // No rules: a policy that never matches (an ALLOW policy alone then denies all).
+            out.push((name(key, 0), never_matching()));
+        }
+        for (i, rule) in rules.iter().enumerate() {
+            if let Some(p) = rule_policy(rule, action, &key.namespace, ctx) {
+                out.push((name(key, i), p));
+            }
+        }
+    }
+    out
+}
+
+/// CUSTOM policies' rules as one RBAC of action DENY, each rule named
+/// `{prefix}ns[NS]-policy[NAME]-rule[I]{suffix}`. As Istio does, CUSTOM rules are translated with
+/// DENY semantics: on a TCP chain an HTTP-only field is left out, so the rule matches more (more
+/// goes to the authorizer, or is denied), never less.
+pub(super) fn custom_rules(policies: &[PolicyRef<'_>], prefix: &str, suffix: &str, ctx: &RuleContext<'_>) -> Rbac {
+    let of_custom: Vec<(&ConfigKey, &AuthorizationPolicy)> =
+        policies.iter().filter(|p| p.spec.action == Action::Custom).map(|p| (p.key, p.spec)).collect();
+    let name = |key: &ConfigKey, i: usize| format!("{prefix}{}{suffix}", rule_name(key, i));
+    let policies = rule_policies(Action::Deny, &of_custom, ctx, &name);
+    Rbac { action: rbac::Action::Deny as i32, policies: map_field(policies), ..Default::default() }
 }
 
 /// Istio's RBAC policy name of a rule.

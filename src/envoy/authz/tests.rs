@@ -416,8 +416,8 @@ fn dry_run_policies_are_shadow_rules_not_enforced() {
 }
 
 #[test]
-fn a_custom_policy_that_reached_a_snapshot_still_closes_its_scope() {
-    // Built past validation, as a snapshot from elsewhere could hold it.
+fn a_custom_policy_naming_no_provider_of_the_mesh_config_closes_its_scope() {
+    // The mesh config has no provider `x` (built past validation, as a snapshot from elsewhere could hold it).
     let text = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: ext, namespace: shop}\nspec: {action: CUSTOM, provider: {name: x}, rules: [{}]}\n";
     let value = serde_saphyr::from_str(text).expect("yaml");
     let obj = crate::config::parse::object_from_value(value).expect("parses").expect("served kind");
