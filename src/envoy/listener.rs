@@ -9,18 +9,19 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
-use envoy_types::pb::envoy::config::listener::v3::{FilterChain, Listener};
+use envoy_types::pb::envoy::config::listener::v3::{FilterChain, FilterChainMatch, Listener};
 
 use super::http_match::RouteContext;
 use super::names::{
-    cluster_name, listener_name, BLACKHOLE_CLUSTER, LOCALHOST, PASSTHROUGH_CLUSTER, VIRTUAL_OUTBOUND_LISTENER,
-    VIRTUAL_OUTBOUND_PORT, WILDCARD_ADDRESS,
+    cluster_name, listener_name, BLACKHOLE_CLUSTER, LOCALHOST, PASSTHROUGH_CLUSTER, PASSTHROUGH_FILTER_CHAIN,
+    VIRTUAL_OUTBOUND_LISTENER, VIRTUAL_OUTBOUND_PORT, WILDCARD_ADDRESS,
 };
 use super::network_filter::{
     accept_one_connection_per_event, chain, claim_server_names, destination_match, http_connection_manager, sni_match,
-    stat_prefix_of, tcp_proxy_filter, tls_inspector, to_cluster, HttpClass, TRANSPORT_SOCKET_CONNECT_TIMEOUT,
+    stat_prefix_of, tcp_proxy_filter, tls_inspector, to_cluster, unlogged_blackhole, HttpClass,
+    TRANSPORT_SOCKET_CONNECT_TIMEOUT,
 };
-use super::proto::{bool_value, duration, resource, socket_address, zero_duration};
+use super::proto::{bool_value, duration, resource, socket_address, u32_value, zero_duration};
 use super::resource::Resource;
 use super::scope::{Imports, Scope};
 use super::sniffing::{http_inspector, require_http};
@@ -165,30 +166,33 @@ fn outbound_listener(scope: &Scope<'_>, l: &OutboundListener<'_>) -> Listener {
     };
     match l.protocol {
         ListenerProtocol::Http => {
+            // As istiod: HTTP (by the HTTP inspector) to the connection manager, anything else
+            // (TLS, another protocol) through the outbound policy.
             let stat_prefix = format!("outbound_{}", l.name);
             let hcm = http_connection_manager(&stat_prefix, &l.port.to_string(), HttpClass::SidecarOutbound, mesh);
-            listener.filter_chains = vec![chain(String::new(), None, vec![hcm], None)];
+            listener.filter_chains = vec![chain(String::new(), Some(require_http(None)), vec![hcm], None)];
+            listener.default_filter_chain = Some(fallthrough_chain(scope));
+            listener.listener_filters = vec![http_inspector()];
         }
         ListenerProtocol::Tcp => {
             let (chains, default) = tcp_chains(scope, l);
-            listener.filter_chains = chains;
-            listener.default_filter_chain = Some(default);
+            set_chains(&mut listener, chains, default, scope);
         }
         ListenerProtocol::Auto => {
             let (chains, default) = tcp_chains(scope, l);
-            listener.filter_chains = chains;
-            listener.default_filter_chain = Some(default);
+            set_chains(&mut listener, chains, default, scope);
             // The TLS inspector first: TLS is never taken for HTTP.
             listener.listener_filters = vec![tls_inspector(), http_inspector()];
         }
         ListenerProtocol::Tls => {
-            listener.filter_chains = tls_chains(scope, l);
-            listener.default_filter_chain = Some(policy_chain(scope));
+            set_chains(&mut listener, tls_chains(scope, l), None, scope);
             listener.listener_filters = vec![tls_inspector()];
         }
     }
-    // istiod bounds the TLS handshake of every outbound chain (slow-handshake attacks).
-    for chain in &mut listener.filter_chains {
+    // istiod bounds the TLS handshake of every chain it builds for a service (slow-handshake
+    // attacks); not of the fallthrough chain.
+    let default = listener.default_filter_chain.iter_mut().filter(|c| c.name != PASSTHROUGH_FILTER_CHAIN);
+    for chain in listener.filter_chains.iter_mut().chain(default) {
         chain.transport_socket_connect_timeout = Some(duration(TRANSPORT_SOCKET_CONNECT_TIMEOUT));
     }
     listener
@@ -231,7 +235,7 @@ fn compatible(listener: ListenerProtocol, service: Protocol) -> bool {
 /// Chains per service address, and the default chain for everything else. On a sniffed port,
 /// HTTP (by ALPN) to a sniffed service's address or to an address no chain claims goes to the
 /// connection manager, and all traffic to a declared HTTP service's address does.
-fn tcp_chains(scope: &Scope<'_>, l: &OutboundListener<'_>) -> (Vec<FilterChain>, FilterChain) {
+fn tcp_chains(scope: &Scope<'_>, l: &OutboundListener<'_>) -> (Vec<FilterChain>, Option<FilterChain>) {
     let mesh = &scope.snapshot.mesh;
     let ctx = context(scope, l.port);
     let vss = scope.mesh_virtual_services(l.imports);
@@ -268,7 +272,7 @@ fn tcp_chains(scope: &Scope<'_>, l: &OutboundListener<'_>) -> (Vec<FilterChain>,
     if sniffed {
         chains.push(chain(format!("{}-http", l.name), Some(require_http(None)), vec![hcm()], None));
     }
-    (chains, default.unwrap_or_else(|| policy_chain(scope)))
+    (chains, default)
 }
 
 /// Chains per SNI: VirtualService TLS rules first, then each service's own host.
@@ -306,6 +310,36 @@ fn tls_chains(scope: &Scope<'_>, l: &OutboundListener<'_>) -> Vec<FilterChain> {
 }
 
 /// Where unknown destinations go: PassthroughCluster (ALLOW_ANY) or BlackHoleCluster.
+/// A listener's chains, and the chain for connections none matches: a service's chain that
+/// matches everything (`catch_all`), else the outbound policy. As istiod lays it out, a service's
+/// catch-all chain with no other chain beside it is the listener's only chain.
+fn set_chains(listener: &mut Listener, chains: Vec<FilterChain>, catch_all: Option<FilterChain>, scope: &Scope<'_>) {
+    match (chains.is_empty(), catch_all) {
+        (true, Some(only)) => listener.filter_chains = vec![only],
+        (_, catch_all) => {
+            listener.filter_chains = chains;
+            listener.default_filter_chain = Some(catch_all.unwrap_or_else(|| fallthrough_chain(scope)));
+        }
+    }
+}
+
+/// The default chain of an outbound port listener: the outbound policy, under istiod's name and
+/// with an empty match.
+fn fallthrough_chain(scope: &Scope<'_>) -> FilterChain {
+    let mut fallthrough = policy_chain(scope);
+    fallthrough.name = PASSTHROUGH_FILTER_CHAIN.to_string();
+    fallthrough.filter_chain_match = Some(FilterChainMatch::default());
+    fallthrough
+}
+
+/// Connections iptables sent to the virtual outbound port itself: refused (black hole), so that
+/// nothing passes through back to the listener's own port in a loop.
+fn loop_guard_chain() -> FilterChain {
+    let guard =
+        FilterChainMatch { destination_port: Some(u32_value(u32::from(VIRTUAL_OUTBOUND_PORT))), ..Default::default() };
+    chain(format!("{VIRTUAL_OUTBOUND_LISTENER}-blackhole"), Some(guard), vec![unlogged_blackhole()], None)
+}
+
 fn policy_chain(scope: &Scope<'_>) -> FilterChain {
     let cluster = match scope.outbound_mode {
         OutboundMode::AllowAny => PASSTHROUGH_CLUSTER,
@@ -325,7 +359,7 @@ fn virtual_outbound(scope: &Scope<'_>) -> Listener {
         address: Some(socket_address(WILDCARD_ADDRESS, u32::from(VIRTUAL_OUTBOUND_PORT))),
         use_original_dst: Some(bool_value(true)),
         traffic_direction: TrafficDirection::Outbound as i32,
-        filter_chains: vec![catch_all],
+        filter_chains: vec![loop_guard_chain(), catch_all],
         max_connections_to_accept_per_socket_event: Some(accept_one_connection_per_event()),
         // TPROXY keeps the original addresses on the socket: Envoy must accept them as its own.
         transparent: (scope.view.interception == crate::envoy::Interception::Tproxy).then(|| bool_value(true)),

@@ -2,6 +2,8 @@
 
 /// Catch-all cluster forwarding to the original destination (ALLOW_ANY).
 pub(super) const PASSTHROUGH_CLUSTER: &str = "PassthroughCluster";
+/// The default chain of an outbound port listener (istiod's name).
+pub(super) const PASSTHROUGH_FILTER_CHAIN: &str = "PassthroughFilterChain";
 /// Cluster with no endpoints: connections to it fail (REGISTRY_ONLY).
 pub(super) const BLACKHOLE_CLUSTER: &str = "BlackHoleCluster";
 /// The listener iptables redirects outbound traffic to.

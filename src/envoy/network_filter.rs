@@ -22,7 +22,7 @@ use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{tcp_pr
 use envoy_types::pb::envoy::extensions::request_id::uuid::v3::UuidRequestIdConfig;
 use prost::{Message, Name};
 
-use super::names::ext;
+use super::names::{ext, BLACKHOLE_CLUSTER};
 use super::proto::{ads_config_source, any, bool_value, u32_value, zero_duration};
 use crate::mesh::MeshConfig;
 
@@ -108,6 +108,17 @@ pub(super) fn tcp_proxy_filter(stat_prefix: &str, target: tcp_proxy::ClusterSpec
         stat_prefix: stat_prefix.to_string(),
         cluster_specifier: Some(target),
         access_log: access_logs(mesh),
+        ..Default::default()
+    };
+    network_filter(ext::TCP_PROXY, proxy)
+}
+
+/// A TCP proxy into the black hole, not logged (istiod's loop guard of the virtual outbound
+/// listener).
+pub(super) fn unlogged_blackhole() -> Filter {
+    let proxy = TcpProxy {
+        stat_prefix: BLACKHOLE_CLUSTER.to_string(),
+        cluster_specifier: Some(to_cluster(BLACKHOLE_CLUSTER)),
         ..Default::default()
     };
     network_filter(ext::TCP_PROXY, proxy)
