@@ -241,7 +241,7 @@ fn chains_for(scope: &Scope<'_>, c: &InboundChain, peer: &PeerMtls) -> Vec<Filte
         return vec![ingress_tls_chain(scope, c, tls, name, as_http, http, tcp)];
     }
     let mode = peer.mode_for_port(c.target_port);
-    inbound_chains(Some(c.target_port), sniffed, mode, |_| name.clone(), http, tcp)
+    inbound_chains(Some(c.target_port), sniffed, mode, &mesh.trust_domain, |_| name.clone(), http, tcp)
 }
 
 /// A Sidecar ingress listener terminating its own TLS (certificate files as SDS names): one TLS
@@ -285,7 +285,7 @@ fn passthrough_chains(scope: &Scope<'_>, peer: &PeerMtls) -> Vec<FilterChain> {
         ChainProtocol::Http => VIRTUAL_INBOUND_CATCHALL_HTTP.to_string(),
         ChainProtocol::Tcp => VIRTUAL_INBOUND_LISTENER.to_string(),
     };
-    inbound_chains(None, Sniffed::Auto, peer.mode, name, hcm, tcp)
+    inbound_chains(None, Sniffed::Auto, peer.mode, &mesh.trust_domain, name, hcm, tcp)
 }
 
 /// Connections addressed to 15006 itself would loop through the listener forever.

@@ -72,12 +72,14 @@ fn options(sniffed: Sniffed, mode: MtlsMode) -> Vec<MatchOption> {
     }
 }
 
-/// The chains of one inbound port (any port when `port` is `None`) under `mode`. `name` names a
-/// chain by its protocol; `http` and `tcp` build its filters.
+/// The chains of one inbound port (any port when `port` is `None`) under `mode`, mutual TLS
+/// admitting peers of `trust_domain` only. `name` names a chain by its protocol; `http` and `tcp`
+/// build its filters.
 pub(super) fn inbound_chains(
     port: Option<u16>,
     sniffed: Sniffed,
     mode: MtlsMode,
+    trust_domain: &str,
     name: impl Fn(ChainProtocol) -> String,
     http: impl Fn() -> Filter,
     tcp: impl Fn() -> Vec<Filter>,
@@ -95,7 +97,7 @@ pub(super) fn inbound_chains(
                 Http => (vec![http()], InboundTls::Http),
                 Tcp => (tcp(), InboundTls::Tcp),
             };
-            let socket = o.mtls.then(|| inbound_transport_socket(tls));
+            let socket = o.mtls.then(|| inbound_transport_socket(tls, trust_domain));
             chain(name(o.protocol), Some(m), filters, socket)
         })
         .collect()
@@ -107,7 +109,7 @@ mod tests {
 
     fn shapes(sniffed: Sniffed, mode: MtlsMode) -> Vec<(String, usize, bool)> {
         let f = || Filter::default();
-        inbound_chains(Some(80), sniffed, mode, |_| String::new(), f, || vec![f()])
+        inbound_chains(Some(80), sniffed, mode, "cluster.local", |_| String::new(), f, || vec![f()])
             .iter()
             .map(|c| {
                 let m = c.filter_chain_match.clone().unwrap_or_default();

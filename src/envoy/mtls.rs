@@ -47,14 +47,23 @@ pub(super) enum InboundTls {
     Tcp,
 }
 
-/// The inbound mutual TLS socket: the workload certificate, a client certificate required and
-/// verified against the mesh root (Istio's `BuildInboundTLS`).
-pub(super) fn inbound_transport_socket(kind: InboundTls) -> TransportSocket {
+/// The inbound mutual TLS socket: the workload certificate, a client certificate required,
+/// verified against the mesh root and of a SPIFFE identity in `trust_domain` (Istio's
+/// `BuildInboundTLS`).
+pub(super) fn inbound_transport_socket(kind: InboundTls, trust_domain: &str) -> TransportSocket {
     let alpn: &[&str] = match kind {
         InboundTls::Http => &["h2", "http/1.1"],
         InboundTls::Tcp => &["istio-peer-exchange", "h2", "http/1.1"],
     };
     let mut common = mesh_common_context(&[]);
+    if let Some(ValidationContextType::CombinedValidationContext(combined)) = &mut common.validation_context_type {
+        let peers = StringMatcher {
+            match_pattern: Some(MatchPattern::Prefix(format!("spiffe://{trust_domain}/"))),
+            ..Default::default()
+        };
+        #[allow(deprecated)] // istiod's field (see `exact_sans`)
+        combined.default_validation_context.get_or_insert_with(Default::default).match_subject_alt_names.push(peers);
+    }
     common.alpn_protocols = strings(alpn);
     common.tls_params = Some(TlsParameters {
         tls_minimum_protocol_version: TlsProtocol::TlSv12 as i32,
@@ -109,16 +118,22 @@ fn mesh_common_context(sans: &[String]) -> CommonTlsContext {
         tls_certificate_sds_secret_configs: vec![agent_secret(WORKLOAD_CERT)],
         validation_context_type: Some(ValidationContextType::CombinedValidationContext(
             CombinedCertificateValidationContext {
-                default_validation_context: Some(CertificateValidationContext {
-                    match_typed_subject_alt_names: sans.iter().map(|s| san_matcher(s)).collect(),
-                    ..Default::default()
-                }),
+                default_validation_context: Some(exact_sans(sans)),
                 validation_context_sds_secret_config: Some(agent_secret(ROOT_CA)),
                 ..Default::default()
             },
         )),
         ..Default::default()
     }
+}
+
+/// Exact SAN checks as istiod writes them: untyped string matchers (Envoy's deprecated
+/// `match_subject_alt_names`, which match a SAN of any type; a SPIFFE URI cannot be a DNS name).
+#[allow(deprecated)]
+pub(super) fn exact_sans(sans: &[String]) -> CertificateValidationContext {
+    let exact =
+        |san: &String| StringMatcher { match_pattern: Some(MatchPattern::Exact(san.clone())), ..Default::default() };
+    CertificateValidationContext { match_subject_alt_names: sans.iter().map(exact).collect(), ..Default::default() }
 }
 
 /// An exact SAN match: a URI SAN for `scheme://` names (SPIFFE identities), else a DNS SAN.

@@ -13,7 +13,7 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
 };
 
 use super::mtls::{
-    istio_mutual_server_socket, istio_mutual_transport_socket, san_matcher, tls_socket, upstream_tls_params,
+    exact_sans, istio_mutual_server_socket, istio_mutual_transport_socket, san_matcher, tls_socket, upstream_tls_params,
 };
 use super::proto::{any, bool_value};
 use super::sds::{ads_secret, agent_secret, credential_resource_name, file_cert_name, file_root_name, CA_SUFFIX};
@@ -152,11 +152,7 @@ fn key_pair(chain: &str, key: &str) -> Option<SdsSecretConfig> {
 
 /// SAN checks (and a CRL file, as Istio sends it) beside an SDS root.
 fn validation_defaults(crl: &str, sans: &[String]) -> CertificateValidationContext {
-    CertificateValidationContext {
-        crl: (!crl.is_empty()).then(|| file(crl)),
-        match_typed_subject_alt_names: sans.iter().map(|s| san_matcher(s)).collect(),
-        ..Default::default()
-    }
+    CertificateValidationContext { crl: (!crl.is_empty()).then(|| file(crl)), ..exact_sans(sans) }
 }
 
 fn combined(defaults: CertificateValidationContext, root: SdsSecretConfig) -> ValidationContextType {
