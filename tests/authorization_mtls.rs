@@ -287,7 +287,7 @@ async fn sidecars_talk_mutual_tls_with_certificates_from_meshpilots_ca() {
     let (client, via_sidecar) = mesh.client(0);
 
     // Before the first request there was no handshake to the server; after it, there was one.
-    let handshakes = format!("cluster.outbound|{}||{SERVER_HOST}.ssl.handshake", SERVER_SVC.1);
+    let handshakes = format!("cluster.outbound|{}||{SERVER_HOST};.ssl.handshake", SERVER_SVC.1);
     let before = client.stat(&handshakes).await;
     via_sidecar.wait_backend("/", &[], "server-1").await;
     let after = client.stat(&handshakes).await;

@@ -75,7 +75,7 @@ async fn unknown_protocol_port_is_routed_as_http() {
         assert_eq!(reviews.backend("/", &[]).await, "reviews-v1");
         assert_eq!(reviews.backend("/", &[("x-user", "alice")]).await, "reviews-v2");
     }
-    wait_stat(&envoy, &format!("http.outbound_{name}.downstream_rq_total"), 20).await;
+    wait_stat(&envoy, &format!("http.outbound_{name};.downstream_rq_total"), 20).await;
 
     // Bytes that are not HTTP take the TCP chain to the service's cluster.
     let cluster = format!("outbound|{port}||{}", fqdn("reviews"));
@@ -125,7 +125,7 @@ async fn sidecar_ingress_listeners_forward_to_the_default_endpoint() {
         let inbound = Ingress::new(port, "client.shop.svc.cluster.local");
         inbound.wait_backend("/", &[], "client-app").await;
         // Both go through the inbound HTTP connection manager (the sniffed one after the HTTP inspector).
-        wait_stat(&envoy, &format!("http.inbound_127.0.0.1_{port}.downstream_rq_total"), 1).await;
+        wait_stat(&envoy, &format!("http.inbound_127.0.0.1_{port};.downstream_rq_total"), 1).await;
     }
     assert_no_rejections(&envoy).await;
 }

@@ -206,7 +206,7 @@ async fn a_client_in_another_namespace_reaches_the_app_through_the_inbound_side(
     let pod = &mesh.pod;
     let client = mesh.others.forward(SocketAddr::from((pod.ip(), pod.app_port()))).await;
     let ingress = Ingress::new(client.port(), &format!("productpage.{NS}.svc.cluster.local:{PRODUCTPAGE_PORT}"));
-    let stat = format!("cluster.inbound|{}||.upstream_rq_total", pod.app_port());
+    let stat = format!("cluster.inbound|{}||;.upstream_rq_total", pod.app_port());
     let before = pod.stat(&stat).await;
 
     // iptables sends the connection to 15006: only Envoy's inbound side can answer it.
@@ -223,7 +223,7 @@ async fn the_app_reaches_services_through_the_outbound_side_and_a_virtual_servic
 
     // Nothing listens on the cluster IP: iptables sends the connection to 15001, Envoy routes it.
     reviews.wait_all_from("/", &[], "reviews-v1", 10).await;
-    let stat = format!("cluster.outbound|{}|v1|reviews.{NS}.svc.cluster.local.upstream_rq_total", REVIEWS.1);
+    let stat = format!("cluster.outbound|{}|v1|reviews.{NS}.svc.cluster.local;.upstream_rq_total", REVIEWS.1);
     assert!(mesh.pod.stat(&stat).await >= 10, "{stat}: the requests did not pass Envoy's outbound");
 
     apply(&mesh.client, &reviews_route("v2")).await;

@@ -93,7 +93,7 @@ async fn sidecars_talk_mutual_tls_and_strict_refuses_plaintext_clients() {
 
     // Client → server: ISTIO_MUTUAL by auto mTLS, the server's inbound side terminating it.
     via_sidecar.wait_all_from("/", &[], "server-1", 3).await;
-    let handshakes = format!("cluster.outbound|{}||server.{NS}.svc.cluster.local.ssl.handshake", SERVER_SVC.1);
+    let handshakes = format!("cluster.outbound|{}||server.{NS}.svc.cluster.local;.ssl.handshake", SERVER_SVC.1);
     assert!(pods.client.stat(&handshakes).await >= 1, "{handshakes}: the client's Envoy made no TLS handshake");
     let echo = via_sidecar.echo("/", &[]).await;
     let xfcc = echo["headers"]["x-forwarded-client-cert"].as_str().unwrap_or_default().to_string();

@@ -134,11 +134,11 @@ async fn endpoint_change_updates_only_its_clusters(delta: bool) {
     at_ratings.wait_backend("/", &[], "ratings-1").await;
     wait_synced(&cp, &[SIDECAR_NODE_ID]).await;
     let before = update_counters(&envoy.stats().await);
-    let ratings_eds = format!("cluster.{}.update_success", cluster_name(port, "", "ratings"));
+    let ratings_eds = format!("cluster.{};.update_success", cluster_name(port, "", "ratings"));
     for c in
         [cluster_name(port, "", "reviews"), cluster_name(port, "v1", "reviews"), cluster_name(port, "v2", "reviews")]
     {
-        let stat = format!("cluster.{c}.update_success");
+        let stat = format!("cluster.{c};.update_success");
         assert!(before.get(&stat).is_some_and(|n| *n >= 1), "no EDS update counted for {c}: {before:#?}");
     }
     assert!(before.contains_key(&ratings_eds), "{before:#?}");

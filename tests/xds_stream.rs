@@ -202,7 +202,7 @@ async fn one_change_pushes_once_to_affected_proxies_only() {
         assert_eq!(p.state().responses(), before.responses(), "team-a proxies must get no push");
     }
     // The team-b Envoy gets exactly one EDS update for its service and nothing else; team-a's Envoy nothing.
-    let eds_stat = "cluster.outbound|80||svc.team-b.svc.cluster.local.update_attempt";
+    let eds_stat = "cluster.outbound|80||svc.team-b.svc.cluster.local;.update_attempt";
     assert!(
         envoy_b.wait_for(TIMEOUT, async |e| e.stat(eds_stat).await > envoy_b_before.get(eds_stat).copied()).await,
         "team-b Envoy got no EDS update"
