@@ -1,8 +1,8 @@
 //! VirtualService HTTP rules → Envoy routes (shared by sidecars and gateways).
 
 use envoy_types::pb::envoy::config::route::v3::{
-    route, route_action::ClusterSpecifier, route_action::HostRewriteSpecifier, weighted_cluster, Decorator, Route,
-    RouteAction, WeightedCluster,
+    route, route_action::ClusterSpecifier, route_action::HostRewriteSpecifier, route_match::PathSpecifier,
+    weighted_cluster, Decorator, Route, RouteAction, WeightedCluster,
 };
 
 use super::destination::{hash_policy, resolve};
@@ -18,16 +18,16 @@ use crate::registry::Service;
 /// The routes of one VirtualService for a listener, in rule order. Matches that cannot apply to the
 /// proxy are dropped, and nothing after a catch-all route is kept (it could never match).
 pub(super) fn virtual_service_routes(scope: &Scope<'_>, (ix, vs): VsRef<'_>, ctx: &RouteContext<'_>) -> Vec<Route> {
-    let vs_ns = ix.config.key.namespace.as_str();
+    let (vs_ns, vs_name) = (ix.config.key.namespace.as_str(), ix.config.key.name.as_str());
     let mut out = Vec::new();
     for rule in vs.http.iter().filter(|r| r.delegate.is_none()) {
         if rule.matches.is_empty() {
-            out.extend(translate(scope, rule, None, ctx, vs_ns));
+            out.extend(translate(scope, rule, None, ctx, (vs_ns, vs_name)));
             break;
         }
         let mut caught = false;
         for m in rule.matches.iter().filter(|m| applies(m, ctx, vs_ns)) {
-            if let Some(r) = translate(scope, rule, Some(m), ctx, vs_ns) {
+            if let Some(r) = translate(scope, rule, Some(m), ctx, (vs_ns, vs_name)) {
                 caught = r.r#match.as_ref().is_some_and(is_catch_all);
                 out.push(r);
                 if caught {
@@ -68,7 +68,7 @@ fn translate(
     rule: &HttpRoute,
     m: Option<&HttpMatchRequest>,
     ctx: &RouteContext<'_>,
-    vs_ns: &str,
+    (vs_ns, vs_name): (&str, &str),
 ) -> Option<Route> {
     let mut name = rule.name.clone();
     if let Some(match_name) = m.map(|m| m.name.as_str()).filter(|n| !n.is_empty()) {
@@ -86,11 +86,33 @@ fn translate(
         route::Action::Route(forward(scope, rule, ctx, vs_ns, authority, &mut out)?)
     };
     out.action = Some(action);
+    out.decorator = Some(Decorator { operation: route_operation(&out, vs_name, ctx.listen_port), ..Default::default() });
     // Inserted in name order so equal routes encode identically (see `map_field`).
     let cors = rule.cors_policy.as_ref().map(|c| (ext::CORS.to_string(), any(cors(c))));
     let fault = rule.fault.as_ref().and_then(fault).map(|f| (ext::FAULT.to_string(), any(f)));
     out.typed_per_filter_config = map_field(cors.into_iter().chain(fault));
     Some(out)
+}
+
+/// istiod's trace operation of a VirtualService route: `HOST:PORT` of its one destination cluster
+/// (else `VIRTUAL_SERVICE:LISTEN_PORT`), followed by the path it matches.
+fn route_operation(route: &Route, vs_name: &str, listen_port: u16) -> String {
+    let path = match route.r#match.as_ref().and_then(|m| m.path_specifier.as_ref()) {
+        Some(PathSpecifier::Prefix(p)) => format!("{p}*"),
+        Some(PathSpecifier::Path(p)) => p.clone(),
+        Some(PathSpecifier::SafeRegex(r)) => r.regex.clone(),
+        _ => "/*".to_string(),
+    };
+    let cluster = match &route.action {
+        Some(route::Action::Route(RouteAction { cluster_specifier: Some(ClusterSpecifier::Cluster(c)), .. })) => Some(c),
+        _ => None,
+    };
+    // A subset key: `DIRECTION|PORT|SUBSET|HOST`.
+    let host_port = cluster.and_then(|c| match c.split('|').collect::<Vec<_>>()[..] {
+        [_, port, _, host] => Some(format!("{host}:{port}")),
+        _ => None,
+    });
+    format!("{}{path}", host_port.unwrap_or_else(|| format!("{vs_name}:{listen_port}")))
 }
 
 fn add_headers(route: &mut Route, ops: HeaderOps) {
@@ -260,6 +282,19 @@ mod tests {
         assert_eq!(abort.percentage.map(|p| p.numerator), Some(10_000));
         let cors: CorsPolicy = unpack(&route.typed_per_filter_config[ext::CORS]);
         assert_eq!((cors.allow_methods.as_str(), cors.max_age.as_str()), ("GET,POST", "86400"));
+    }
+
+    #[test]
+    fn routes_carry_istiods_trace_operation() {
+        let rc = bookinfo_9080();
+        let operations: Vec<String> = vhost(&rc, REVIEWS)
+            .routes
+            .iter()
+            .map(|r| r.decorator.as_ref().map(|d| d.operation.clone()).unwrap_or_default())
+            .collect();
+        // One destination (jason's, subset v2): its host and port; several (the weighted split):
+        // the VirtualService's name and the listener's port. Both match every path.
+        assert_eq!(operations, ["reviews.bookinfo.svc.cluster.local:9080/*", "reviews:9080/*"]);
     }
 
     #[test]
