@@ -17,9 +17,9 @@ use super::http_match::RouteContext;
 use super::names::{gateway_http_route_name, listener_name};
 use super::network_filter::{
     accept_one_connection_per_event, chain, claim_server_names, secured_http_connection_manager, sni_match,
-    stat_prefix_of, tcp_proxy_filter, tls_inspector, HttpClass,
+    stat_prefix_of, tcp_proxy_filter, tls_inspector, HttpClass, TRANSPORT_SOCKET_CONNECT_TIMEOUT,
 };
-use super::proto::{resource, socket_address};
+use super::proto::{duration, resource, socket_address};
 use super::resource::Resource;
 use super::scope::{Scope, VsRef};
 use super::tcp_route::{tcp_target, tls_targets};
@@ -64,6 +64,12 @@ fn gateway_listener(scope: &Scope<'_>, gp: &GatewayPort<'_>) -> Option<Listener>
     if chains.is_empty() {
         return None;
     }
+    // istiod leaves a gateway's chains unnamed and bounds their TLS handshake (slow-handshake
+    // attacks).
+    let mut chains = chains;
+    for c in &mut chains {
+        c.transport_socket_connect_timeout = Some(duration(TRANSPORT_SOCKET_CONNECT_TIMEOUT));
+    }
     let sni = chains.iter().any(|c| c.filter_chain_match.as_ref().is_some_and(|m| !m.server_names.is_empty()));
     Some(Listener {
         name: name.clone(),
@@ -87,7 +93,7 @@ struct Chains {
 impl Chains {
     /// Adds a chain for `hosts`: SNI-matched on the hosts not claimed yet, or match-less for `*`
     /// when no match-less chain exists. Returns false when nothing was left to match.
-    fn add(&mut self, name: String, hosts: &[String], build: impl FnOnce() -> Option<FilterChain>) -> bool {
+    fn add(&mut self, hosts: &[String], build: impl FnOnce() -> Option<FilterChain>) -> bool {
         let mut claimed = self.claimed.clone();
         let names = claim_server_names(hosts, &mut claimed);
         let wildcard = hosts.iter().any(|h| h == "*");
@@ -95,7 +101,6 @@ impl Chains {
             return false;
         }
         let Some(mut c) = build() else { return false };
-        c.name = name;
         c.filter_chain_match = sni_match(names.clone());
         self.catch_all |= names.is_empty();
         self.claimed = claimed;
@@ -121,12 +126,6 @@ fn server_chains(scope: &Scope<'_>, server: &GatewayServer<'_>, stat_prefix: &st
         .filter(|vs| !server.exposed_hosts(*vs).is_empty())
         .collect();
     let hosts = server.plain_hosts();
-    let port_name = server.server.port.as_ref().map(|p| p.name.as_str()).unwrap_or_default();
-    let chain_name = if server.server.name.is_empty() {
-        format!("{}/{port_name}", server.gateway)
-    } else {
-        server.server.name.clone()
-    };
     // A credential must be servable where this proxy runs (Istio reads it from there), and to
     // this proxy: an unverified gateway (plaintext port) is sent no secret, so a server needing
     // one is left out rather than waiting for a secret that never comes.
@@ -137,7 +136,7 @@ fn server_chains(scope: &Scope<'_>, server: &GatewayServer<'_>, stat_prefix: &st
     match &server.kind {
         ServerKind::Http => {}
         ServerKind::HttpsTerminated { route_name } => {
-            chains.add(chain_name, &hosts, || {
+            chains.add(&hosts, || {
                 let socket = downstream_transport_socket(tls?, &HTTPS_ALPN).ok()?;
                 let prefix = if server.server.name.is_empty() { stat_prefix } else { &server.server.name };
                 let hcm = secured_http_connection_manager(
@@ -151,7 +150,7 @@ fn server_chains(scope: &Scope<'_>, server: &GatewayServer<'_>, stat_prefix: &st
             });
         }
         ServerKind::TlsTerminated => {
-            chains.add(chain_name, &hosts, || {
+            chains.add(&hosts, || {
                 let socket = downstream_transport_socket(tls?, &[]).ok()?;
                 let target = tcp_target(scope, &vss, None, &ctx)?;
                 let filter = tcp_proxy_filter(stat_prefix_of(&target), target.clone(), mesh);
@@ -162,17 +161,15 @@ fn server_chains(scope: &Scope<'_>, server: &GatewayServer<'_>, stat_prefix: &st
             let allowed = |sni: &str| hosts.iter().any(|h| host_matches(h, &sni.to_ascii_lowercase()));
             for t in tls_targets(scope, &vss, &ctx, allowed) {
                 let filter = tcp_proxy_filter(stat_prefix_of(&t.target), t.target.clone(), mesh);
-                chains.add(t.server_names.join(","), &t.server_names, || {
-                    Some(chain(String::new(), None, authz::secured_tcp(scope, filter), None))
-                });
+                chains
+                    .add(&t.server_names, || Some(chain(String::new(), None, authz::secured_tcp(scope, filter), None)));
             }
         }
         ServerKind::Tcp => {
             let Some(target) = tcp_target(scope, &vss, None, &ctx) else { return };
             let filter = tcp_proxy_filter(stat_prefix_of(&target), target.clone(), mesh);
-            chains.add(chain_name, &["*".to_string()], || {
-                Some(chain(String::new(), None, authz::secured_tcp(scope, filter), None))
-            });
+            chains
+                .add(&["*".to_string()], || Some(chain(String::new(), None, authz::secured_tcp(scope, filter), None)));
         }
     }
 }

@@ -86,7 +86,8 @@ fn translate(
         route::Action::Route(forward(scope, rule, ctx, vs_ns, authority, &mut out)?)
     };
     out.action = Some(action);
-    out.decorator = Some(Decorator { operation: route_operation(&out, vs_name, ctx.listen_port), ..Default::default() });
+    out.decorator =
+        Some(Decorator { operation: route_operation(&out, vs_name, ctx.listen_port), ..Default::default() });
     // Inserted in name order so equal routes encode identically (see `map_field`).
     let cors = rule.cors_policy.as_ref().map(|c| (ext::CORS.to_string(), any(cors(c))));
     let fault = rule.fault.as_ref().and_then(fault).map(|f| (ext::FAULT.to_string(), any(f)));
@@ -104,7 +105,9 @@ fn route_operation(route: &Route, vs_name: &str, listen_port: u16) -> String {
         _ => "/*".to_string(),
     };
     let cluster = match &route.action {
-        Some(route::Action::Route(RouteAction { cluster_specifier: Some(ClusterSpecifier::Cluster(c)), .. })) => Some(c),
+        Some(route::Action::Route(RouteAction { cluster_specifier: Some(ClusterSpecifier::Cluster(c)), .. })) => {
+            Some(c)
+        }
         _ => None,
     };
     // A subset key: `DIRECTION|PORT|SUBSET|HOST`.
