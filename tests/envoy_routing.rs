@@ -163,6 +163,134 @@ async fn gateway_routes_by_uri_and_header() {
     drop(s.config);
 }
 
+/// A root gateway VirtualService hands `/api` to a delegate in another namespace: the delegate's
+/// rules route within the root's match and inherit its header rule; an edit of the delegate alone
+/// reaches the gateway.
+#[tokio::test]
+async fn gateway_delegate_chain_routes_and_follows_delegate_edits() {
+    let reviews = Backend::new("reviews-v1");
+    let ratings = Backend::new("ratings-v1");
+    let details = Backend::new("details-v1");
+    let services = documents(&[
+        service_entry("reviews", 80, &[(&reviews, "v1")]),
+        service_entry("ratings", 80, &[(&ratings, "v1")]),
+        service_entry("details", 80, &[(&details, "v1")]),
+    ]);
+    let root = gateway_vs(
+        "shop",
+        r#"
+        - name: api
+          match:
+          - uri: {prefix: /api}
+          headers:
+            response: {set: {x-root: shop}}
+          delegate: {name: api, namespace: team}
+        - name: rest
+          route:
+          - destination: {host: details}
+        "#,
+    );
+    let delegate = |v2_host: &str| {
+        let rules = [
+            format!("- name: v2\n  match: [{{uri: {{prefix: /api/v2}}}}]\n  route: [{{destination: {{host: {v2_host}}}}}]"),
+            "- name: outside\n  match: [{uri: {prefix: /other}}]\n  route: [{destination: {host: ratings.shop.svc.cluster.local}}]".into(),
+            "- name: rest\n  route: [{destination: {host: reviews.shop.svc.cluster.local}}]".into(),
+        ];
+        let http: String = rules.iter().flat_map(|r| r.lines()).map(|l| format!("  {l}\n")).collect();
+        format!("apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {{name: api, namespace: team}}\nspec:\n  http:\n{http}")
+    };
+    let s = start_gateway_setup(&[
+        ("services.yaml", services),
+        ("routes.yaml", root),
+        ("delegate.yaml", delegate("ratings.shop.svc.cluster.local")),
+    ])
+    .await;
+    let gw = &s.ingress;
+    gw.wait_backend("/api/v2/x", &[], "ratings-v1").await;
+    assert_eq!(gw.backend("/api/v1/x", &[]).await, "reviews-v1", "the delegate's catch-all, within /api");
+    assert_eq!(gw.backend("/other", &[]).await, "details-v1", "a delegate rule outside /api is dropped");
+    assert_eq!(gw.backend("/", &[]).await, "details-v1", "the root's own rule");
+    let r = gw.get("/api/v2/x", &[]).await;
+    assert_eq!(r.header("x-root"), Some("shop"), "the root's headers are inherited: {r:?}");
+    let dump = s.envoy.config_dump().await;
+    let rc = dynamic_route_config(&dump, &format!("http.{}", s.port)).expect("the gateway's routes");
+    let names: Vec<_> = rc["route_config"]["virtual_hosts"][0]["routes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["name"].as_str())
+        .collect();
+    assert_eq!(names, ["api-v2", "api-rest", "rest"], "istiod's merged route names");
+
+    // The delegate alone changes: the root's routes follow.
+    write_files(s.config.path(), &[("delegate.yaml", delegate("details.shop.svc.cluster.local").as_str())]);
+    gw.wait_backend("/api/v2/x", &[], "details-v1").await;
+    assert_eq!(gw.backend("/api/v1/x", &[]).await, "reviews-v1");
+    assert_no_rejections(&s.envoy).await;
+    drop(s.config);
+}
+
+/// Locality failover through a real gateway Envoy in `us-east/zone-a`: with outlier detection (and
+/// the mesh's default locality load balancing) its own zone's endpoint takes every request, the
+/// other zone's is priority 1 in the assignment; when the local endpoint dies, traffic moves
+/// there.
+#[tokio::test]
+async fn gateway_locality_failover_moves_traffic_when_the_local_endpoint_dies() {
+    let local = Backend::new("reviews-zone-a");
+    let remote = Backend::new("reviews-zone-b");
+    let endpoint = |b: &Backend, zone: &str| {
+        format!("  - {{address: {}, ports: {{http: {}}}, locality: us-east/{zone}}}\n", b.ip(), b.port())
+    };
+    let services = format!(
+        "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: reviews, namespace: shop}}\nspec:\n  \
+         hosts: [{host}]\n  location: MESH_INTERNAL\n  resolution: STATIC\n  \
+         ports: [{{number: 80, name: http, protocol: HTTP}}]\n  endpoints:\n{a}{b}---\n\
+         apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {{name: reviews, namespace: shop}}\nspec:\n  \
+         host: {host}\n  trafficPolicy:\n    outlierDetection: {{consecutive5xxErrors: 1, interval: 1s, \
+         baseEjectionTime: 60s, maxEjectionPercent: 100}}\n",
+        host = fqdn("reviews"),
+        a = endpoint(&local, "zone-a"),
+        b = endpoint(&remote, "zone-b"),
+    );
+    let vs = gateway_vs("shop", "        - route:\n          - destination: {host: reviews}\n");
+    let port = free_port();
+    let config = temp_dir_with(&[("gateway.yaml", gateway(port).as_str())]);
+    write_files(config.path(), &[("services.yaml", services.as_str()), ("routes.yaml", vs.as_str())]);
+    let cp = start_meshpilot(config.path()).await;
+    let envoy = Envoy::builder(GATEWAY_NODE_ID, cp.xds_addr())
+        .metadata(gateway_metadata())
+        .locality("us-east", "zone-a", "")
+        .start();
+    envoy.wait_ready(common::poll::STARTUP_TIMEOUT).await;
+    let gw = Ingress::new(port, HOST);
+    gw.wait_backend("/", &[], "reviews-zone-a").await;
+
+    // What Envoy holds: the client's zone first, the other zone as the next priority.
+    let dump = envoy.config_dump().await;
+    let cla = load_assignment(&dump, &cluster_name(80, "", "reviews")).expect("the reviews assignment");
+    let mut priorities: Vec<(String, u64)> = cla["endpoints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|l| (l["locality"]["zone"].as_str().unwrap_or_default().to_string(), l["priority"].as_u64().unwrap_or(0)))
+        .collect();
+    priorities.sort();
+    assert_eq!(priorities, [("zone-a".to_string(), 0), ("zone-b".to_string(), 1)], "{cla:#}");
+    for i in 0..20 {
+        assert_eq!(gw.backend(&format!("/r/{i}"), &[]).await, "reviews-zone-a", "priority 0 takes everything");
+    }
+    assert_eq!(remote.requests(), 0);
+
+    // The local endpoint dies: outlier detection ejects it and Envoy fails over to zone-b.
+    drop(local);
+    gw.wait_backend("/", &[], "reviews-zone-b").await;
+    for i in 0..10 {
+        assert_eq!(gw.backend(&format!("/after/{i}"), &[]).await, "reviews-zone-b");
+    }
+    assert_no_rejections(&envoy).await;
+    drop(config);
+}
+
 #[tokio::test]
 async fn gateway_weighted_split_80_20() {
     let v1 = Backend::new("reviews-v1");

@@ -220,7 +220,8 @@ impl World {
     fn step(&mut self) -> Change {
         let weights = |k: &Kind| match k {
             Kind::EndpointSlice => 4,
-            Kind::Pod | Kind::VirtualService | Kind::DestinationRule | Kind::Gateway => 2,
+            Kind::VirtualService => 3,
+            Kind::Pod | Kind::DestinationRule | Kind::Gateway => 2,
             _ => 1,
         };
         let mut at = self.rng.below(KINDS.iter().map(weights).sum());
@@ -384,6 +385,10 @@ impl World {
     }
 
     fn virtual_service(&mut self) -> Change {
+        // A delegate (no hosts) now and then: its edits reach only through the roots naming it.
+        if self.rng.chance(35) {
+            return self.delegate_virtual_service();
+        }
         let name = format!("vs-{}", self.rng.below(3));
         let ns = *self.rng.pick(&NAMESPACES);
         let gateways =
@@ -396,6 +401,11 @@ impl World {
             route["destination"]["port"] = json!({"number": 80});
         }
         let mut http = json!({"route": [route]});
+        if self.rng.chance(40) {
+            // A root: the rule hands its matches to a delegate, which may not exist (yet).
+            let namespace = *self.rng.pick(&NAMESPACES);
+            http = json!({"delegate": {"name": format!("dl-{}", self.rng.below(2)), "namespace": namespace}});
+        }
         if self.rng.chance(50) {
             http["match"] = json!([{"uri": {"prefix": self.rng.pick(&["/api", "/v2", "/"])}}]);
         }
@@ -407,6 +417,29 @@ impl World {
         }
         let mut spec = json!({"hosts": self.rng.some(&HOSTS[..4]), "gateways": gateways, "http": [http]});
         if self.rng.chance(25) {
+            spec["exportTo"] = json!(["."]);
+        }
+        self.istio("networking.istio.io/v1", "VirtualService", ns, &name, spec)
+    }
+
+    /// A delegate VirtualService `dl-N`: HTTP rules only, no hosts, sometimes exported to its
+    /// own namespace only.
+    fn delegate_virtual_service(&mut self) -> Change {
+        let name = format!("dl-{}", self.rng.below(2));
+        let ns = *self.rng.pick(&NAMESPACES);
+        let mut route = json!({"destination": {"host": self.rng.pick(&HOSTS)}});
+        if self.rng.chance(50) {
+            route["destination"]["subset"] = json!(self.rng.pick(&VERSIONS));
+        }
+        let mut http = json!({"route": [route]});
+        if self.rng.chance(60) {
+            http["match"] = json!([{"uri": {"prefix": self.rng.pick(&["/api/v1", "/v2", "/other"])}}]);
+        }
+        if self.rng.chance(40) {
+            http["timeout"] = json!(self.rng.pick(&["1s", "5s"]));
+        }
+        let mut spec = json!({"http": [http]});
+        if self.rng.chance(30) {
             spec["exportTo"] = json!(["."]);
         }
         self.istio("networking.istio.io/v1", "VirtualService", ns, &name, spec)

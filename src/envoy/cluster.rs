@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use envoy_types::pb::envoy::config::cluster::v3::cluster::common_lb_config::LocalityConfigSpecifier;
 use envoy_types::pb::envoy::config::cluster::v3::{cluster, Cluster};
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use envoy_types::pb::envoy::extensions::clusters::common::dns::v3::DnsLookupFamily;
@@ -11,6 +12,7 @@ use envoy_types::pb::envoy::extensions::clusters::dns::v3::DnsCluster;
 
 use super::auto_mtls::{auto_mtls_matches, service_sans};
 use super::endpoint::{assignment, locality_endpoints};
+use super::locality_lb;
 use super::names::ext::DNS_CLUSTER;
 use super::names::{BLACKHOLE_CLUSTER, PASSTHROUGH_CLUSTER};
 use super::outbound_clusters::{outbound_clusters, OutboundCluster};
@@ -61,6 +63,11 @@ fn outbound_cluster(scope: &Scope<'_>, oc: &OutboundCluster<'_>, sans: &[String]
     let policy = Policy::effective(oc.rule, oc.subset, oc.port.number);
     traffic_policy::apply(&mut c, &policy, oc.port.protocol, mesh);
     traffic_policy::disable_panic_mode_by_default(&mut c);
+    let locality = policy.load_balancer.and_then(|lb| lb.locality_lb_setting.as_ref());
+    if locality_lb::weighs_localities(locality_lb::effective(locality, mesh), policy.outlier_detection.is_some()) {
+        let common = c.common_lb_config.get_or_insert_with(Default::default);
+        common.locality_config_specifier = Some(LocalityConfigSpecifier::LocalityWeightedLbConfig(Default::default()));
+    }
     if oc.port.protocol == Protocol::Unsupported && scope.view.kind == ProxyKind::Sidecar {
         // A sniffed port's HTTP goes upstream as the client sent it (HTTP/1.1 or h2c), as in
         // Istio; gateways do not sniff.

@@ -9,6 +9,7 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 };
 
 use super::auto_mtls::endpoint_metadata;
+use super::locality_lb::{self, Client};
 use super::outbound_clusters::{outbound_clusters, outbound_clusters_of, OutboundCluster};
 use super::proto::{resource, socket_address, u32_value};
 use super::resource::Resource;
@@ -63,8 +64,20 @@ pub(super) fn assignment(
     for (endpoint, port) in selected {
         by_locality.entry(&*endpoint.locality).or_default().push((endpoint, port));
     }
-    let endpoints =
-        by_locality.into_iter().map(|(locality, endpoints)| locality_endpoints(locality, &endpoints)).collect();
+    let groups = by_locality
+        .into_iter()
+        .map(|(locality, endpoints)| {
+            let sources = endpoints.iter().map(|(e, _)| *e).collect();
+            (locality_endpoints(locality, &endpoints), sources)
+        })
+        .collect();
+    // Relative to the proxy receiving them, as istiod does (the view carries its locality).
+    let setting = locality_lb::effective(
+        policy.load_balancer.and_then(|lb| lb.locality_lb_setting.as_ref()),
+        &scope.snapshot.mesh,
+    );
+    let client = Client { locality: &scope.view.locality, labels: &scope.view.labels };
+    let endpoints = locality_lb::apply(groups, setting, policy.outlier_detection.is_some(), client);
     ClusterLoadAssignment { cluster_name: cluster.name.clone(), endpoints, ..Default::default() }
 }
 
@@ -118,15 +131,7 @@ fn is_ip_or_socket(endpoint: &Endpoint) -> bool {
 }
 
 fn parse_locality(locality: &str) -> Option<Locality> {
-    if locality.is_empty() {
-        return None;
-    }
-    let mut parts = locality.splitn(3, '/').map(str::to_string);
-    Some(Locality {
-        region: parts.next().unwrap_or_default(),
-        zone: parts.next().unwrap_or_default(),
-        sub_zone: parts.next().unwrap_or_default(),
-    })
+    (!locality.is_empty()).then(|| locality_lb::parse(locality))
 }
 
 #[cfg(test)]

@@ -30,6 +30,7 @@ mod inbound_http;
 mod inbound_mtls;
 mod invalidation;
 mod listener;
+mod locality_lb;
 mod mtls;
 mod names;
 mod network_filter;

@@ -126,6 +126,7 @@ pub(crate) fn sidecar(namespace: &str, labels: &[(&str, &str)]) -> ProxyView {
         inbound: Vec::new(),
         agent_sds: true,
         credentials: false,
+        locality: String::new(),
     }
 }
 
@@ -146,6 +147,7 @@ pub(crate) fn router(namespace: &str, labels: &[(&str, &str)]) -> ProxyView {
         inbound: Vec::new(),
         agent_sds: true,
         credentials: true,
+        locality: String::new(),
     }
 }
 

@@ -8,9 +8,10 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::api::destination_rule::LocalityLbSetting;
 use crate::config::api::sidecar::OutboundMode;
 use crate::config::api::Duration;
-use crate::config::validation::{check_duration, check_duration_above};
+use crate::config::validation::{check_duration, check_duration_above, check_locality_lb_setting};
 
 /// pilot's default `--domain`: the DNS suffix of Kubernetes service names.
 pub const DEFAULT_DOMAIN: &str = "cluster.local";
@@ -46,6 +47,9 @@ pub struct MeshConfig {
     pub discovery_selectors: Vec<LabelSelector>,
     /// Auto mTLS: clusters without DestinationRule TLS use ISTIO_MUTUAL to workloads with a sidecar.
     pub enable_auto_mtls: bool,
+    /// Mesh-wide locality load balancing, for DestinationRules that set none (Istio's default:
+    /// enabled, which turns on failover wherever outlier detection is set).
+    pub locality_lb_setting: Option<LocalityLbSetting>,
     /// Extension providers: the external authorizers CUSTOM AuthorizationPolicies name (and
     /// providers of other kinds, read for their name only).
     pub extension_providers: Vec<ExtensionProvider>,
@@ -81,6 +85,7 @@ impl Default for MeshConfig {
             access_log_file: String::new(),
             discovery_selectors: Vec::new(),
             enable_auto_mtls: true,
+            locality_lb_setting: Some(LocalityLbSetting { enabled: Some(true), ..Default::default() }),
             extension_providers: Vec::new(),
             domain: DEFAULT_DOMAIN.into(),
             source_hash: 0,
@@ -154,6 +159,9 @@ impl MeshConfig {
         // `Cluster.dns_refresh_rate` is `gt {nanos: 1000000}`: 1ms itself is refused.
         check_duration_above(self.dns_refresh_rate, std::time::Duration::from_millis(1))
             .map_err(|reason| ("dnsRefreshRate".to_string(), reason))?;
+        if let Some(setting) = &self.locality_lb_setting {
+            check_locality_lb_setting("localityLbSetting", setting)?;
+        }
         for (i, selector) in self.discovery_selectors.iter().enumerate() {
             selector.validate().map_err(|(field, reason)| (format!("discoverySelectors[{i}].{field}"), reason))?;
         }

@@ -5,21 +5,24 @@ use std::collections::BTreeSet;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+use super::delegation::merge_root;
 use super::destination_rules::{DestinationRuleIndex, RuleInput};
 use crate::config::api::{DestinationRule, VirtualService};
-use crate::config::{ConfigKey, ConfigObjects, Kind, Spec, ValidConfig};
+use crate::config::{ConfigKey, ConfigObject, ConfigObjects, Kind, Spec, ValidConfig};
 use crate::mesh::MeshConfig;
 use crate::registry::{Hostname, Visibility};
 
 /// A config object with its resolved visibility and qualified hosts.
 #[derive(Debug, Clone)]
 pub struct Indexed<T> {
-    /// The object.
+    /// The object, as translation reads it (a root VirtualService with its delegates merged in).
     pub config: ValidConfig,
     /// Namespaces it is visible to.
     pub visibility: Visibility,
     /// Hosts, qualified with the object's namespace.
     pub hosts: Vec<Hostname>,
+    /// The delegate VirtualServices a root names (found or not), which `config` is merged from.
+    pub delegates: Vec<ConfigKey>,
     _spec: PhantomData<T>,
 }
 
@@ -52,7 +55,7 @@ impl ConfigIndex {
         let mut index = ConfigIndex::default();
         for kind in INDEXED_KINDS {
             for config in of_kind(configs, kind) {
-                index.set(&config.key, Some(config), mesh);
+                index.set(&config.key, configs, mesh);
             }
         }
         index.index_destination_rules(mesh);
@@ -69,9 +72,25 @@ impl ConfigIndex {
     ) -> ConfigIndex {
         let mut index = self.clone();
         let mut rules_changed = false;
+        let mut routes_changed = BTreeSet::new();
         for key in changed.filter(|k| INDEXED_KINDS.contains(&k.kind)) {
             rules_changed |= key.kind == Kind::DestinationRule;
-            index.set(key, configs.get(key), mesh);
+            if key.kind == Kind::VirtualService {
+                routes_changed.insert(key.clone());
+            }
+            index.set(key, configs, mesh);
+        }
+        // A root merges its delegates' rules: a changed delegate merges its roots again.
+        let roots: Vec<ConfigKey> = index
+            .virtual_services
+            .iter()
+            .filter(|(key, ix)| {
+                !routes_changed.contains(*key) && ix.delegates.iter().any(|d| routes_changed.contains(d))
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        for root in &roots {
+            index.set(root, configs, mesh);
         }
         if rules_changed {
             index.index_destination_rules(mesh);
@@ -89,35 +108,45 @@ impl ConfigIndex {
         self.destination_rule_lookup = Arc::new(index);
     }
 
-    /// Replaces what is indexed under `key` by what `config` gives (nothing when `None`).
-    fn set(&mut self, key: &ConfigKey, config: Option<&ValidConfig>, mesh: &MeshConfig) {
+    /// Replaces what is indexed under `key` by what `configs` holds there (nothing when absent).
+    fn set(&mut self, key: &ConfigKey, configs: &ConfigObjects, mesh: &MeshConfig) {
         self.virtual_services.remove(key);
         self.destination_rules.remove(key);
         self.selector_keys.remove(key);
         self.credentials.remove(key);
-        let Some(config) = config else { return };
+        let Some(mut config) = configs.get(key).cloned() else { return };
         let ns = key.namespace.as_str();
         // Short hosts are Kubernetes service names: qualified with the DNS domain, not the trust domain.
         let domain = &mesh.domain;
         match &config.spec {
+            // A delegate (no hosts) is read only through its roots.
+            Spec::VirtualService(vs) if vs.hosts.is_empty() => {}
             Spec::VirtualService(vs) => {
                 let hosts = vs.hosts.iter().map(|h| Hostname::qualify(h, ns, domain)).collect();
                 let visibility = Visibility::from_export_to(&vs.export_to, ns, &mesh.default_virtual_service_export_to);
-                self.virtual_services.insert(key.clone(), Arc::new(Indexed::new(config, visibility, hosts)));
+                let mut delegates = Vec::new();
+                if let Some(merged) = merge_root(key, vs, configs, mesh) {
+                    delegates = merged.delegates;
+                    let object = ConfigObject { spec: Spec::VirtualService(merged.spec), ..(*config).clone() };
+                    config = Arc::new(object);
+                }
+                let mut indexed = Indexed::new(&config, visibility, hosts);
+                indexed.delegates = delegates;
+                self.virtual_services.insert(key.clone(), Arc::new(indexed));
             }
             Spec::DestinationRule(dr) => {
                 let hosts = vec![Hostname::qualify(&dr.host, ns, domain)];
                 let visibility =
                     Visibility::from_export_to(&dr.export_to, ns, &mesh.default_destination_rule_export_to);
-                self.destination_rules.insert(key.clone(), Arc::new(Indexed::new(config, visibility, hosts)));
+                self.destination_rules.insert(key.clone(), Arc::new(Indexed::new(&config, visibility, hosts)));
             }
             _ => {}
         }
-        let keys = selector_keys_of(config);
+        let keys = selector_keys_of(&config);
         if !keys.is_empty() {
             self.selector_keys.insert(key.clone(), keys.into_iter().collect());
         }
-        let secrets = super::credentials::named_secrets(config);
+        let secrets = super::credentials::named_secrets(&config);
         if !secrets.is_empty() {
             self.credentials.insert(key.clone(), secrets.into());
         }
@@ -136,7 +165,7 @@ impl ConfigIndex {
 
 impl<T> Indexed<T> {
     fn new(config: &ValidConfig, visibility: Visibility, hosts: Vec<Hostname>) -> Indexed<T> {
-        Indexed { config: config.clone(), visibility, hosts, _spec: PhantomData }
+        Indexed { config: config.clone(), visibility, hosts, delegates: Vec::new(), _spec: PhantomData }
     }
 }
 
@@ -147,7 +176,8 @@ pub(super) fn of_kind(configs: &ConfigObjects, kind: Kind) -> impl Iterator<Item
 }
 
 /// The label keys one object's selectors read: those of Sidecar workload selectors, Gateway
-/// selectors, PeerAuthentication selectors and VirtualService `sourceLabels` matches (the other
+/// selectors, PeerAuthentication selectors, DestinationRule workload selectors and failover
+/// priorities, and VirtualService `sourceLabels` matches (the other
 /// security policies' come from the `SecurityIndex`, which also holds rejected policies). A kind
 /// that starts selecting proxies by label must add its keys here, or proxies it tells apart would
 /// share config.
@@ -157,7 +187,10 @@ fn selector_keys_of(config: &ValidConfig) -> BTreeSet<String> {
         Spec::Sidecar(s) => keys.extend(s.workload_selector.iter().flat_map(|w| w.match_labels.keys().cloned())),
         Spec::Gateway(g) => keys.extend(g.selector.keys().cloned()),
         Spec::DestinationRule(dr) => {
-            keys.extend(dr.workload_selector.iter().flat_map(|w| w.match_labels.keys().cloned()))
+            keys.extend(dr.workload_selector.iter().flat_map(|w| w.match_labels.keys().cloned()));
+            // Failover priorities compare the client's labels with the endpoints'.
+            let priorities = dr.load_balancers().filter_map(|lb| lb.locality_lb_setting.as_ref());
+            keys.extend(priorities.flat_map(|l| l.failover_priority_keys().map(str::to_string)));
         }
         Spec::PeerAuthentication(pa) => keys.extend(pa.selector_labels().into_iter().flat_map(|l| l.keys().cloned())),
         Spec::VirtualService(vs) => {

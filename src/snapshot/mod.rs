@@ -8,6 +8,7 @@ mod changes;
 mod channel;
 mod config_index;
 mod credentials;
+mod delegation;
 mod destination_rules;
 mod ext_authz;
 mod history;

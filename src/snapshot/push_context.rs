@@ -124,6 +124,8 @@ impl Snapshot {
         };
         let mut selector_keys = index.selector_keys();
         selector_keys.extend(security.selector_keys().cloned());
+        let mesh_priorities = mesh.locality_lb_setting.iter().flat_map(|l| l.failover_priority_keys());
+        selector_keys.extend(mesh_priorities.map(str::to_string));
         let kube = super::credentials::keep_referenced(&state.kube, &index.named_secrets());
         // A frontend's state carries the leader's errors, these included: never twice.
         let mut derived_errors = super::credentials::credential_errors(&kube, of_kind(&configs, Kind::Gateway));
@@ -238,6 +240,19 @@ impl Snapshot {
             })
             .filter(|(ix, vs)| vs_applies_to_gateway(vs, &ix.config.key.namespace, gateway))
             .collect()
+    }
+
+    /// The VirtualService `key` as translation reads it: a root with its delegates merged in, a
+    /// delegate as written.
+    pub fn virtual_service(&self, key: &ConfigKey) -> Option<&VirtualService> {
+        let config = match self.index.virtual_services.get(key) {
+            Some(ix) => &ix.config,
+            None => self.configs.get(key)?,
+        };
+        match &config.spec {
+            Spec::VirtualService(vs) => Some(vs),
+            _ => None,
+        }
     }
 
     /// The qualified hosts of the DestinationRule `key`, if this snapshot holds it.
@@ -529,6 +544,19 @@ mod tests {
             &mut state,
             &doc("DestinationRule", "shop", "r", "{host: a, subsets: [{name: v1, labels: {version: v1}}]}"),
         );
+        // A root whose rule delegates to `d` (not there yet): the delegate's edits merge it again.
+        put(
+            &mut state,
+            &doc(
+                "VirtualService",
+                "shop",
+                "root",
+                "{hosts: [root], http: [{match: [{uri: {prefix: /r}}], delegate: {name: d}}]}",
+            ),
+        );
+        let delegate = |source: &str| {
+            doc("VirtualService", "shop", "d", &format!("{{http: [{{match: [{{uri: {{prefix: /r/x}}, sourceLabels: {{{source}: z1}}}}], route: [{{destination: {{host: b}}}}]}}]}}"))
+        };
         put(&mut state, &gateway("cert-1"));
         put(
             &mut state,
@@ -551,6 +579,13 @@ mod tests {
                 rule.clone()
             }),
             Box::new(move |s| put(s, &gateway("cert-2"))),
+            Box::new(move |s| put(s, &delegate("role"))),
+            Box::new(move |s| put(s, &delegate("rack"))),
+            Box::new(move |s| {
+                let key = put(s, &delegate("rack"));
+                s.configs.remove(&key);
+                key
+            }),
             Box::new(move |s| {
                 put(
                     s,

@@ -35,6 +35,9 @@ pub struct Proxy {
     pub workload_name: String,
     /// Mesh id (metadata MESH_ID; empty if absent).
     pub mesh_id: String,
+    /// The node's locality (`region/zone/subzone`; empty if absent). The registry's locality of
+    /// the proxy's workload comes first (see `ProxyView::resolve`).
+    pub locality: String,
     /// What the agent's PROXY_CONFIG says, if it sent one.
     pub proxy_config: Option<ProxyConfigMeta>,
     /// Whether the caller proved an identity of the proxy's namespace (the secure port): only
@@ -103,6 +106,11 @@ impl Proxy {
             istio_version: meta.istio_version.unwrap_or_default(),
             workload_name: meta.workload_name.unwrap_or_default(),
             mesh_id: meta.mesh_id.unwrap_or_default(),
+            locality: node
+                .locality
+                .as_ref()
+                .map(|l| locality_text(&l.region, &l.zone, &l.sub_zone))
+                .unwrap_or_default(),
             proxy_config: meta.proxy_config,
             verified: false,
         })
@@ -155,8 +163,15 @@ impl Proxy {
             agent_sds: !self.istio_version.is_empty(),
             // Sidecars never get credentials: their views stay shared across both ports.
             credentials: self.kind == ProxyKind::Router && self.verified,
+            locality: self.locality.clone(),
         }
     }
+}
+
+/// `region/zone/subzone` without trailing empty parts, as Istio writes a locality.
+fn locality_text(region: &str, zone: &str, sub_zone: &str) -> String {
+    let text = format!("{region}/{zone}/{sub_zone}");
+    text.trim_end_matches('/').to_string()
 }
 
 #[cfg(test)]

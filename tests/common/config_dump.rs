@@ -81,7 +81,7 @@ pub fn endpoint_ports(dump: &Value, cluster: &str) -> Option<Vec<u64>> {
 }
 
 /// The load assignment Envoy holds for EDS cluster `cluster`.
-fn load_assignment<'a>(dump: &'a Value, cluster: &str) -> Option<&'a Value> {
+pub fn load_assignment<'a>(dump: &'a Value, cluster: &str) -> Option<&'a Value> {
     section_list(dump, "EndpointsConfigDump", "dynamic_endpoint_configs")
         .into_iter()
         .find(|e| e["endpoint_config"]["cluster_name"] == cluster)

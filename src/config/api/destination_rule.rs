@@ -1,5 +1,7 @@
 //! `DestinationRule` (networking.istio.io): policies for traffic to a host, and its subsets.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::common::{Duration, Labels, PortSelector, WorkloadSelector};
@@ -96,12 +98,69 @@ pub struct LoadBalancerSettings {
     pub simple: Option<SimpleLb>,
     /// Consistent hashing.
     pub consistent_hash: Option<ConsistentHashLb>,
-    /// Locality settings (accepted).
-    pub locality_lb_setting: Option<serde_json::Value>,
+    /// Locality load balancing: weights by locality, or failover order.
+    pub locality_lb_setting: Option<LocalityLbSetting>,
     /// Slow start window.
     pub warmup_duration_secs: Option<Duration>,
     /// Slow start.
     pub warmup: Option<WarmupConfiguration>,
+}
+
+/// Istio's `LocalityLoadBalancerSetting` (in a DestinationRule or mesh-wide).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct LocalityLbSetting {
+    /// Traffic shares by destination locality, per source locality.
+    pub distribute: Vec<LocalityDistribute>,
+    /// Where a region's traffic goes when its own endpoints are unhealthy.
+    pub failover: Vec<LocalityFailover>,
+    /// Labels, most significant first, whose match with the client's orders endpoints
+    /// (`label` or `label=value`).
+    pub failover_priority: Vec<String>,
+    /// Whether locality load balancing is on (unset: on).
+    pub enabled: Option<bool>,
+}
+
+/// One `distribute` rule: from a source locality, weights by destination locality.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct LocalityDistribute {
+    /// Source locality (`region/zone/subzone`, `*` wildcards).
+    pub from: String,
+    /// Weight per destination locality (`*` wildcards), adding up to 100.
+    pub to: BTreeMap<String, u32>,
+}
+
+/// One `failover` rule: a region and the region it fails over to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct LocalityFailover {
+    /// The client's region.
+    pub from: String,
+    /// The region its traffic fails over to.
+    pub to: String,
+}
+
+impl DestinationRule {
+    /// Every load balancer setting of the rule: top level, per port, per subset (and theirs).
+    pub fn load_balancers(&self) -> impl Iterator<Item = &LoadBalancerSettings> {
+        let policies = self.traffic_policy.iter().chain(self.subsets.iter().filter_map(|s| s.traffic_policy.as_ref()));
+        policies.flat_map(|p| {
+            p.load_balancer.iter().chain(p.port_level_settings.iter().filter_map(|l| l.load_balancer.as_ref()))
+        })
+    }
+}
+
+impl LocalityLbSetting {
+    /// The label keys `failoverPriority` compares (`label=value` overrides the client's value).
+    pub fn failover_priority_keys(&self) -> impl Iterator<Item = &str> {
+        self.failover_priority.iter().map(|l| l.split_once('=').map_or(l.as_str(), |(k, _)| k))
+    }
+
+    /// Whether it is switched on (unset counts as on).
+    pub fn is_enabled(&self) -> bool {
+        self.enabled != Some(false)
+    }
 }
 
 /// Slow start settings.

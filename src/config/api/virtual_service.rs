@@ -39,8 +39,8 @@ pub struct HttpRoute {
     pub redirect: Option<HttpRedirect>,
     /// Answer directly instead of forwarding.
     pub direct_response: Option<HttpDirectResponse>,
-    /// Delegation to another VirtualService (accepted, not routed).
-    pub delegate: Option<serde_json::Value>,
+    /// Delegation to another VirtualService, whose HTTP rules are merged in place of this one.
+    pub delegate: Option<Delegate>,
     /// Path/authority rewrite before forwarding.
     pub rewrite: Option<HttpRewrite>,
     /// Overall request timeout.
@@ -61,6 +61,16 @@ pub struct HttpRoute {
     pub cors_policy: Option<CorsPolicy>,
     /// Header manipulation.
     pub headers: Option<Headers>,
+}
+
+/// The delegate VirtualService an HTTP rule hands its traffic to.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct Delegate {
+    /// The delegate's name.
+    pub name: String,
+    /// The delegate's namespace; empty means the root's.
+    pub namespace: String,
 }
 
 /// Match conditions of an HTTP rule (ANDed).

@@ -15,6 +15,8 @@ const MESH: &str = "mesh";
 pub(super) struct RouteContext<'a> {
     /// Bound to gateways only (not `mesh`), so requests were authenticated by a gateway.
     pub(super) gateway_only: bool,
+    /// A delegate (no hosts): its rules are merged into the roots that name it.
+    pub(super) delegate: bool,
     /// Namespace of the VirtualService (short gateway names live there).
     namespace: &'a str,
     /// The gateways the VirtualService is bound to, as `namespace/name` or `mesh`.
@@ -29,7 +31,7 @@ impl<'a> RouteContext<'a> {
             vs.gateways.iter().map(|g| gateway_key(g, namespace)).collect()
         };
         let gateway_only = !vs.gateways.is_empty() && !vs.gateways.iter().any(|g| g == MESH);
-        RouteContext { gateway_only, namespace, bound }
+        RouteContext { gateway_only, delegate: vs.hosts.is_empty(), namespace, bound }
     }
 
     /// Checks the `gateways` of a match: valid names, each one the VirtualService is bound to.

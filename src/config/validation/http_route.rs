@@ -59,6 +59,9 @@ const MAX_DIRECT_RESPONSE_BYTES: usize = 1024 * 1024;
 
 /// Checks one HTTP route at `path` (`spec.http[i]`).
 pub(super) fn check_http_route(errors: &mut Errors, path: &str, route: &HttpRoute, ctx: &RouteContext) {
+    if ctx.delegate && route.delegate.is_some() {
+        errors.add(format!("{path}.delegate"), forbidden("delegate HTTP route cannot contain delegate"));
+    }
     check_action(errors, path, route);
     for (j, m) in route.matches.iter().enumerate() {
         check_match(errors, &format!("{path}.match[{j}]"), m, ctx);
@@ -97,11 +100,8 @@ fn check_action(errors: &mut Errors, path: &str, route: &HttpRoute) {
     let has_rewrite = route.rewrite.is_some();
     let field = |name: &str| format!("{path}.{name}");
     if route.delegate.is_some() {
-        let conflicts = [
-            (route.redirect.is_some(), "redirect"),
-            (has_route, "route"),
-            (route.direct_response.is_some(), "directResponse"),
-        ];
+        // A directResponse is what the delegate's rules inherit when they set none (as istiod merges).
+        let conflicts = [(route.redirect.is_some(), "redirect"), (has_route, "route")];
         for (_, name) in conflicts.iter().filter(|(set, _)| *set) {
             errors.add(field(name), forbidden(format!("root HTTP route must not specify {name} with delegate")));
         }
@@ -552,11 +552,8 @@ rewrite: {uri: /v2}"#);
         ok("delegate: {name: d, namespace: ns}");
         err("delegate: {name: d}\nroute: [{destination: {host: a}}]", "spec.http[0].route", "must not specify route");
         err("delegate: {name: d}\nredirect: {uri: /x}", "spec.http[0].redirect", "must not specify redirect");
-        err(
-            "delegate: {name: d}\ndirectResponse: {status: 200}",
-            "spec.http[0].directResponse",
-            "must not specify directResponse",
-        );
+        // The delegate's rules inherit it when they set none, as istiod merges them.
+        ok("delegate: {name: d}\ndirectResponse: {status: 200}");
     }
 
     #[test]

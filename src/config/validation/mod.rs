@@ -38,6 +38,17 @@ use super::error::FieldError;
 use super::object::{ConfigObject, Spec};
 use field_errors::Errors;
 
+/// Checks a mesh-wide `localityLbSetting` as a DestinationRule's is checked: the first offending
+/// field (under `path`) and why.
+pub fn check_locality_lb_setting(
+    path: &str,
+    setting: &crate::config::api::destination_rule::LocalityLbSetting,
+) -> Result<(), (String, String)> {
+    let mut errors = Errors::default();
+    traffic_policy::check_locality_lb(&mut errors, path, setting);
+    errors.found.into_iter().next().map_or(Ok(()), |e| Err((e.field, e.reason)))
+}
+
 /// Validates a parsed object; an empty result means it may be served.
 pub fn validate(obj: &ConfigObject) -> Vec<FieldError> {
     check(obj).errors

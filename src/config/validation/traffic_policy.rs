@@ -6,7 +6,8 @@ use serde_json::Value;
 
 use crate::config::api::destination_rule::{
     ClientTlsMode, ClientTlsSettings, ConnectionPoolSettings, ConsistentHashLb, HttpSettings, LoadBalancerSettings,
-    OutlierDetection, PortTrafficPolicy, TcpSettings, TrafficPolicy, WarmupConfiguration,
+    LocalityDistribute, LocalityFailover, LocalityLbSetting, OutlierDetection, PortTrafficPolicy, TcpSettings,
+    TrafficPolicy, WarmupConfiguration,
 };
 
 use super::addresses::is_ip;
@@ -218,24 +219,31 @@ fn is_prime(n: u64) -> bool {
     n >= 2 && (2..).take_while(|f| f * f <= n).all(|f| !n.is_multiple_of(f))
 }
 
-/// Checks locality load balancing (loosely typed) at `path` (`...localityLbSetting`).
-fn check_locality_lb(errors: &mut Errors, path: &str, setting: &Value) {
-    let list = |name: &str| setting.get(name).and_then(Value::as_array).cloned().unwrap_or_default();
-    let distribute = list("distribute");
-    let failover = list("failover");
-    if !distribute.is_empty() && !failover.is_empty() {
+/// Checks locality load balancing at `path` (`...localityLbSetting`), as Istio does.
+pub(super) fn check_locality_lb(errors: &mut Errors, path: &str, setting: &LocalityLbSetting) {
+    if !setting.distribute.is_empty() && !setting.failover.is_empty() {
         errors.add(path, forbidden("can not simultaneously specify 'distribute' and 'failover'"));
         return;
     }
-    for (i, rule) in distribute.iter().enumerate() {
+    if !setting.failover.is_empty() {
+        let topology = ["topology.kubernetes.io/region", "topology.kubernetes.io/zone", "topology.istio.io/subzone"];
+        for (i, label) in setting.failover_priority.iter().enumerate() {
+            if topology.contains(&label.as_str()) {
+                let reason = format!(
+                    "can not simultaneously set 'failover' and topology label '{label}' in 'failover_priority'"
+                );
+                errors.add(format!("{path}.failoverPriority[{i}]"), forbidden(reason));
+                return;
+            }
+        }
+    }
+    for (i, rule) in setting.distribute.iter().enumerate() {
         check_distribute(errors, &format!("{path}.distribute[{i}]"), rule);
     }
-    for (i, rule) in failover.iter().enumerate() {
-        let text = |name: &str| rule.get(name).and_then(Value::as_str).unwrap_or_default().to_string();
-        let (from, to) = (text("from"), text("to"));
+    for (i, LocalityFailover { from, to }) in setting.failover.iter().enumerate() {
         let field = format!("{path}.failover[{i}]");
         if from == to {
-            errors.add(&field, invalid(&from, "locality lb failover settings must specify different regions"));
+            errors.add(&field, invalid(from, "locality lb failover settings must specify different regions"));
         }
         if from.contains('/') || to.contains('/') {
             errors.add(&field, invalid(format!("{from} -> {to}"), "locality lb failover only specify region"));
@@ -250,18 +258,14 @@ fn check_locality_lb(errors: &mut Errors, path: &str, setting: &Value) {
 }
 
 /// Checks one `distribute` rule: weights of 1–100 that add up to 100.
-fn check_distribute(errors: &mut Errors, path: &str, rule: &Value) {
-    let Some(to) = rule.get("to").and_then(Value::as_object) else {
-        return;
-    };
+fn check_distribute(errors: &mut Errors, path: &str, rule: &LocalityDistribute) {
     let mut total = 0u64;
-    for (locality, weight) in to {
-        let weight = weight.as_u64().unwrap_or(0);
+    for (locality, &weight) in &rule.to {
         if !(1..=100).contains(&weight) {
             errors.add(format!("{path}.to[{locality}]"), invalid(weight, "locality weight must be in range [1, 100]"));
             return;
         }
-        total += weight;
+        total += u64::from(weight);
     }
     if total != 100 {
         errors.add(format!("{path}.to"), invalid(total, "total locality weight != 100"));
@@ -578,6 +582,12 @@ mod tests {
         err(&lb("{failover: [{from: a, to: a}]}"), &format!("{path}.failover[0]"), "different regions");
         err(&lb("{failover: [{from: a/z, to: b}]}"), &format!("{path}.failover[0]"), "only specify region");
         err(&lb("{failover: [{from: a, to: \"*\"}]}"), &format!("{path}.failover[0]"), "wildcard");
+        err(
+            &lb("{failover: [{from: a, to: b}], failoverPriority: [topology.kubernetes.io/zone]}"),
+            &format!("{path}.failoverPriority[0]"),
+            "can not simultaneously set 'failover' and topology label",
+        );
+        ok(&lb("{failoverPriority: [topology.kubernetes.io/zone, \"version=v1\"], enabled: true}"));
     }
 
     #[test]

@@ -6,7 +6,7 @@ use crate::config::api::{Labels, VirtualService};
 use super::addresses::{check_ip_or_cidr, is_ip};
 use super::destination::{check_destination, check_weights};
 use super::export_to::{check_export_to, Exporter};
-use super::field_errors::{duplicate, invalid, required, Errors};
+use super::field_errors::{duplicate, forbidden, invalid, required, Errors};
 use super::gateway_binding::{check_gateway_name, RouteContext};
 use super::hosts::{check_wildcard_host, host_within, hosts_overlap, is_dns_label};
 use super::http_route::check_http_route;
@@ -41,8 +41,15 @@ pub(super) fn validate(vs: &VirtualService, namespace: &str, errors: &mut Errors
 /// Checks `spec.hosts`: present, valid, no `*` for sidecars, and no two hosts that overlap.
 fn check_hosts(errors: &mut Errors, vs: &VirtualService, ctx: &RouteContext) {
     if vs.hosts.is_empty() {
-        let reason = "hosts are required (delegate VirtualServices without hosts are not supported)";
-        errors.add("spec.hosts", required(reason));
+        // A delegate: only its HTTP rules are read, merged into the roots that name it.
+        let delegate_fields = [
+            (!vs.gateways.is_empty(), "spec.gateways", "delegate virtual service must have no gateways specified"),
+            (!vs.tls.is_empty(), "spec.tls", "delegate virtual service must have no tls route specified"),
+            (!vs.tcp.is_empty(), "spec.tcp", "delegate virtual service must have no tcp route specified"),
+        ];
+        for (_, path, reason) in delegate_fields.into_iter().filter(|(set, _, _)| *set) {
+            errors.add(path, forbidden(reason));
+        }
         return;
     }
     let sni = vs.tls.iter().flat_map(|t| &t.matches).any(|m| !m.sni_hosts.is_empty());
@@ -205,8 +212,18 @@ mod tests {
     }
 
     #[test]
-    fn hosts_are_required_and_valid() {
-        assert_error(VS, ROUTE, "spec.hosts", "Required value");
+    fn hosts_are_valid_and_a_virtual_service_without_them_is_a_delegate() {
+        assert_valid(VS, ROUTE);
+        assert_error(
+            VS,
+            &format!("gateways: [gw]\n{ROUTE}"),
+            "spec.gateways",
+            "delegate virtual service must have no gateways",
+        );
+        let tcp = "tcp: [{route: [{destination: {host: a}}]}]";
+        assert_error(VS, tcp, "spec.tcp", "delegate virtual service must have no tcp route");
+        let nested = "http: [{delegate: {name: d}}]";
+        assert_error(VS, nested, "spec.http[0].delegate", "delegate HTTP route cannot contain delegate");
         assert_error(VS, &format!("hosts: [\"a..b\"]\n{ROUTE}"), "spec.hosts[0]", "Invalid value");
         assert_error(VS, &format!("hosts: [\"foo*.com\"]\n{ROUTE}"), "spec.hosts[0]", "label \"foo*\" invalid");
     }

@@ -7,11 +7,11 @@
 use std::collections::BTreeSet;
 
 use crate::config::api::VirtualService;
-use crate::config::{ConfigKey, Kind, Spec};
+use crate::config::{ConfigKey, Kind};
 use crate::envoy::scope::{destination_hosts, Scope};
 use crate::envoy::{ProxyKind, ProxyView, TypeUrl};
 use crate::registry::host_matches;
-use crate::snapshot::Snapshot;
+use crate::snapshot::{Indexed, Snapshot};
 
 /// One changed VirtualService or DestinationRule, with whether a sidecar reading it sees the
 /// change in its routes only: decided once per change, not once per view.
@@ -55,13 +55,7 @@ pub fn changed_types(previous: &Snapshot, next: &Snapshot, view: &ProxyView, edi
 /// gateways and visibility (so the same proxies import it), HTTP rules only (listeners read TCP
 /// and TLS rules), and the same destinations (which add clusters to a Sidecar's scope).
 fn changes_routes_only(previous: &Snapshot, next: &Snapshot, key: &ConfigKey) -> bool {
-    fn virtual_service<'a>(s: &'a Snapshot, key: &ConfigKey) -> Option<&'a VirtualService> {
-        match s.configs.get(key).map(|c| &c.spec) {
-            Some(Spec::VirtualService(vs)) => Some(vs),
-            _ => None,
-        }
-    }
-    let (Some(a), Some(b)) = (virtual_service(previous, key), virtual_service(next, key)) else {
+    let (Some(a), Some(b)) = (previous.virtual_service(key), next.virtual_service(key)) else {
         return false;
     };
     let http_only = |vs: &VirtualService| vs.tcp.is_empty() && vs.tls.is_empty();
@@ -86,10 +80,12 @@ pub fn depends_on(snapshot: &Snapshot, view: &ProxyView, key: &ConfigKey) -> boo
     }
     let view = &view.resolve(snapshot);
     match key.kind {
-        // Sidecars read VirtualServices only through what their egress listeners import.
+        // Sidecars read VirtualServices only through what their egress listeners import, and
+        // delegates through the roots they import.
         Kind::VirtualService => {
             let scope = Scope::without_services(snapshot, view);
-            let imported = |imports| scope.mesh_virtual_services(imports).iter().any(|(ix, _)| ix.config.key == *key);
+            let reads = |ix: &Indexed<VirtualService>| ix.config.key == *key || ix.delegates.contains(key);
+            let imported = |imports| scope.mesh_virtual_services(imports).iter().any(|(ix, _)| reads(ix));
             scope.all_imports().into_iter().any(imported)
         }
         // Rules are read for the services the proxy has clusters (or routes) for and for its

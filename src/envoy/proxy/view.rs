@@ -57,6 +57,9 @@ pub struct ProxyView {
     /// view holds the namespace's `credentialName` secrets (and the servers that use them). Part
     /// of the view, so a verified and an unverified gateway never share a cached generation.
     pub credentials: bool,
+    /// Locality (`region/zone/subzone`), which orders or weighs endpoints when locality load
+    /// balancing applies: the node's, until [`ProxyView::resolve`] finds the workload's.
+    pub locality: String,
 }
 
 impl ProxyView {
@@ -73,10 +76,11 @@ impl ProxyView {
     /// Labels no selector reads are dropped, so workloads that differ only there share config.
     pub fn resolve(&self, snapshot: &Snapshot) -> ProxyView {
         let labels = snapshot.selected_labels(&self.labels);
+        let locality = self.locality_in(snapshot);
         if self.ips.is_empty() {
-            return ProxyView { labels, ..self.clone() };
+            return ProxyView { labels, locality, ..self.clone() };
         }
-        let mut view = ProxyView { ips: Vec::new(), inbound: Vec::new(), labels, ..self.clone() };
+        let mut view = ProxyView { ips: Vec::new(), inbound: Vec::new(), labels, locality, ..self.clone() };
         if self.kind != ProxyKind::Sidecar {
             return view;
         }
@@ -92,6 +96,35 @@ impl ProxyView {
         view
     }
 }
+
+impl ProxyView {
+    /// The proxy's locality as istiod picks it: the registry's for its workload (its endpoint at
+    /// one of its IPs, whose locality the Pod's node gives), else its topology labels, else its
+    /// `istio-locality` label, else what its node says.
+    fn locality_in(&self, snapshot: &Snapshot) -> String {
+        let ips = self.ips.iter().filter(|ip| ip.parse::<IpAddr>().is_ok());
+        let registry = ips.flat_map(|ip| snapshot.instances_at(ip)).map(|(_, e)| &*e.locality).find(|l| !l.is_empty());
+        if let Some(locality) = registry {
+            return locality.to_string();
+        }
+        let topology = TOPOLOGY_LABELS.map(|key| self.labels.get(key).map(String::as_str));
+        if topology.iter().any(Option::is_some) {
+            let text = topology.map(Option::unwrap_or_default).join("/");
+            return text.trim_end_matches('/').to_string();
+        }
+        match self.labels.get(LOCALITY_LABEL) {
+            Some(label) => label.replace('.', "/"),
+            None => self.locality.clone(),
+        }
+    }
+}
+
+/// The labels that give a workload's region, zone and subzone.
+pub const TOPOLOGY_LABELS: [&str; 3] =
+    ["topology.kubernetes.io/region", "topology.kubernetes.io/zone", "topology.istio.io/subzone"];
+
+/// Istio's label overriding a workload's locality (`region.zone.subzone`: labels allow no `/`).
+const LOCALITY_LABEL: &str = "istio-locality";
 
 /// `0.0.0.0:PORT` / `[::]:PORT`: Istio sends to the workload's own IP.
 fn endpoint_is_workload_ip(l: &IstioIngressListener) -> bool {
