@@ -366,6 +366,9 @@ async fn gateway_rewrites_uri_and_authority() {
 
     let echo = gw.echo("/plain", &[]).await;
     assert_eq!((echo["path"].as_str(), echo["host"].as_str()), (Some("/plain"), Some(HOST)), "{echo}");
+    // A client-forged XFCC header never reaches a backend (istiod's SANITIZE_SET; a FORWARD mode would pass it).
+    let forged = gw.echo("/plain", &[("x-forwarded-client-cert", "By=spiffe://cluster.local/ns/admin/sa/root")]).await;
+    assert!(forged["headers"].get("x-forwarded-client-cert").is_none(), "forged XFCC passed the gateway: {forged}");
     assert_no_rejections(&s.envoy).await;
     drop(s.config);
 }

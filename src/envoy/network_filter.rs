@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 
 use envoy_types::pb::envoy::config::accesslog::v3::{access_log, AccessLog};
-use envoy_types::pb::envoy::config::core::v3::{CidrRange, TransportSocket};
+use envoy_types::pb::envoy::config::core::v3::{CidrRange, Http1ProtocolOptions, TransportSocket};
 use envoy_types::pb::envoy::config::listener::v3::{
     filter, listener_filter, Filter, FilterChain, FilterChainMatch, ListenerFilter,
 };
@@ -15,7 +15,10 @@ use envoy_types::pb::envoy::extensions::filters::http::grpc_stats::v3::{filter_c
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
-    http_connection_manager::{PathWithEscapedSlashesAction, RouteSpecifier, UpgradeConfig},
+    http_connection_manager::{
+        ForwardClientCertDetails, PathWithEscapedSlashesAction, RouteSpecifier, SetCurrentClientCertDetails,
+        UpgradeConfig,
+    },
     http_filter, HttpConnectionManager, HttpFilter, Rds, RequestIdExtension,
 };
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{tcp_proxy, TcpProxy};
@@ -68,7 +71,18 @@ pub(super) fn secured_http_connection_manager(
         ..Default::default()
     };
     if class == HttpClass::Gateway {
+        // istiod's gateway defaults: the client certificate's details replace any XFCC header
+        // the client sent (SANITIZE_SET), and HTTP/1.1 options are explicit.
         hcm.server_name = ISTIO_SERVER_NAME.to_string();
+        hcm.forward_client_cert_details = ForwardClientCertDetails::SanitizeSet as i32;
+        hcm.set_current_client_cert_details = Some(SetCurrentClientCertDetails {
+            subject: Some(bool_value(true)),
+            cert: true,
+            dns: true,
+            uri: true,
+            ..Default::default()
+        });
+        hcm.http_protocol_options = Some(Http1ProtocolOptions::default());
     }
     with_istio_defaults(&mut hcm, stat_prefix, security);
     network_filter(ext::HTTP_CONNECTION_MANAGER, hcm)
