@@ -494,6 +494,130 @@ fn sidecar_config(port: u16, v1: &Backend, v2: &Backend, ratings: &Backend) -> V
     vec![("services.yaml", services), ("reviews-vs.yaml", vs), ("sidecar.yaml", sidecar_resource(port))]
 }
 
+/// REGISTRY_ONLY through a real sidecar Envoy: a host the registry does not know is refused
+/// with 502 (`block_all`), a known one still answers; switched back to ALLOW_ANY, the unknown
+/// host goes to the passthrough cluster again.
+#[tokio::test]
+async fn sidecar_registry_only_refuses_an_unknown_host() {
+    let v1 = Backend::new("reviews-v1");
+    let v2 = Backend::new("reviews-v2");
+    let ratings = Backend::new("ratings-v1");
+    let port = free_port();
+    let config = temp_dir_with(&[]);
+    for (name, text) in sidecar_config(port, &v1, &v2, &ratings) {
+        write_files(config.path(), &[(name, text.as_str())]);
+    }
+    let policy = |mode: &str| format!("{}  outboundTrafficPolicy: {{mode: {mode}}}\n", sidecar_resource(port));
+    write_files(config.path(), &[("sidecar.yaml", policy("REGISTRY_ONLY").as_str())]);
+    let cp = start_meshpilot(config.path()).await;
+    let envoy = start_sidecar(&cp).await;
+    let known = Ingress::new(port, &fqdn("reviews"));
+    known.wait_backend("/", &[], "reviews-v1").await;
+    let unknown = known.with_host("unknown.example.com");
+    let r = unknown.wait_answer("/", &[], "a 502", |r| r.status == 502).await;
+    assert!(backend_of(&r).is_none(), "an unknown host reached a backend: {r:?}");
+    assert_eq!(known.backend("/", &[]).await, "reviews-v1", "a known host still answers");
+    let last_vhost = |dump: &serde_json::Value| {
+        let rc = dynamic_route_config(dump, &port.to_string()).expect("the listener's routes");
+        let vhosts = rc["route_config"]["virtual_hosts"].as_array().cloned().unwrap_or_default();
+        vhosts.last().map(|v| v["name"].as_str().unwrap_or_default().to_string())
+    };
+    assert_eq!(last_vhost(&envoy.config_dump().await).as_deref(), Some("block_all"));
+
+    write_files(config.path(), &[("sidecar.yaml", policy("ALLOW_ANY").as_str())]);
+    let allowed = common::poll::poll(common::poll::CONVERGE_TIMEOUT, async || {
+        last_vhost(&envoy.config_dump().await).as_deref() == Some("allow_any")
+    })
+    .await;
+    assert!(allowed, "ALLOW_ANY did not replace block_all");
+    assert_no_rejections(&envoy).await;
+    drop(config);
+}
+
+/// DestinationRules as istiod picks them, through two real sidecars: two rules of one host in one
+/// namespace merge (each brings a subset the VirtualService routes to), and a rule with a workload
+/// selector (TLS origination towards a plaintext backend) reaches only the workload it selects.
+#[tokio::test]
+async fn sidecars_get_merged_rules_and_a_per_workload_rule_only_where_it_selects() {
+    let v1 = Backend::new("reviews-v1");
+    let v2 = Backend::new("reviews-v2");
+    let ratings = Backend::new("ratings-v1");
+    let (client_port, canary_port) = (free_port(), free_port());
+    let rule = |name: &str, body: &str| {
+        format!("apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {{name: {name}, namespace: shop}}\nspec: {body}\n")
+    };
+    let sidecar = |name: &str, app: &str, port: u16| {
+        format!(
+            "apiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata: {{name: {name}, namespace: shop}}\nspec:\n  \
+             workloadSelector: {{labels: {{app: {app}}}}}\n  egress:\n  - port: {{number: {port}, name: http, protocol: HTTP}}\n    \
+             bind: 127.0.0.1\n    captureMode: NONE\n    hosts: [\"./*\"]\n"
+        )
+    };
+    let host = |name: &str| fqdn(name);
+    let files = [
+        ("services.yaml", documents(&[
+            service_entry("reviews", client_port, &[(&v1, "v1"), (&v2, "v2")]),
+            // Ratings on both sidecars' ports (each listens on its own).
+            format!(
+                "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: ratings, namespace: shop}}\nspec:\n  \
+                 hosts: [{h}]\n  location: MESH_INTERNAL\n  resolution: STATIC\n  ports:\n  \
+                 - {{number: {client_port}, name: http, protocol: HTTP}}\n  - {{number: {canary_port}, name: http-canary, protocol: HTTP}}\n  \
+                 endpoints:\n  - {{address: {ip}, ports: {{http: {bp}, http-canary: {bp}}}, labels: {{app: ratings, version: v1}}}}\n",
+                h = host("ratings"),
+                ip = ratings.ip(),
+                bp = ratings.port(),
+            ),
+        ])),
+        ("rules.yaml", documents(&[
+            rule("reviews-v1", &format!("{{host: {}, subsets: [{{name: v1, labels: {{version: v1}}}}]}}", host("reviews"))),
+            rule("reviews-v2", &format!("{{host: {}, subsets: [{{name: v2, labels: {{version: v2}}}}]}}", host("reviews"))),
+            rule("ratings-canary", &format!(
+                "{{host: {}, workloadSelector: {{matchLabels: {{app: canary}}}}, trafficPolicy: {{tls: {{mode: SIMPLE}}}}}}",
+                host("ratings")
+            )),
+        ])),
+        ("reviews-vs.yaml", reviews_alice_to_v2()),
+        ("sidecars.yaml", documents(&[sidecar("client", "client", client_port), sidecar("canary", "canary", canary_port)])),
+    ];
+    let config = temp_dir_with(&[]);
+    for (name, text) in &files {
+        write_files(config.path(), &[(name, text.as_str())]);
+    }
+    let cp = start_meshpilot(config.path()).await;
+    let client = start_sidecar(&cp).await;
+    let canary_id = "sidecar~127.0.0.1~canary-1.shop~shop.svc.cluster.local";
+    let canary = Envoy::builder(canary_id, cp.xds_addr())
+        .metadata(serde_json::json!({"NAMESPACE": "shop", "LABELS": {"app": "canary"}, "INTERCEPTION_MODE": "NONE"}))
+        .start();
+    canary.wait_ready(common::poll::STARTUP_TIMEOUT).await;
+
+    // Merged: both rules' subsets exist and the VirtualService reaches each.
+    let reviews = Ingress::new(client_port, &fqdn("reviews"));
+    reviews.wait_backend("/", &[], "reviews-v1").await;
+    for _ in 0..5 {
+        assert_eq!(reviews.backend("/", &[]).await, "reviews-v1", "subset v1 of the first rule");
+        assert_eq!(reviews.backend("/", &[("x-user", "alice")]).await, "reviews-v2", "subset v2 of the second rule");
+    }
+    // Per workload: only the canary originates TLS to the plaintext ratings backend, and fails.
+    let from_client = Ingress::new(client_port, &fqdn("ratings"));
+    from_client.wait_backend("/", &[], "ratings-v1").await;
+    let from_canary = Ingress::new(canary_port, &fqdn("ratings"));
+    let r = from_canary.wait_answer("/", &[], "a 503 (TLS to a plaintext backend)", |r| r.status == 503).await;
+    assert!(backend_of(&r).is_none(), "the canary's rule was not applied: {r:?}");
+    let dump = canary.config_dump().await;
+    let cluster = dynamic_cluster(&dump, &cluster_name(canary_port, "", "ratings")).expect("ratings on the canary");
+    assert!(cluster.to_string().contains("UpstreamTlsContext"), "canary's ratings cluster has no TLS: {cluster:#}");
+    let dump = client.config_dump().await;
+    let cluster = dynamic_cluster(&dump, &cluster_name(client_port, "", "ratings")).expect("ratings on the client");
+    assert!(
+        !cluster.to_string().contains("UpstreamTlsContext"),
+        "the rule reached an unselected workload: {cluster:#}"
+    );
+    assert_no_rejections(&client).await;
+    assert_no_rejections(&canary).await;
+    drop(config);
+}
+
 #[tokio::test]
 async fn sidecar_egress_listener_routes() {
     let v1 = Backend::new("reviews-v1");
