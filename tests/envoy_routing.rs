@@ -291,6 +291,82 @@ async fn gateway_locality_failover_moves_traffic_when_the_local_endpoint_dies() 
     drop(config);
 }
 
+/// AUTO_PASSTHROUGH through a real gateway Envoy: a TLS client offering Istio's mutual TLS ALPN
+/// with Istio's SNI for a service is forwarded, unterminated, to that service's endpoint (one
+/// that takes Istio's mutual TLS); an SNI for no service, or a connection without an Istio ALPN,
+/// reaches nothing.
+#[tokio::test]
+async fn gateway_auto_passthrough_routes_by_istio_sni() {
+    use std::sync::{Arc, Mutex};
+    use tokio::io::AsyncReadExt;
+
+    // The endpoint: records the first bytes of every connection (the client's ClientHello).
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let backend = listener.local_addr().expect("addr");
+    let seen: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+    let record = seen.clone();
+    let accept = tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let mut buf = vec![0u8; 4096];
+            let n = tokio::time::timeout(std::time::Duration::from_secs(5), conn.read(&mut buf)).await;
+            let n = n.ok().and_then(Result::ok).unwrap_or(0);
+            record.lock().expect("lock").push(buf[..n].to_vec());
+        }
+    });
+    let port = free_port();
+    let host = fqdn("reviews");
+    let files = format!(
+        "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: reviews, namespace: shop}}\nspec:\n  \
+         hosts: [{host}]\n  location: MESH_INTERNAL\n  resolution: STATIC\n  ports: [{{number: 80, name: tls, protocol: TLS}}]\n  \
+         endpoints: [{{address: 127.0.0.1, ports: {{tls: {bp}}}, labels: {{security.istio.io/tlsMode: istio}}}}]\n---\n\
+         apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata: {{name: eastwest, namespace: shop}}\nspec:\n  \
+         selector: {{istio: ingressgateway}}\n  servers:\n  - port: {{number: {port}, name: tls, protocol: TLS}}\n    \
+         hosts: [\"*.shop.svc.cluster.local\"]\n    tls: {{mode: AUTO_PASSTHROUGH}}\n",
+        bp = backend.port(),
+    );
+    let config = temp_dir_with(&[("mesh.yaml", files.as_str())]);
+    let cp = start_meshpilot(config.path()).await;
+    let envoy = start_gateway(&cp).await;
+
+    // A TLS handshake towards the gateway, offering `alpn` for `sni`; the handshake itself fails
+    // (the endpoint is no TLS server): what matters is where the ClientHello goes.
+    let hello = |sni: String, alpn: &'static str| async move {
+        let roots = rustls::RootCertStore::empty();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        tls.alpn_protocols = vec![alpn.as_bytes().to_vec()];
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(tls));
+        let name = rustls::pki_types::ServerName::try_from(sni).expect("an SNI rustls accepts");
+        let Ok(tcp) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else { return };
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(3), connector.connect(name, tcp)).await;
+    };
+    let sni = format!("outbound_.80_._.{host}");
+    let reached = common::poll::poll(common::poll::CONVERGE_TIMEOUT, async || {
+        hello(sni.clone(), "istio").await;
+        seen.lock().expect("lock").iter().any(|b| contains(b, sni.as_bytes()))
+    })
+    .await;
+    assert!(reached, "the ClientHello for {sni} never reached the endpoint");
+    let before = seen.lock().expect("lock").len();
+    hello(format!("outbound_.80_._.{}", fqdn("nothing")), "istio").await;
+    hello(sni.clone(), "h2").await;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(seen.lock().expect("lock").len(), before, "an unknown SNI or a non-Istio ALPN was forwarded");
+    let dump = envoy.config_dump().await;
+    assert!(dynamic_cluster(&dump, &sni).is_some(), "no SNI-DNAT cluster {sni}");
+    assert_no_rejections(&envoy).await;
+    accept.abort();
+    drop(config);
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
 #[tokio::test]
 async fn gateway_weighted_split_80_20() {
     let v1 = Backend::new("reviews-v1");

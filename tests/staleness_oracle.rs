@@ -483,6 +483,11 @@ impl World {
                 "hosts": ["*/www.example.com"],
                 "tls": {"mode": "SIMPLE", "credentialName": self.rng.pick(&CREDENTIALS)}}));
         }
+        if self.rng.chance(30) {
+            // East-west: Istio's SNI to SNI-DNAT clusters, whose EDS keeps mutual-TLS endpoints only.
+            servers.push(json!({"port": {"number": 15443, "name": "tls", "protocol": "TLS"},
+                "hosts": [self.rng.pick(&["*.local", "*.ns-a.svc.cluster.local"])], "tls": {"mode": "AUTO_PASSTHROUGH"}}));
+        }
         let selectors = [json!({"istio": "ingressgateway"}), json!({"app": "alpha"})];
         let selector = if https { selectors[0].clone() } else { self.rng.pick(&selectors).clone() };
         self.istio(

@@ -14,7 +14,7 @@ use super::auto_mtls::{auto_mtls_matches, service_sans};
 use super::endpoint::{assignment, locality_endpoints};
 use super::locality_lb;
 use super::names::ext::DNS_CLUSTER;
-use super::names::{BLACKHOLE_CLUSTER, PASSTHROUGH_CLUSTER};
+use super::names::{self, BLACKHOLE_CLUSTER, PASSTHROUGH_CLUSTER};
 use super::outbound_clusters::{outbound_clusters, OutboundCluster};
 use super::proto::{ads_config_source, any, duration, resource};
 use super::resource::Resource;
@@ -37,7 +37,10 @@ pub(super) fn clusters(scope: &Scope<'_>) -> Vec<Resource> {
         })
         .collect();
     out.push(resource(BLACKHOLE_CLUSTER, blackhole_cluster(scope)));
-    out.push(resource(PASSTHROUGH_CLUSTER, passthrough_cluster(scope)));
+    // Gateways have no original-destination listeners, so istiod sends them no passthrough.
+    if scope.view.kind == ProxyKind::Sidecar {
+        out.push(resource(PASSTHROUGH_CLUSTER, passthrough_cluster(scope)));
+    }
     out.extend(super::inbound_cluster::clusters(scope));
     out
 }
@@ -80,18 +83,19 @@ fn outbound_cluster(scope: &Scope<'_>, oc: &OutboundCluster<'_>, sans: &[String]
         service_sans: sans.to_vec(),
         http2: oc.port.protocol.is_http2() || h2_upgrade(&policy),
     };
+    // An SNI-DNAT cluster forwards the client's TLS as it came (AUTO_PASSTHROUGH): none of its own.
     match policy.tls {
+        _ if oc.sni_dnat => {}
         Some(tls) => c.transport_socket = upstream_transport_socket(tls, &upstream),
         None => c.transport_socket_matches = auto_mtls_matches(scope, oc.service, &upstream),
     }
     c
 }
 
-/// Istio's ISTIO_MUTUAL SNI, `outbound_.PORT_.SUBSET_.HOST`, which the server side's
-/// (gateway AUTO_PASSTHROUGH) routing reads.
+/// Istio's ISTIO_MUTUAL SNI, which the server side's (gateway AUTO_PASSTHROUGH) routing reads.
 fn istio_sni(oc: &OutboundCluster<'_>) -> String {
     let subset = oc.subset.map(|s| s.name.as_str()).unwrap_or_default();
-    format!("outbound_.{}_.{subset}_.{}", oc.port.number, oc.service.hostname)
+    names::istio_sni(oc.port.number, subset, oc.service.hostname.as_str())
 }
 
 fn h2_upgrade(policy: &Policy<'_>) -> bool {

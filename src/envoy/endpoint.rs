@@ -9,7 +9,7 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 };
 
 use super::auto_mtls::endpoint_metadata;
-use super::locality_lb::{self, Client};
+use super::locality_lb::{self, Client, Group};
 use super::outbound_clusters::{outbound_clusters, outbound_clusters_of, OutboundCluster};
 use super::proto::{resource, socket_address, u32_value};
 use super::resource::Resource;
@@ -68,7 +68,12 @@ pub(super) fn assignment(
         .into_iter()
         .map(|(locality, endpoints)| {
             let sources = endpoints.iter().map(|(e, _)| *e).collect();
-            (locality_endpoints(locality, &endpoints), sources)
+            let group = (locality_endpoints(locality, &endpoints), sources);
+            if cluster.sni_dnat {
+                mutual_tls_only(group)
+            } else {
+                group
+            }
         })
         .collect();
     // Relative to the proxy receiving them, as istiod does (the view carries its locality).
@@ -79,6 +84,19 @@ pub(super) fn assignment(
     let client = Client { locality: &scope.view.locality, labels: &scope.view.labels };
     let endpoints = locality_lb::apply(groups, setting, policy.outlier_detection.is_some(), client);
     ClusterLoadAssignment { cluster_name: cluster.name.clone(), endpoints, ..Default::default() }
+}
+
+/// The endpoints of a group that take Istio's mutual TLS, the only ones an SNI-DNAT cluster may
+/// reach (its gateway cannot tell mutual TLS from any TLS it passes through). A group left empty
+/// stays, without weight, as istiod sends it.
+fn mutual_tls_only((group, sources): Group<'_>) -> Group<'_> {
+    let (lb_endpoints, sources): (Vec<LbEndpoint>, Vec<&Endpoint>) =
+        group.lb_endpoints.into_iter().zip(sources).filter(|(_, e)| e.istio_mtls).unzip();
+    let weight: u32 =
+        lb_endpoints.iter().map(|e| e.load_balancing_weight.map_or(0, |w| w.value)).fold(0, u32::saturating_add);
+    let group =
+        LocalityLbEndpoints { lb_endpoints, load_balancing_weight: (weight > 0).then(|| u32_value(weight)), ..group };
+    (group, sources)
 }
 
 /// Endpoints of one locality with the port each serves, weighted as their WorkloadEntries say.

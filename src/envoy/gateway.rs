@@ -23,6 +23,9 @@ pub(super) enum ServerKind {
     TlsTerminated,
     /// TLS forwarded by SNI, per VirtualService TLS rules.
     TlsPassthrough,
+    /// TLS forwarded by Istio's SNI (`outbound_.PORT_.SUBSET_.HOST`) to that cluster, without
+    /// VirtualService: the mesh's mutual TLS passes through (east-west gateways).
+    AutoPassthrough,
     /// Opaque TCP, forwarded by VirtualService TCP rules.
     Tcp,
 }
@@ -103,6 +106,11 @@ pub(super) struct GatewayPort<'a> {
     pub servers: Vec<GatewayServer<'a>>,
 }
 
+/// Whether one of the router's servers is AUTO_PASSTHROUGH (then it gets SNI-DNAT clusters).
+pub(super) fn has_auto_passthrough(scope: &Scope<'_>) -> bool {
+    gateway_ports(scope).iter().flat_map(|gp| &gp.servers).any(|s| s.kind == ServerKind::AutoPassthrough)
+}
+
 /// The router's servers grouped by listener, in address then port order.
 pub(super) fn gateway_ports<'a>(scope: &Scope<'a>) -> Vec<GatewayPort<'a>> {
     let mut by_listener: BTreeMap<(String, u16), Vec<GatewayServer<'a>>> = BTreeMap::new();
@@ -140,6 +148,7 @@ fn server_kind(server: &Server, port: u16, gateway: &str, namespace: &str) -> Op
         Protocol::Https if terminated => Some(ServerKind::HttpsTerminated {
             route_name: gateway_https_route_name(port, &port_spec.name, gateway, namespace),
         }),
+        Protocol::Https | Protocol::Tls if mode == Some("AUTO_PASSTHROUGH") => Some(ServerKind::AutoPassthrough),
         Protocol::Https | Protocol::Tls if passthrough => Some(ServerKind::TlsPassthrough),
         Protocol::Tls if terminated => Some(ServerKind::TlsTerminated),
         Protocol::Https | Protocol::Tls => None,

@@ -14,10 +14,10 @@ use envoy_types::pb::envoy::config::listener::v3::{FilterChain, Listener};
 use super::authz;
 use super::gateway::{gateway_ports, GatewayPort, GatewayServer, ServerKind};
 use super::http_match::RouteContext;
-use super::names::{gateway_http_route_name, listener_name};
+use super::names::{gateway_http_route_name, istio_sni, listener_name};
 use super::network_filter::{
     accept_one_connection_per_event, chain, claim_server_names, secured_http_connection_manager, sni_match,
-    stat_prefix_of, tcp_proxy_filter, tls_inspector, HttpClass, TRANSPORT_SOCKET_CONNECT_TIMEOUT,
+    stat_prefix_of, tcp_proxy_filter, tls_inspector, to_cluster, HttpClass, TRANSPORT_SOCKET_CONNECT_TIMEOUT,
 };
 use super::proto::{duration, resource, socket_address};
 use super::resource::Resource;
@@ -165,11 +165,44 @@ fn server_chains(scope: &Scope<'_>, server: &GatewayServer<'_>, stat_prefix: &st
                     .add(&t.server_names, || Some(chain(String::new(), None, authz::secured_tcp(scope, filter), None)));
             }
         }
+        ServerKind::AutoPassthrough => auto_passthrough_chains(scope, &hosts, chains),
         ServerKind::Tcp => {
             let Some(target) = tcp_target(scope, &vss, None, &ctx) else { return };
             let filter = tcp_proxy_filter(stat_prefix_of(&target), target.clone(), mesh);
             chains
                 .add(&["*".to_string()], || Some(chain(String::new(), None, authz::secured_tcp(scope, filter), None)));
+        }
+    }
+}
+
+/// ALPNs of Istio's mutual TLS: an AUTO_PASSTHROUGH chain takes only connections offering one,
+/// so what it forwards always meets an Istio mutual TLS chain on the other side.
+const ISTIO_MTLS_ALPNS: [&str; 5] = ["istio", "istio-peer-exchange", "istio-http/1.0", "istio-http/1.1", "istio-h2"];
+
+/// An AUTO_PASSTHROUGH server's chains, as istiod builds them: per port (and DestinationRule
+/// subset) of every mesh-internal service the server's hosts cover, the SNI Istio's mutual TLS
+/// sends (`outbound_.PORT_.SUBSET_.HOST`) forwarded to the SNI-DNAT cluster of that name, with
+/// no authorization (the destination's sidecar enforces it).
+fn auto_passthrough_chains(scope: &Scope<'_>, hosts: &[String], chains: &mut Chains) {
+    let mesh = &scope.snapshot.mesh;
+    for service in scope.cluster_services().into_iter().filter(|s| !s.mesh_external) {
+        let host = service.hostname.as_str();
+        if !hosts.iter().any(|h| host_matches(h, host)) {
+            continue;
+        }
+        let subsets = scope.destination_rule(service).map(|r| r.subsets.as_slice()).unwrap_or_default();
+        let names = std::iter::once("").chain(subsets.iter().map(|s| s.name.as_str()).filter(|n| !n.is_empty()));
+        let names: Vec<&str> = names.collect();
+        for port in service.ports.iter().filter(|p| p.number != 0) {
+            for subset in &names {
+                let cluster = istio_sni(port.number, subset, host);
+                let filter = tcp_proxy_filter(&cluster, to_cluster(&cluster), mesh);
+                let added =
+                    chains.add(std::slice::from_ref(&cluster), || Some(chain(String::new(), None, vec![filter], None)));
+                if let Some(m) = chains.list.last_mut().and_then(|c| c.filter_chain_match.as_mut()).filter(|_| added) {
+                    m.application_protocols = ISTIO_MTLS_ALPNS.iter().map(|a| a.to_string()).collect();
+                }
+            }
         }
     }
 }
@@ -266,6 +299,51 @@ mod tests {
         let https: Listener = find(&s, &view, TypeUrl::Listener, "0.0.0.0_443");
         let routes: Vec<String> = https.filter_chains.iter().map(rds_name).collect();
         assert_eq!(routes, ["https.443.https-web.edge.edge", "https.443.https-legacy.edge.edge"]);
+    }
+
+    #[test]
+    fn auto_passthrough_forwards_istio_sni_to_sni_dnat_clusters_without_tls() {
+        use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+
+        use crate::envoy::testing::{service_entry, snapshot};
+        let yaml = [
+            service_entry("api", "ns"),
+            service_entry("web", "other"),
+            "apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata: {name: eastwest, namespace: istio-system}\n\
+             spec: {selector: {istio: eastwest}, servers: [{port: {number: 15443, name: tls, protocol: TLS}, \
+             hosts: ['*.ns.svc.cluster.local'], tls: {mode: AUTO_PASSTHROUGH}}]}\n---\n\
+             apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: api, namespace: ns}\n\
+             spec: {host: api.ns.svc.cluster.local, subsets: [{name: v1, labels: {version: v1}}]}\n"
+                .to_string(),
+        ]
+        .concat();
+        let s = snapshot(&yaml);
+        let view = router("istio-system", &[("istio", "eastwest")]);
+        let l: Listener = find(&s, &view, TypeUrl::Listener, "0.0.0.0_15443");
+        let sni: Vec<Vec<String>> = l
+            .filter_chains
+            .iter()
+            .filter_map(|c| c.filter_chain_match.as_ref().map(|m| m.server_names.clone()))
+            .collect();
+        let api = "api.ns.svc.cluster.local";
+        assert_eq!(
+            sni,
+            [vec![format!("outbound_.80_._.{api}")], vec![format!("outbound_.80_.v1_.{api}")]],
+            "web is not covered"
+        );
+        let m = l.filter_chains[0].filter_chain_match.clone().unwrap_or_default();
+        assert_eq!(m.application_protocols, ISTIO_MTLS_ALPNS.map(String::from));
+        let tcp: TcpProxy = typed(&l.filter_chains[1]);
+        assert_eq!(tcp.cluster_specifier, Some(ClusterSpecifier::Cluster(format!("outbound_.80_.v1_.{api}"))));
+        // The SNI-DNAT clusters (every mesh-internal service's) carry no TLS; EDS serves them.
+        let dnat: Cluster = find(&s, &view, TypeUrl::Cluster, &format!("outbound_.80_.v1_.{api}"));
+        assert!(dnat.transport_socket.is_none() && dnat.transport_socket_matches.is_empty(), "{dnat:?}");
+        let clusters = names(&s, &view, TypeUrl::Cluster);
+        assert!(clusters.contains(&"outbound_.80_._.web.other.svc.cluster.local".to_string()), "{clusters:?}");
+        assert!(names(&s, &view, TypeUrl::Endpoint).contains(&format!("outbound_.80_._.{api}")));
+        // Without an AUTO_PASSTHROUGH server there are none.
+        let plain = names(&s, &router("istio-system", &[("istio", "other")]), TypeUrl::Cluster);
+        assert!(plain.iter().all(|c| !c.starts_with("outbound_.")), "{plain:?}");
     }
 
     #[test]

@@ -80,6 +80,12 @@ pub(super) fn cluster_name(port: u16, subset: &str, host: &str) -> String {
     format!("outbound|{port}|{subset}|{host}")
 }
 
+/// `outbound_.PORT_.SUBSET_.HOST`: the SNI Istio's mutual TLS sends, which AUTO_PASSTHROUGH
+/// gateways route by, and the name of the clusters they route it to.
+pub(super) fn istio_sni(port: u16, subset: &str, host: &str) -> String {
+    format!("outbound_.{port}_.{subset}_.{host}")
+}
+
 /// `inbound|PORT||`, Istio's inbound cluster name (and inbound route configuration name).
 pub(super) fn inbound_cluster_name(port: u16) -> String {
     format!("inbound|{port}||")

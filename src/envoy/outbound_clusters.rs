@@ -4,10 +4,12 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use super::names::cluster_name;
+use super::gateway::has_auto_passthrough;
+use super::names::{cluster_name, istio_sni};
 use super::scope::Scope;
 use crate::config::api::destination_rule::Subset;
 use crate::config::api::DestinationRule;
+use crate::envoy::ProxyKind;
 use crate::registry::{Service, ServicePort};
 
 /// One outbound cluster to build: a service port, optionally narrowed to a subset.
@@ -22,6 +24,9 @@ pub(super) struct OutboundCluster<'a> {
     pub subset: Option<&'a Subset>,
     /// The DestinationRule that applies to the service, if any.
     pub rule: Option<&'a DestinationRule>,
+    /// A gateway's SNI-DNAT cluster (`outbound_.PORT_.SUBSET_.HOST`), which its AUTO_PASSTHROUGH
+    /// servers forward the client's TLS to: no TLS of its own.
+    pub sni_dnat: bool,
 }
 
 /// Every outbound cluster of the view, in service then port then subset order.
@@ -31,19 +36,34 @@ pub(super) fn outbound_clusters<'a>(scope: &Scope<'a>) -> Vec<OutboundCluster<'a
 
 /// The outbound clusters of `services` (some of the view's), in their order, then port and subset.
 pub(super) fn outbound_clusters_of<'a>(scope: &Scope<'a>, services: Vec<&'a Arc<Service>>) -> Vec<OutboundCluster<'a>> {
+    // A gateway with an AUTO_PASSTHROUGH server also gets every mesh-internal service's clusters
+    // under the SNI Istio's mutual TLS sends (istiod's SNI-DNAT clusters).
+    let sni_dnat = scope.view.kind == ProxyKind::Router && has_auto_passthrough(scope);
     let mut out = Vec::new();
     for service in services {
         let rule = scope.destination_rule(service);
         let host = service.hostname.as_str();
-        for port in service.ports.iter().filter(|p| p.number != 0) {
-            out.push(OutboundCluster { name: cluster_name(port.number, "", host), service, port, subset: None, rule });
-            let mut seen = BTreeSet::new();
-            for subset in rule.map(|r| r.subsets.as_slice()).unwrap_or_default() {
-                if subset.name.is_empty() || !seen.insert(subset.name.as_str()) {
-                    continue;
+        let kinds: &[bool] = if sni_dnat && !service.mesh_external { &[false, true] } else { &[false] };
+        for &dnat in kinds {
+            let name = |port: u16, subset: &str| {
+                if dnat {
+                    istio_sni(port, subset, host)
+                } else {
+                    cluster_name(port, subset, host)
                 }
-                let name = cluster_name(port.number, &subset.name, host);
-                out.push(OutboundCluster { name, service, port, subset: Some(subset), rule });
+            };
+            for port in service.ports.iter().filter(|p| p.number != 0) {
+                let cluster =
+                    OutboundCluster { name: name(port.number, ""), service, port, subset: None, rule, sni_dnat: dnat };
+                out.push(cluster);
+                let mut seen = BTreeSet::new();
+                for subset in rule.map(|r| r.subsets.as_slice()).unwrap_or_default() {
+                    if subset.name.is_empty() || !seen.insert(subset.name.as_str()) {
+                        continue;
+                    }
+                    let name = name(port.number, &subset.name);
+                    out.push(OutboundCluster { name, service, port, subset: Some(subset), rule, sni_dnat: dnat });
+                }
             }
         }
     }
