@@ -69,6 +69,12 @@ fn inbound_cluster(scope: &Scope<'_>, c: &InboundChain) -> Cluster {
     // Only the pool: load balancing, outlier detection and TLS are the callers' business.
     let policy = Policy { connection_pool: sidecar_pool.as_ref().or(rule_pool), ..Policy::default() };
     traffic_policy::apply(&mut cl, &policy, c.protocol, &scope.snapshot.mesh);
+    // As istiod builds inbound clusters: an empty common LB config, and Envoy's default policy
+    // (round robin) where the cluster picks endpoints itself.
+    cl.common_lb_config.get_or_insert_with(Default::default);
+    if !matches!(c.endpoint, InboundEndpoint::OriginalDst) {
+        cl.lb_policy = cluster::LbPolicy::RoundRobin as i32;
+    }
     if c.protocol == Protocol::Unsupported {
         // Sniffed HTTP goes upstream as it came: HTTP/1.1 or h2c.
         use_downstream_protocol(&mut cl);
