@@ -6,17 +6,16 @@ use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::cluster::v3::cluster::common_lb_config::LocalityConfigSpecifier;
 use envoy_types::pb::envoy::config::cluster::v3::{cluster, Cluster};
+use envoy_types::pb::envoy::config::core::v3::TypedExtensionConfig;
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
-use envoy_types::pb::envoy::extensions::clusters::common::dns::v3::DnsLookupFamily;
-use envoy_types::pb::envoy::extensions::clusters::dns::v3::DnsCluster;
+use envoy_types::pb::envoy::extensions::network::dns_resolver::cares::v3::CaresDnsResolverConfig;
 
 use super::auto_mtls::{auto_mtls_matches, service_sans};
 use super::endpoint::{assignment, locality_endpoints};
 use super::locality_lb;
-use super::names::ext::DNS_CLUSTER;
 use super::names::{self, BLACKHOLE_CLUSTER, PASSTHROUGH_CLUSTER};
 use super::outbound_clusters::{outbound_clusters, OutboundCluster};
-use super::proto::{ads_config_source, any, duration, resource};
+use super::proto::{ads_config_source, any, duration, resource, u32_value};
 use super::resource::Resource;
 use super::scope::Scope;
 use super::tls::{upstream_transport_socket, Upstream};
@@ -58,7 +57,9 @@ fn outbound_cluster(scope: &Scope<'_>, oc: &OutboundCluster<'_>, sans: &[String]
         }
         Resolution::Dns | Resolution::DnsRoundRobin => {
             let logical = oc.service.resolution == Resolution::DnsRoundRobin;
-            c.cluster_discovery_type = Some(dns_discovery(scope, logical));
+            let kind = if logical { cluster::DiscoveryType::LogicalDns } else { cluster::DiscoveryType::StrictDns };
+            c.cluster_discovery_type = Some(discovery(kind));
+            set_dns_resolution(&mut c, scope);
             c.load_assignment = Some(dns_assignment(scope, oc, logical));
         }
         Resolution::Passthrough => c.cluster_discovery_type = Some(discovery(cluster::DiscoveryType::OriginalDst)),
@@ -121,6 +122,10 @@ fn dns_assignment(scope: &Scope<'_>, oc: &OutboundCluster<'_>, logical: bool) ->
         let port = oc.port.target_port.unwrap_or(oc.port.number);
         cla.endpoints = vec![locality_endpoints("", &[(&host, port)])];
     }
+    // istiod writes an empty locality where the endpoints have none.
+    for group in &mut cla.endpoints {
+        group.locality.get_or_insert_with(Default::default);
+    }
     cla
 }
 
@@ -149,19 +154,27 @@ fn passthrough_cluster(scope: &Scope<'_>) -> Cluster {
 /// Envoy's DNS cluster extension (the STRICT_DNS / LOGICAL_DNS types' replacement, whose
 /// refresh settings on the cluster are deprecated): IPv4 answers, refreshed at the mesh's rate or
 /// the records' TTL.
-fn dns_discovery(scope: &Scope<'_>, logical: bool) -> cluster::ClusterDiscoveryType {
-    let dns = DnsCluster {
-        dns_refresh_rate: Some(duration(scope.snapshot.mesh.dns_refresh_rate.as_std())),
-        respect_dns_ttl: true,
-        dns_lookup_family: DnsLookupFamily::V4Only as i32,
-        all_addresses_in_single_endpoint: logical,
-        ..Default::default()
-    };
-    cluster::ClusterDiscoveryType::ClusterType(cluster::CustomClusterType {
-        name: DNS_CLUSTER.to_string(),
-        typed_config: Some(any(dns)),
-    })
+/// How Envoy resolves a DNS cluster, as istiod sets it: the cluster's own (deprecated) DNS
+/// fields rather than the DNS cluster extension, IPv4 only, the mesh's refresh rate bounded by
+/// the records' TTL with 100ms of jitter, and c-ares sending at most 100 queries per UDP port.
+#[allow(deprecated)]
+fn set_dns_resolution(c: &mut Cluster, scope: &Scope<'_>) {
+    c.dns_lookup_family = cluster::DnsLookupFamily::V4Only as i32;
+    c.dns_refresh_rate = Some(duration(scope.snapshot.mesh.dns_refresh_rate.as_std()));
+    c.respect_dns_ttl = true;
+    c.dns_jitter = Some(duration(DNS_JITTER));
+    let cares =
+        CaresDnsResolverConfig { udp_max_queries: Some(u32_value(CARES_UDP_MAX_QUERIES)), ..Default::default() };
+    c.typed_dns_resolver_config =
+        Some(TypedExtensionConfig { name: CARES_RESOLVER.to_string(), typed_config: Some(any(cares)) });
 }
+
+/// istiod's jitter of DNS refreshes (`PILOT_DNS_JITTER_DURATION`).
+const DNS_JITTER: std::time::Duration = std::time::Duration::from_millis(100);
+/// istiod's bound on c-ares queries per UDP port (`PILOT_DNS_CARES_UDP_MAX_QUERIES`).
+const CARES_UDP_MAX_QUERIES: u32 = 100;
+/// Envoy's c-ares DNS resolver extension.
+const CARES_RESOLVER: &str = "envoy.network.dns_resolver.cares";
 
 fn discovery(kind: cluster::DiscoveryType) -> cluster::ClusterDiscoveryType {
     cluster::ClusterDiscoveryType::Type(kind as i32)
@@ -257,10 +270,13 @@ mod tests {
     }
 
     #[test]
-    fn dns_services_use_the_dns_cluster_with_endpoint_hostnames() {
+    #[allow(deprecated)]
+    fn dns_services_are_strict_dns_clusters_with_endpoint_hostnames() {
         let c = features("outbound|443||api.partner.example");
-        let Some(cluster::ClusterDiscoveryType::ClusterType(kind)) = &c.cluster_discovery_type else { panic!() };
-        assert_eq!(kind.name, "envoy.clusters.dns");
+        assert_eq!(c.cluster_discovery_type, Some(discovery(cluster::DiscoveryType::StrictDns)));
+        assert!(c.respect_dns_ttl, "istiod's DNS fields");
+        assert_eq!(c.dns_lookup_family, cluster::DnsLookupFamily::V4Only as i32);
+        assert_eq!(c.typed_dns_resolver_config.as_ref().map(|t| t.name.as_str()), Some(CARES_RESOLVER));
         let la = c.load_assignment.expect("load assignment");
         assert_eq!(la.endpoints[0].lb_endpoints.len(), 2);
         let subset = features("outbound|443|pool-a|api.partner.example");

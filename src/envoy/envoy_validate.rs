@@ -164,6 +164,12 @@ const ISTIOD_SENDS: &[&str] = &[
     "envoy.config.route.v3.RouteAction.max_grpc_timeout",
     // istiod checks SANs with untyped string matchers.
     "envoy.extensions.transport_sockets.tls.v3.CertificateValidationContext.match_subject_alt_names",
+    // istiod resolves DNS clusters with the cluster's own DNS fields, not the DNS cluster extension.
+    "envoy.config.cluster.v3.Cluster.dns_refresh_rate",
+    "envoy.config.cluster.v3.Cluster.dns_jitter",
+    "envoy.config.cluster.v3.Cluster.respect_dns_ttl",
+    "envoy.config.cluster.v3.Cluster.dns_lookup_family",
+    "envoy.config.cluster.v3.Cluster.typed_dns_resolver_config",
 ];
 
 #[test]

@@ -16,6 +16,7 @@ use envoy_types::pb::envoy::extensions::filters::listener::original_src::v3::Ori
 use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::TcpProxy;
+use envoy_types::pb::envoy::extensions::network::dns_resolver::cares::v3::CaresDnsResolverConfig;
 use envoy_types::pb::envoy::extensions::retry::host::previous_hosts::v3::PreviousHostsPredicate;
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{DownstreamTlsContext, UpstreamTlsContext};
 use envoy_types::pb::envoy::extensions::upstreams::http::v3::HttpProtocolOptions;
@@ -35,7 +36,7 @@ fn pretty<T: Message + Default + std::fmt::Debug>(bytes: &[u8]) -> Option<String
 
 /// Message types that appear packed in generated resources.
 fn decoder(type_url: &str) -> Option<Decoder> {
-    let table: [(String, Decoder); 21] = [
+    let table: [(String, Decoder); 22] = [
         (Cluster::type_url(), pretty::<Cluster>),
         (ClusterLoadAssignment::type_url(), pretty::<ClusterLoadAssignment>),
         (Listener::type_url(), pretty::<Listener>),
@@ -56,6 +57,7 @@ fn decoder(type_url: &str) -> Option<Decoder> {
         (DownstreamTlsContext::type_url(), pretty::<DownstreamTlsContext>),
         (FileAccessLog::type_url(), pretty::<FileAccessLog>),
         (DnsCluster::type_url(), pretty::<DnsCluster>),
+        (CaresDnsResolverConfig::type_url(), pretty::<CaresDnsResolverConfig>),
         (String::new(), |_| None),
     ];
     table.into_iter().find(|(url, _)| url == type_url).map(|(_, d)| d)

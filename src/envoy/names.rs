@@ -69,8 +69,6 @@ pub(super) mod ext {
     pub const PREVIOUS_HOSTS: &str = "envoy.retry_host_predicates.previous_hosts";
     /// Retry priority preferring priorities (localities) not tried yet.
     pub const PREVIOUS_PRIORITIES: &str = "envoy.retry_priorities.previous_priorities";
-    /// DNS cluster type.
-    pub const DNS_CLUSTER: &str = "envoy.clusters.dns";
     /// File access logger.
     pub const FILE_ACCESS_LOG: &str = "envoy.access_loggers.file";
 }
