@@ -80,10 +80,12 @@ impl ConfigIndex {
             }
             index.set(key, configs, mesh);
         }
-        // A root merges its delegates' rules: a changed delegate merges its roots again.
+        // A root merges its delegates' rules: a changed delegate merges its roots again. Builds
+        // that change no VirtualService (most: endpoints) skip the scan.
         let roots: Vec<ConfigKey> = index
             .virtual_services
             .iter()
+            .take_while(|_| !routes_changed.is_empty())
             .filter(|(key, ix)| {
                 !routes_changed.contains(*key) && ix.delegates.iter().any(|d| routes_changed.contains(d))
             })
