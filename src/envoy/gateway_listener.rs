@@ -14,11 +14,12 @@ use envoy_types::pb::envoy::config::listener::v3::{FilterChain, Listener};
 use super::authz;
 use super::gateway::{gateway_ports, GatewayPort, GatewayServer, ServerKind};
 use super::http_match::RouteContext;
-use super::names::{gateway_http_route_name, istio_sni, listener_name};
+use super::names::{gateway_http_route_name, listener_name};
 use super::network_filter::{
     accept_one_connection_per_event, chain, claim_server_names, secured_http_connection_manager, sni_match,
     stat_prefix_of, tcp_proxy_filter, tls_inspector, to_cluster, HttpClass, TRANSPORT_SOCKET_CONNECT_TIMEOUT,
 };
+use super::outbound_clusters::outbound_clusters_of;
 use super::proto::{duration, resource, socket_address};
 use super::resource::Resource;
 use super::scope::{Scope, VsRef};
@@ -185,24 +186,15 @@ const ISTIO_MTLS_ALPNS: [&str; 5] = ["istio", "istio-peer-exchange", "istio-http
 /// no authorization (the destination's sidecar enforces it).
 fn auto_passthrough_chains(scope: &Scope<'_>, hosts: &[String], chains: &mut Chains) {
     let mesh = &scope.snapshot.mesh;
-    for service in scope.cluster_services().into_iter().filter(|s| !s.mesh_external) {
-        let host = service.hostname.as_str();
-        if !hosts.iter().any(|h| host_matches(h, host)) {
-            continue;
-        }
-        let subsets = scope.destination_rule(service).map(|r| r.subsets.as_slice()).unwrap_or_default();
-        let names = std::iter::once("").chain(subsets.iter().map(|s| s.name.as_str()).filter(|n| !n.is_empty()));
-        let names: Vec<&str> = names.collect();
-        for port in service.ports.iter().filter(|p| p.number != 0) {
-            for subset in &names {
-                let cluster = istio_sni(port.number, subset, host);
-                let filter = tcp_proxy_filter(&cluster, to_cluster(&cluster), mesh);
-                let added =
-                    chains.add(std::slice::from_ref(&cluster), || Some(chain(String::new(), None, vec![filter], None)));
-                if let Some(m) = chains.list.last_mut().and_then(|c| c.filter_chain_match.as_mut()).filter(|_| added) {
-                    m.application_protocols = ISTIO_MTLS_ALPNS.iter().map(|a| a.to_string()).collect();
-                }
-            }
+    let covered =
+        scope.cluster_services().into_iter().filter(|s| hosts.iter().any(|h| host_matches(h, s.hostname.as_str())));
+    // Exactly the SNI-DNAT clusters CDS builds for those services.
+    for cluster in outbound_clusters_of(scope, covered.collect()).into_iter().filter(|c| c.sni_dnat) {
+        let filter = tcp_proxy_filter(&cluster.name, to_cluster(&cluster.name), mesh);
+        let added =
+            chains.add(std::slice::from_ref(&cluster.name), || Some(chain(String::new(), None, vec![filter], None)));
+        if let Some(m) = chains.list.last_mut().and_then(|c| c.filter_chain_match.as_mut()).filter(|_| added) {
+            m.application_protocols = ISTIO_MTLS_ALPNS.iter().map(|a| a.to_string()).collect();
         }
     }
 }
