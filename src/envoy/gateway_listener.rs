@@ -44,14 +44,13 @@ pub(super) fn listeners(scope: &Scope<'_>) -> Vec<Resource> {
 fn gateway_listener(scope: &Scope<'_>, gp: &GatewayPort<'_>) -> Option<Listener> {
     let name = listener_name(&gp.address, gp.port);
     let stat_prefix = format!("outbound_{name}");
-    let mesh = &scope.snapshot.mesh;
     let chains = if gp.servers.iter().any(|s| s.kind == ServerKind::Http) {
         let security = authz::http_filters(scope);
         let hcm = secured_http_connection_manager(
             &stat_prefix,
             &gateway_http_route_name(gp.port),
             HttpClass::Gateway,
-            mesh,
+            scope.http_common(),
             security,
         );
         vec![chain(String::new(), None, vec![hcm], None)]
@@ -144,7 +143,7 @@ fn server_chains(scope: &Scope<'_>, server: &GatewayServer<'_>, stat_prefix: &st
                     prefix,
                     route_name,
                     HttpClass::Gateway,
-                    mesh,
+                    scope.http_common(),
                     authz::http_filters(scope),
                 );
                 Some(chain(String::new(), None, vec![hcm], Some(socket)))

@@ -230,7 +230,7 @@ fn chains_for(scope: &Scope<'_>, c: &InboundChain, peer: &PeerMtls) -> Vec<Filte
     let service = c.service.as_ref().and_then(|key| scope.snapshot.registry.services.get(key));
     let host = service.map_or("", |s| s.hostname.as_str());
     let route = InboundRoute { name: &cluster, cluster: &cluster, port: c.port, protocol: c.protocol, host };
-    let http = || inbound_http_connection_manager(&stat_prefix, &route, mesh, security.clone());
+    let http = || inbound_http_connection_manager(&stat_prefix, &route, scope.http_common(), security.clone());
     let tcp = || authz::secured_tcp(scope, tcp_proxy_filter(&cluster, to_cluster(&cluster), mesh));
     let sniffed = Sniffed::of(c.protocol);
     let terminated =
@@ -279,7 +279,7 @@ fn passthrough_chains(scope: &Scope<'_>, peer: &PeerMtls) -> Vec<FilterChain> {
     let cluster = INBOUND_PASSTHROUGH_CLUSTER;
     let security = authz::http_filters(scope);
     let route = InboundRoute { name: cluster, cluster, port: 0, protocol: Protocol::Unsupported, host: "" };
-    let hcm = || inbound_http_connection_manager(cluster, &route, mesh, security.clone());
+    let hcm = || inbound_http_connection_manager(cluster, &route, scope.http_common(), security.clone());
     let tcp = || authz::secured_tcp(scope, tcp_proxy_filter(cluster, to_cluster(cluster), mesh));
     let name = |p: ChainProtocol| match p {
         ChainProtocol::Http => VIRTUAL_INBOUND_CATCHALL_HTTP.to_string(),

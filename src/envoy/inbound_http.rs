@@ -15,10 +15,9 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
 
 use super::names::trace_operation;
 use super::names::{ext, DEFAULT_ROUTE};
-use super::network_filter::{access_logs, network_filter, with_istio_defaults, ISTIO_SERVER_NAME};
+use super::network_filter::{access_logs, network_filter, with_istio_defaults, HttpCommon, ISTIO_SERVER_NAME};
 use super::proto::{bool_value, u32_value, zero_duration};
 use crate::config::api::Protocol;
-use crate::mesh::MeshConfig;
 
 /// What an inbound chain's route configuration routes: everything to `cluster`, under route
 /// configuration `name`, in a virtual host named after the service `port`; `host` is the service
@@ -41,7 +40,7 @@ pub(super) struct InboundRoute<'a> {
 pub(super) fn inbound_http_connection_manager(
     stat_prefix: &str,
     route: &InboundRoute<'_>,
-    mesh: &MeshConfig,
+    common: HttpCommon<'_>,
     security: Vec<HttpFilter>,
 ) -> Filter {
     let protocol = route.protocol;
@@ -51,7 +50,7 @@ pub(super) fn inbound_http_connection_manager(
         server_name: ISTIO_SERVER_NAME.to_string(),
         // gRPC and HTTP/2 ports take prior-knowledge HTTP/2, as in Istio.
         http2_protocol_options: protocol.is_http2().then(Http2ProtocolOptions::default),
-        access_log: access_logs(mesh),
+        access_log: access_logs(common.mesh),
         // As Istio: the workload learns its mutual TLS peer (SPIFFE URI) from x-forwarded-client-cert.
         forward_client_cert_details: ForwardClientCertDetails::AppendForward as i32,
         set_current_client_cert_details: Some(SetCurrentClientCertDetails {
@@ -62,7 +61,7 @@ pub(super) fn inbound_http_connection_manager(
         }),
         ..Default::default()
     };
-    with_istio_defaults(&mut hcm, stat_prefix, security);
+    with_istio_defaults(&mut hcm, stat_prefix, common, security);
     network_filter(ext::HTTP_CONNECTION_MANAGER, hcm)
 }
 

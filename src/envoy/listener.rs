@@ -151,7 +151,6 @@ pub(super) fn listeners(scope: &Scope<'_>) -> Vec<Resource> {
 }
 
 fn outbound_listener(scope: &Scope<'_>, l: &OutboundListener<'_>) -> Listener {
-    let mesh = &scope.snapshot.mesh;
     let mut listener = Listener {
         name: l.name.clone(),
         address: Some(socket_address(&l.address, u32::from(l.port))),
@@ -169,7 +168,8 @@ fn outbound_listener(scope: &Scope<'_>, l: &OutboundListener<'_>) -> Listener {
             // As istiod: HTTP (by the HTTP inspector) to the connection manager, anything else
             // (TLS, another protocol) through the outbound policy.
             let stat_prefix = format!("outbound_{}", l.name);
-            let hcm = http_connection_manager(&stat_prefix, &l.port.to_string(), HttpClass::SidecarOutbound, mesh);
+            let common = scope.http_common();
+            let hcm = http_connection_manager(&stat_prefix, &l.port.to_string(), HttpClass::SidecarOutbound, common);
             listener.filter_chains = vec![chain(String::new(), Some(require_http(None)), vec![hcm], None)];
             listener.default_filter_chain = Some(fallthrough_chain(scope));
             listener.listener_filters = vec![http_inspector()];
@@ -241,7 +241,8 @@ fn tcp_chains(scope: &Scope<'_>, l: &OutboundListener<'_>) -> (Vec<FilterChain>,
     let vss = scope.mesh_virtual_services(l.imports);
     let sniffed = l.protocol == ListenerProtocol::Auto;
     let stat_prefix = format!("outbound_{}", l.name);
-    let hcm = || http_connection_manager(&stat_prefix, &l.port.to_string(), HttpClass::SidecarOutbound, mesh);
+    let common = scope.http_common();
+    let hcm = || http_connection_manager(&stat_prefix, &l.port.to_string(), HttpClass::SidecarOutbound, common);
     let mut chains = Vec::new();
     let mut seen_matches = HashSet::new();
     let mut default = None;

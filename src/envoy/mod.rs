@@ -24,6 +24,7 @@ mod http_action;
 mod http_match;
 mod http_policy;
 mod http_route;
+mod http_tracing;
 mod inbound;
 mod inbound_cluster;
 mod inbound_http;
@@ -60,7 +61,7 @@ pub(crate) mod testing;
 pub use invalidation::{
     changed_types, has_clusters_of, may_change_identities, ChangeEffects, KeptResolutions, RoutingEdit,
 };
-pub use proxy::{Interception, NodeMetadata, ProxyConfigMeta, ProxyKind, ProxyView, SharedView};
+pub use proxy::{Interception, NodeMetadata, ProxyConfigMeta, ProxyKind, ProxyView, SharedView, TraceIdentity};
 pub use resource::Resource;
 pub use type_url::TypeUrl;
 

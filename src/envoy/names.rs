@@ -43,6 +43,10 @@ pub(super) mod ext {
     pub const HTTP_CONNECTION_MANAGER: &str = "envoy.filters.network.http_connection_manager";
     /// TCP proxy network filter.
     pub const TCP_PROXY: &str = "envoy.filters.network.tcp_proxy";
+    /// RBAC HTTP filter (also the namespace of the dynamic metadata it sets).
+    pub const HTTP_RBAC: &str = "envoy.filters.http.rbac";
+    /// RBAC network filter.
+    pub const NETWORK_RBAC: &str = "envoy.filters.network.rbac";
     /// JWT authentication HTTP filter (its name is also its dynamic metadata namespace).
     pub const JWT_AUTHN: &str = "envoy.filters.http.jwt_authn";
     /// CORS HTTP filter.

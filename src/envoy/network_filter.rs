@@ -16,7 +16,7 @@ use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     http_connection_manager::{
-        ForwardClientCertDetails, PathWithEscapedSlashesAction, RouteSpecifier, SetCurrentClientCertDetails,
+        ForwardClientCertDetails, PathWithEscapedSlashesAction, RouteSpecifier, SetCurrentClientCertDetails, Tracing,
         UpgradeConfig,
     },
     http_filter, HttpConnectionManager, HttpFilter, Rds, RequestIdExtension,
@@ -42,15 +42,25 @@ pub(super) enum HttpClass {
     Gateway,
 }
 
+/// What every HTTP connection manager of one proxy shares: the mesh's access log and the
+/// proxy's tracing.
+#[derive(Clone, Copy)]
+pub(super) struct HttpCommon<'a> {
+    /// The mesh config (its access log).
+    pub mesh: &'a MeshConfig,
+    /// The tracing block, if the proxy traces.
+    pub tracing: Option<&'a Tracing>,
+}
+
 /// An HTTP connection manager fetching route configuration `route_name` over RDS, with Istio's
 /// outbound filter order.
 pub(super) fn http_connection_manager(
     stat_prefix: &str,
     route_name: &str,
     class: HttpClass,
-    mesh: &MeshConfig,
+    common: HttpCommon<'_>,
 ) -> Filter {
-    secured_http_connection_manager(stat_prefix, route_name, class, mesh, Vec::new())
+    secured_http_connection_manager(stat_prefix, route_name, class, common, Vec::new())
 }
 
 /// [`http_connection_manager`] with security filters (JWT authentication, RBAC) first.
@@ -58,9 +68,10 @@ pub(super) fn secured_http_connection_manager(
     stat_prefix: &str,
     route_name: &str,
     class: HttpClass,
-    mesh: &MeshConfig,
+    common: HttpCommon<'_>,
     security: Vec<HttpFilter>,
 ) -> Filter {
+    let mesh = common.mesh;
     let mut hcm = HttpConnectionManager {
         route_specifier: Some(RouteSpecifier::Rds(Rds {
             config_source: Some(ads_config_source()),
@@ -84,16 +95,22 @@ pub(super) fn secured_http_connection_manager(
         });
         hcm.http_protocol_options = Some(Http1ProtocolOptions::default());
     }
-    with_istio_defaults(&mut hcm, stat_prefix, security);
+    with_istio_defaults(&mut hcm, stat_prefix, common, security);
     network_filter(ext::HTTP_CONNECTION_MANAGER, hcm)
 }
 
 /// What istiod sets on every HTTP connection manager: the stat prefix with Istio's delimiter,
 /// path normalisation that keeps escaped slashes, no stream idle timeout, UUID request ids that
-/// decide trace sampling, `100-continue` proxied, websocket upgrades, and the filters after
-/// `security`: gRPC statistics, fault injection, CORS, then the router.
-pub(super) fn with_istio_defaults(hcm: &mut HttpConnectionManager, stat_prefix: &str, security: Vec<HttpFilter>) {
+/// decide trace sampling, `100-continue` proxied, websocket upgrades, the proxy's tracing, and
+/// the filters after `security`: gRPC statistics, fault injection, CORS, then the router.
+pub(super) fn with_istio_defaults(
+    hcm: &mut HttpConnectionManager,
+    stat_prefix: &str,
+    common: HttpCommon<'_>,
+    security: Vec<HttpFilter>,
+) {
     hcm.stat_prefix = format!("{stat_prefix};");
+    hcm.tracing = common.tracing.cloned();
     hcm.normalize_path = Some(bool_value(true));
     hcm.path_with_escaped_slashes_action = PathWithEscapedSlashesAction::KeepUnchanged as i32;
     hcm.stream_idle_timeout = Some(zero_duration());

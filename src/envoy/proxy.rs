@@ -3,8 +3,10 @@
 
 mod kind;
 mod metadata;
+mod trace_identity;
 mod view;
 
 pub use kind::ProxyKind;
 pub use metadata::{Interception, NodeMetadata, ProxyConfigMeta};
+pub use trace_identity::TraceIdentity;
 pub use view::{ProxyView, SharedView};

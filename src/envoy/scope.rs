@@ -1,10 +1,15 @@
 //! What one proxy view sees of the snapshot: services, VirtualServices, its Sidecar, its policy.
 
+use std::cell::OnceCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::config::api::sidecar::{IstioEgressListener, OutboundMode};
 use crate::config::api::{DestinationRule, Sidecar, VirtualService};
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::Tracing;
+
+use super::http_tracing::hcm_tracing;
+use super::network_filter::HttpCommon;
 use crate::envoy::{ProxyKind, ProxyView};
 use crate::registry::{host_matches, hosts_overlap, Hostname, Service};
 use crate::snapshot::{Direction, Indexed, Snapshot};
@@ -71,6 +76,8 @@ pub(super) struct Scope<'a> {
     pub sidecar: Option<&'a Sidecar>,
     /// REGISTRY_ONLY or ALLOW_ANY (the Sidecar's, else the mesh's).
     pub outbound_mode: OutboundMode,
+    /// The tracing block of the proxy's HTTP connection managers, built on first use.
+    tracing: OnceCell<Option<Tracing>>,
     visible: Vec<&'a Arc<Service>>,
 }
 
@@ -92,7 +99,13 @@ impl<'a> Scope<'a> {
             .and_then(|s| s.outbound_traffic_policy.as_ref())
             .and_then(|p| p.mode)
             .unwrap_or(snapshot.mesh.outbound_traffic_policy.mode);
-        Scope { snapshot, view, sidecar, outbound_mode, visible: Vec::new() }
+        Scope { snapshot, view, sidecar, outbound_mode, tracing: OnceCell::new(), visible: Vec::new() }
+    }
+
+    /// What the proxy's HTTP connection managers share.
+    pub(super) fn http_common(&self) -> HttpCommon<'_> {
+        let tracing = self.tracing.get_or_init(|| hcm_tracing(&self.snapshot.mesh, self.view));
+        HttpCommon { mesh: &self.snapshot.mesh, tracing: tracing.as_ref() }
     }
 
     /// The proxy's namespace.

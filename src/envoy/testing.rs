@@ -127,6 +127,7 @@ pub(crate) fn sidecar(namespace: &str, labels: &[(&str, &str)]) -> ProxyView {
         agent_sds: true,
         credentials: false,
         locality: String::new(),
+        trace: None,
     }
 }
 
@@ -148,6 +149,7 @@ pub(crate) fn router(namespace: &str, labels: &[(&str, &str)]) -> ProxyView {
         agent_sds: true,
         credentials: true,
         locality: String::new(),
+        trace: None,
     }
 }
 

@@ -3,6 +3,7 @@
 mod extension_provider;
 mod label_selector;
 mod networks;
+mod proxy_tracing;
 
 use std::path::Path;
 
@@ -20,6 +21,7 @@ pub use extension_provider::{
 };
 pub use label_selector::{LabelSelector, LabelSelectorRequirement};
 pub use networks::{MeshNetworks, Network, NetworkEndpoints, NetworkGateway};
+pub use proxy_tracing::{CustomTag, ProxyDefaults, ProxyTracing, Sampling, MAX_NODE_CUSTOM_TAGS};
 
 /// The MeshConfig fields meshpilot uses; other fields of Istio's MeshConfig are accepted and ignored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -53,6 +55,11 @@ pub struct MeshConfig {
     /// Extension providers: the external authorizers CUSTOM AuthorizationPolicies name (and
     /// providers of other kinds, read for their name only).
     pub extension_providers: Vec<ExtensionProvider>,
+    /// Whether HTTP connection managers trace (Istio's default: yes), as the proxy's ProxyConfig
+    /// `tracing` says.
+    pub enable_tracing: bool,
+    /// The ProxyConfig of proxies that send none (`defaultConfig`).
+    pub default_config: ProxyDefaults,
     /// DNS suffix of Kubernetes service names (`name.namespace.svc.<domain>`): pilot's `--domain`
     /// flag, not a MeshConfig field, set by the sources.
     #[serde(skip)]
@@ -87,6 +94,8 @@ impl Default for MeshConfig {
             enable_auto_mtls: true,
             locality_lb_setting: Some(LocalityLbSetting { enabled: Some(true), ..Default::default() }),
             extension_providers: Vec::new(),
+            enable_tracing: true,
+            default_config: ProxyDefaults::default(),
             domain: DEFAULT_DOMAIN.into(),
             source_hash: 0,
         }
@@ -165,6 +174,9 @@ impl MeshConfig {
         for (i, selector) in self.discovery_selectors.iter().enumerate() {
             selector.validate().map_err(|(field, reason)| (format!("discoverySelectors[{i}].{field}"), reason))?;
         }
+        if let Some(tracing) = &self.default_config.tracing {
+            tracing.validate().map_err(|(field, reason)| (format!("defaultConfig.tracing.{field}"), reason))?;
+        }
         extension_provider::validate(&self.extension_providers)
     }
 
@@ -220,6 +232,7 @@ mod tests {
             ("dnsRefreshRate: 0.5ms\n", "dnsRefreshRate", "greater than 1ms"),
             ("dnsRefreshRate: 1ms\n", "dnsRefreshRate", "must be greater than 1ms"),
             ("data:\n  mesh: |\n    connectTimeout: 0s\n", "data.mesh.connectTimeout", "greater than 1ms"),
+            ("defaultConfig:\n  tracing:\n    sampling: -1\n", "defaultConfig.tracing.sampling", "not a percentage"),
         ] {
             match MeshConfig::parse("m.yaml", text) {
                 Err(MeshConfigError::Field { path, field: f, reason: r }) => {

@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use crate::cluster::ownership::ProxyIdentity;
 use crate::config::api::Labels;
-use crate::envoy::{Interception, NodeMetadata, ProxyConfigMeta, ProxyKind, ProxyView};
+use crate::envoy::{Interception, NodeMetadata, ProxyConfigMeta, ProxyKind, ProxyView, TraceIdentity};
 use crate::registry::kubernetes::{KubeKey, KubeKind, KubeObject, KubeObjects, KubePod};
 
 /// A connected proxy, as identified by its xDS node.
@@ -164,6 +164,13 @@ impl Proxy {
             // Sidecars never get credentials: their views stay shared across both ports.
             credentials: self.kind == ProxyKind::Router && self.verified,
             locality: self.locality.clone(),
+            trace: Some(TraceIdentity::new(
+                &self.labels,
+                &self.namespace,
+                &self.mesh_id,
+                Some(&self.cluster_id),
+                self.proxy_config.as_ref().map(|p| p.tracing.clone().unwrap_or_default()),
+            )),
         }
     }
 }

@@ -24,6 +24,7 @@ use super::matchers::{metadata, string_value};
 use super::rbac::{custom_rules, PolicyRef, RuleContext};
 use crate::config::api::authorization_policy::Action;
 use crate::envoy::names::cluster_name;
+use crate::envoy::names::ext::{HTTP_RBAC, NETWORK_RBAC};
 use crate::envoy::network_filter::{http_filter, network_filter};
 use crate::envoy::proto::duration;
 use crate::envoy::scope::Scope;
@@ -35,10 +36,6 @@ use crate::snapshot::{RejectedPolicy, ResolvedProvider};
 const HTTP_EXT_AUTHZ: &str = "envoy.filters.http.ext_authz";
 /// The ext_authz network filter.
 const NETWORK_EXT_AUTHZ: &str = "envoy.filters.network.ext_authz";
-/// The RBAC HTTP filter (the namespace of the metadata it sets).
-const HTTP_RBAC: &str = "envoy.filters.http.rbac";
-/// The RBAC network filter.
-const NETWORK_RBAC: &str = "envoy.filters.network.rbac";
 /// Stat prefix of the shadow rules, and so the prefix of the metadata key they set.
 const SHADOW_STAT_PREFIX: &str = "istio_ext_authz_";
 /// The metadata key the shadow rules set to the matching policy's name.

@@ -24,16 +24,12 @@ use envoy_types::pb::envoy::extensions::filters::network::rbac::v3::Rbac as Netw
 use ext_authz::Custom;
 use rbac::ChainKind;
 
-use super::names::ext::JWT_AUTHN;
+use super::names::ext::{HTTP_RBAC, JWT_AUTHN, NETWORK_RBAC};
 use super::network_filter::{http_filter, network_filter};
 use super::resource::Resource;
 use super::scope::Scope;
 use crate::config::api::authorization_policy::Action;
 
-/// The RBAC HTTP filter.
-const HTTP_RBAC: &str = "envoy.filters.http.rbac";
-/// The RBAC network filter.
-const NETWORK_RBAC: &str = "envoy.filters.network.rbac";
 /// Stat prefix of network RBAC filters (Istio's).
 const TCP_STAT_PREFIX: &str = "tcp.";
 

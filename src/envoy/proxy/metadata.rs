@@ -9,6 +9,7 @@ use serde::Serialize;
 use tracing::debug;
 
 use crate::config::api::Labels;
+use crate::mesh::ProxyTracing;
 use crate::telemetry::log_text::Untrusted;
 
 /// How traffic reaches a sidecar's listeners (`INTERCEPTION_MODE`).
@@ -38,6 +39,8 @@ pub struct ProxyConfigMeta {
     pub concurrency: Option<u32>,
     /// `proxyMetadata`: environment the agent was given.
     pub proxy_metadata: Labels,
+    /// `tracing`, bounded (see [`ProxyTracing::bounded`]); `None` when absent or malformed.
+    pub tracing: Option<ProxyTracing>,
 }
 
 /// The node metadata meshpilot understands.
@@ -173,7 +176,30 @@ fn proxy_config(v: &Value) -> Option<ProxyConfigMeta> {
             .get("proxyMetadata")
             .and_then(|v| string_map(v, "PROXY_CONFIG.proxyMetadata"))
             .unwrap_or_default(),
+        tracing: s.fields.get("tracing").and_then(tracing),
     })
+}
+
+fn tracing(v: &Value) -> Option<ProxyTracing> {
+    match serde_json::from_value::<ProxyTracing>(json(v)) {
+        Ok(t) => Some(t.bounded()),
+        Err(e) => {
+            debug!(key = "PROXY_CONFIG.tracing", error = %Untrusted(&e.to_string()), "malformed; ignored");
+            None
+        }
+    }
+}
+
+/// A protobuf `Value` as JSON (its depth is bounded by the protobuf decoder's recursion limit).
+fn json(v: &Value) -> serde_json::Value {
+    match &v.kind {
+        Some(ValueKind::StringValue(s)) => serde_json::Value::String(s.clone()),
+        Some(ValueKind::NumberValue(n)) => serde_json::Number::from_f64(*n).map_or(serde_json::Value::Null, Into::into),
+        Some(ValueKind::BoolValue(b)) => serde_json::Value::Bool(*b),
+        Some(ValueKind::StructValue(s)) => s.fields.iter().map(|(k, v)| (k.clone(), json(v))).collect(),
+        Some(ValueKind::ListValue(l)) => l.values.iter().map(json).collect(),
+        Some(ValueKind::NullValue(_)) | None => serde_json::Value::Null,
+    }
 }
 
 #[cfg(test)]
@@ -221,7 +247,13 @@ mod tests {
                     ("discoveryAddress", s("istiod.istio-system.svc:15012")),
                     ("concurrency", n(2.0)),
                     ("proxyMetadata", st(&[("DNS_CAPTURE", s("true"))])),
-                    ("tracing", st(&[])),
+                    (
+                        "tracing",
+                        st(&[
+                            ("sampling", n(25.0)),
+                            ("customTags", st(&[("team", st(&[("literal", st(&[("value", s("shop"))]))]))])),
+                        ]),
+                    ),
                 ]),
             ),
         ]);
@@ -240,6 +272,9 @@ mod tests {
         assert_eq!(pc.discovery_address, "istiod.istio-system.svc:15012");
         assert_eq!(pc.concurrency, Some(2));
         assert_eq!(pc.proxy_metadata.get("DNS_CAPTURE").map(String::as_str), Some("true"));
+        let tracing = pc.tracing.expect("PROXY_CONFIG.tracing");
+        assert_eq!(tracing.sampling, crate::mesh::Sampling(25.0));
+        assert_eq!(tracing.custom_tags["team"], crate::mesh::CustomTag::Literal { value: "shop".into() });
     }
 
     #[test]
@@ -267,6 +302,8 @@ mod tests {
         assert_eq!(labels.len(), 1, "non-scalar label values are dropped");
         let huge = meta(&[("PROXY_CONFIG", st(&[("concurrency", n(-4.0))]))]);
         assert_eq!(NodeMetadata::parse(Some(&huge)).proxy_config.and_then(|p| p.concurrency), None);
+        let odd_tracing = meta(&[("PROXY_CONFIG", st(&[("tracing", st(&[("sampling", s("lots"))]))]))]);
+        assert_eq!(NodeMetadata::parse(Some(&odd_tracing)).proxy_config.and_then(|p| p.tracing), None);
         assert_eq!(NodeMetadata::parse(None), NodeMetadata::default());
         let many: Vec<String> = (0..1000).map(|i| format!("10.0.{}.{}", i / 250, i % 250)).collect();
         let flood = meta(&[("INSTANCE_IPS", s(&many.join(",")))]);

@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use super::kind::ProxyKind;
 use super::metadata::Interception;
+use super::trace_identity::TraceIdentity;
 use crate::config::api::sidecar::IstioIngressListener;
 use crate::config::api::{Labels, Protocol};
 use crate::registry::ServiceKey;
@@ -60,6 +61,9 @@ pub struct ProxyView {
     /// Locality (`region/zone/subzone`), which orders or weighs endpoints when locality load
     /// balancing applies: the node's, until [`ProxyView::resolve`] finds the workload's.
     pub locality: String,
+    /// What its spans are tagged with, and its ProxyConfig's tracing; dropped by
+    /// [`ProxyView::resolve`] when the mesh does not trace (so views stay shared).
+    pub trace: Option<TraceIdentity>,
 }
 
 impl ProxyView {
@@ -77,10 +81,11 @@ impl ProxyView {
     pub fn resolve(&self, snapshot: &Snapshot) -> ProxyView {
         let labels = snapshot.selected_labels(&self.labels);
         let locality = self.locality_in(snapshot);
+        let trace = self.trace.clone().filter(|_| snapshot.mesh.enable_tracing);
         if self.ips.is_empty() {
-            return ProxyView { labels, locality, ..self.clone() };
+            return ProxyView { labels, locality, trace, ..self.clone() };
         }
-        let mut view = ProxyView { ips: Vec::new(), inbound: Vec::new(), labels, locality, ..self.clone() };
+        let mut view = ProxyView { ips: Vec::new(), inbound: Vec::new(), labels, locality, trace, ..self.clone() };
         if self.kind != ProxyKind::Sidecar {
             return view;
         }
