@@ -64,7 +64,9 @@ async fn unknown_protocol_port_is_routed_as_http() {
         .as_array()
         .map(|fs| fs.iter().filter_map(|f| f["name"].as_str()).collect())
         .unwrap_or_default();
-    assert_eq!(filters, ["envoy.filters.listener.tls_inspector", "envoy.filters.listener.http_inspector"]);
+    // As istiod: the HTTP inspector alone (no chain matches SNI); without the TLS inspector the
+    // transport is raw_buffer, which the HTTP chain requires.
+    assert_eq!(filters, ["envoy.filters.listener.http_inspector"]);
     assert!(dynamic_route_config(&dump, &port.to_string()).is_some(), "the sniffed port has route config {port}");
 
     // The header match applies: only an HTTP connection manager can do that, a TCP proxy would

@@ -53,9 +53,29 @@ pub fn bytes_to_json(full_name: &str, bytes: &[u8]) -> Result<Value, JsonError> 
     let message = DynamicMessage::decode(descriptor, bytes)
         .map_err(|source| JsonError::Decode { name: full_name.into(), source })?;
     let options = SerializeOptions::new().use_proto_field_name(true).skip_default_fields(true);
-    message
+    let mut value = message
         .serialize_with_options(serde_json::value::Serializer, &options)
-        .map_err(|source| JsonError::Json { name: full_name.into(), source })
+        .map_err(|source| JsonError::Json { name: full_name.into(), source })?;
+    integral_numbers(&mut value);
+    Ok(value)
+}
+
+/// Writes doubles holding whole numbers as integers (`100`, not `100.0`), as Envoy's JSON
+/// printer does, so that a dump compares equal to Envoy's own.
+fn integral_numbers(value: &mut Value) {
+    match value {
+        Value::Number(n) => {
+            if let Some(f) = n.as_f64().filter(|_| n.is_f64()) {
+                // Below 2^53 every whole double is exactly an integer.
+                if f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0 {
+                    *n = serde_json::Number::from(f as i64);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(integral_numbers),
+        Value::Object(map) => map.values_mut().for_each(integral_numbers),
+        _ => {}
+    }
 }
 
 /// Envoy's JSON of `bytes` as [`bytes_to_json`] writes it, except that an `Any` of a type the
@@ -77,6 +97,7 @@ pub fn bytes_to_json_lenient(full_name: &str, bytes: &[u8]) -> Result<Value, Jso
         .serialize_with_options(serde_json::value::Serializer, &options)
         .map_err(|source| JsonError::Json { name: full_name.into(), source })?;
     opaque::unwrap_marked(&mut value);
+    integral_numbers(&mut value);
     Ok(value)
 }
 
@@ -223,6 +244,15 @@ mod tests {
         let back: Any = from_json(&to_json(&any).expect("json")).expect("reads back");
         assert_eq!(Cluster::decode(back.value.as_slice()).expect("decodes"), c);
         assert!(from_json::<Cluster>(&json!({"name": 5})).is_err());
+    }
+
+    #[test]
+    fn whole_doubles_are_written_as_integers_as_envoy_does() {
+        use envoy_types::pb::envoy::r#type::v3::Percent;
+        assert_eq!(to_json(&Percent { value: 100.0 }).expect("json"), json!({"value": 100}));
+        assert_eq!(to_json(&Percent { value: 0.5 }).expect("json"), json!({"value": 0.5}));
+        let back: Percent = from_json(&json!({"value": 100})).expect("reads back");
+        assert_eq!(back.value, 100.0);
     }
 
     #[test]

@@ -1,132 +1,27 @@
-//! Sidecar LDS: outbound listeners per port (from the Sidecar's egress listeners, or from the
-//! visible services' ports), and Istio's `virtualOutbound` listener when traffic is redirected.
-//!
-//! With several TCP services on one port, each service with addresses gets a filter chain matched
-//! on them; the first service without addresses takes the remaining traffic, else the outbound
-//! policy (PassthroughCluster or BlackHoleCluster) does.
+//! Sidecar LDS: the outbound listeners of the plan (`outbound_plan`), each with the chains its
+//! services need (`outbound_chains`), and Istio's `virtualOutbound` listener when traffic is
+//! redirected.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::sync::Arc;
+use std::collections::HashSet;
 
 use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
 use envoy_types::pb::envoy::config::listener::v3::{FilterChain, FilterChainMatch, Listener};
 
-use super::http_match::RouteContext;
 use super::names::{
-    cluster_name, listener_name, BLACKHOLE_CLUSTER, LOCALHOST, PASSTHROUGH_CLUSTER, PASSTHROUGH_FILTER_CHAIN,
-    VIRTUAL_OUTBOUND_LISTENER, VIRTUAL_OUTBOUND_PORT, WILDCARD_ADDRESS,
+    BLACKHOLE_CLUSTER, PASSTHROUGH_CLUSTER, PASSTHROUGH_FILTER_CHAIN, VIRTUAL_OUTBOUND_LISTENER, VIRTUAL_OUTBOUND_PORT,
+    WILDCARD_ADDRESS,
 };
 use super::network_filter::{
-    accept_one_connection_per_event, chain, claim_server_names, destination_match, http_connection_manager, sni_match,
-    stat_prefix_of, tcp_proxy_filter, tls_inspector, to_cluster, unlogged_blackhole, HttpClass,
+    accept_one_connection_per_event, chain, tcp_proxy_filter, tls_inspector, to_cluster, unlogged_blackhole,
     TRANSPORT_SOCKET_CONNECT_TIMEOUT,
 };
+use super::outbound_chains::{chain_opts, ChainOpt};
+use super::outbound_plan::{outbound_plan, OutboundListener};
 use super::proto::{bool_value, duration, resource, socket_address, u32_value, zero_duration};
 use super::resource::Resource;
-use super::scope::{Imports, Scope};
-use super::sniffing::{http_inspector, require_http};
-use super::tcp_route::{tcp_target, tls_targets};
-use crate::config::api::sidecar::{CaptureMode, OutboundMode};
-use crate::config::api::Protocol;
-use crate::registry::{hosts_overlap, Service};
-
-/// How an outbound listener treats connections.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum ListenerProtocol {
-    /// HTTP connection manager with RDS route config `PORT`.
-    Http,
-    /// TCP proxy per service.
-    Tcp,
-    /// TCP proxy per SNI.
-    Tls,
-    /// Sniffed (a service of unknown protocol on the port): HTTP, recognised by the HTTP
-    /// inspector, to the connection manager; the rest as on a TCP listener.
-    Auto,
-}
-
-/// One outbound listener of a sidecar.
-pub(super) struct OutboundListener<'a> {
-    /// `ADDRESS_PORT`.
-    pub name: String,
-    /// Address.
-    pub address: String,
-    /// Port.
-    pub port: u16,
-    /// Whether Envoy binds the address (else only `virtualOutbound` hands connections to it).
-    pub bound: bool,
-    /// Protocol.
-    pub protocol: ListenerProtocol,
-    /// What the listener's hosts are.
-    pub imports: Imports<'a>,
-    /// Declared by a Sidecar egress listener (not derived from service ports).
-    pub explicit: bool,
-}
-
-/// The sidecar's outbound listeners, first claim of a name winning.
-pub(super) fn outbound_plan<'a>(scope: &Scope<'a>) -> Vec<OutboundListener<'a>> {
-    let intercepted = scope.view.interception.intercepts();
-    let mut out: Vec<OutboundListener<'a>> = Vec::new();
-    let mut claimed = BTreeSet::new();
-    for egress in scope.egress_listeners() {
-        let Some(port) = &egress.port else { continue };
-        let Some(number) = u16::try_from(port.number).ok().filter(|n| *n != 0) else { continue };
-        let declared =
-            if port.protocol.is_empty() { port.name.split('-').next().unwrap_or_default() } else { &port.protocol };
-        let binds = egress.capture_mode == Some(CaptureMode::None) || !intercepted;
-        let address = match (egress.bind.as_str(), binds) {
-            ("", true) => LOCALHOST.to_string(),
-            ("", false) => WILDCARD_ADDRESS.to_string(),
-            (bind, _) => bind.to_string(),
-        };
-        claimed.insert(number);
-        out.push(OutboundListener {
-            name: listener_name(&address, number),
-            address,
-            port: number,
-            bound: binds,
-            protocol: listener_protocol([Protocol::parse(declared)].into_iter()),
-            imports: Imports::of(egress, scope.namespace()),
-            explicit: true,
-        });
-    }
-    if let Some(imports) = scope.catch_all_imports() {
-        let mut by_port: BTreeMap<u16, Vec<Protocol>> = BTreeMap::new();
-        for svc in scope.services_in(imports) {
-            for p in svc.ports.iter().filter(|p| p.number != 0 && !claimed.contains(&p.number)) {
-                by_port.entry(p.number).or_default().push(p.protocol);
-            }
-        }
-        let address = if intercepted { WILDCARD_ADDRESS } else { LOCALHOST };
-        for (port, protocols) in by_port {
-            out.push(OutboundListener {
-                name: listener_name(address, port),
-                address: address.to_string(),
-                port,
-                bound: !intercepted,
-                protocol: listener_protocol(protocols.into_iter()),
-                imports,
-                explicit: false,
-            });
-        }
-    }
-    let mut names = HashSet::new();
-    out.retain(|l| names.insert(l.name.clone()));
-    out
-}
-
-/// A port with a service of unknown protocol is sniffed, as in Istio; else HTTP wins a port
-/// shared with other protocols; TLS needs every service to be TLS.
-fn listener_protocol(mut protocols: impl Iterator<Item = Protocol> + Clone) -> ListenerProtocol {
-    if protocols.clone().any(|p| p == Protocol::Unsupported) {
-        ListenerProtocol::Auto
-    } else if protocols.clone().any(Protocol::is_http) {
-        ListenerProtocol::Http
-    } else if protocols.all(|p| matches!(p, Protocol::Tls | Protocol::Https)) {
-        ListenerProtocol::Tls
-    } else {
-        ListenerProtocol::Tcp
-    }
-}
+use super::scope::Scope;
+use super::sniffing::http_inspector;
+use crate::config::api::sidecar::OutboundMode;
 
 /// All listeners of a sidecar.
 pub(super) fn listeners(scope: &Scope<'_>) -> Vec<Resource> {
@@ -163,165 +58,35 @@ fn outbound_listener(scope: &Scope<'_>, l: &OutboundListener<'_>) -> Listener {
         continue_on_listener_filters_timeout: true,
         ..Default::default()
     };
-    match l.protocol {
-        ListenerProtocol::Http => {
-            // As istiod: HTTP (by the HTTP inspector) to the connection manager, anything else
-            // (TLS, another protocol) through the outbound policy.
-            let stat_prefix = format!("outbound_{}", l.name);
-            let common = scope.http_common();
-            let hcm = http_connection_manager(&stat_prefix, &l.port.to_string(), HttpClass::SidecarOutbound, common);
-            listener.filter_chains = vec![chain(String::new(), Some(require_http(None)), vec![hcm], None)];
-            listener.default_filter_chain = Some(fallthrough_chain(scope));
-            listener.listener_filters = vec![http_inspector()];
-        }
-        ListenerProtocol::Tcp => {
-            let (chains, default) = tcp_chains(scope, l);
-            set_chains(&mut listener, chains, default, scope);
-        }
-        ListenerProtocol::Auto => {
-            let (chains, default) = tcp_chains(scope, l);
-            set_chains(&mut listener, chains, default, scope);
-            // The TLS inspector first: TLS is never taken for HTTP.
-            listener.listener_filters = vec![tls_inspector(), http_inspector()];
-        }
-        ListenerProtocol::Tls => {
-            set_chains(&mut listener, tls_chains(scope, l), None, scope);
-            listener.listener_filters = vec![tls_inspector()];
-        }
-    }
-    // istiod bounds the TLS handshake of every chain it builds for a service (slow-handshake
-    // attacks); not of the fallthrough chain.
-    let default = listener.default_filter_chain.iter_mut().filter(|c| c.name != PASSTHROUGH_FILTER_CHAIN);
-    for chain in listener.filter_chains.iter_mut().chain(default) {
-        chain.transport_socket_connect_timeout = Some(duration(TRANSPORT_SOCKET_CONNECT_TIMEOUT));
-    }
+    assemble(&mut listener, chain_opts(scope, l), scope);
     listener
 }
 
-fn context<'a>(scope: &Scope<'a>, port: u16) -> RouteContext<'a> {
-    RouteContext {
-        listen_port: port,
-        gateway: "mesh",
-        tls: false,
-        labels: &scope.view.labels,
-        namespace: scope.namespace(),
-    }
-}
-
-/// The services a listener serves, each with the service port its cluster is for: the listener's
-/// port, or, on a Sidecar egress listener with another port, a single-port service's only port
-/// of a compatible protocol (Istio picks that port for TCP too; multi-port services need a
-/// VirtualService there).
-pub(super) fn services_on_port<'a>(scope: &Scope<'a>, l: &OutboundListener<'a>) -> Vec<(&'a Arc<Service>, u16)> {
-    scope
-        .services_in(l.imports)
-        .into_iter()
-        .filter_map(|s| {
-            let port = match (s.port(l.port), s.ports.as_slice()) {
-                (Some(p), _) => p.number,
-                (None, [only]) if l.explicit && compatible(l.protocol, only.protocol) => only.number,
-                _ => return None,
-            };
-            Some((s, port))
-        })
-        .collect()
-}
-
-/// HTTP listeners route only HTTP services; TCP, TLS and sniffed listeners forward any bytes.
-fn compatible(listener: ListenerProtocol, service: Protocol) -> bool {
-    listener != ListenerProtocol::Http || service.is_http()
-}
-
-/// Chains per service address, and the default chain for everything else. On a sniffed port,
-/// HTTP (by ALPN) to a sniffed service's address or to an address no chain claims goes to the
-/// connection manager, and all traffic to a declared HTTP service's address does.
-fn tcp_chains(scope: &Scope<'_>, l: &OutboundListener<'_>) -> (Vec<FilterChain>, Option<FilterChain>) {
-    let mesh = &scope.snapshot.mesh;
-    let ctx = context(scope, l.port);
-    let vss = scope.mesh_virtual_services(l.imports);
-    let sniffed = l.protocol == ListenerProtocol::Auto;
-    let stat_prefix = format!("outbound_{}", l.name);
-    let common = scope.http_common();
-    let hcm = || http_connection_manager(&stat_prefix, &l.port.to_string(), HttpClass::SidecarOutbound, common);
-    let mut chains = Vec::new();
-    let mut seen_matches = HashSet::new();
-    let mut default = None;
-    for (svc, port) in services_on_port(scope, l) {
-        let protocol = svc.port(port).map(|p| p.protocol).unwrap_or(Protocol::Tcp);
-        let target = tcp_target(scope, &vss, Some(&svc.hostname), &ctx)
-            .unwrap_or_else(|| to_cluster(&cluster_name(port, "", svc.hostname.as_str())));
-        let filter = tcp_proxy_filter(stat_prefix_of(&target), target.clone(), mesh);
-        let name = svc.hostname.to_string();
-        match destination_match(&svc.addresses) {
-            Some(m) if seen_matches.insert(format!("{:?}", m.prefix_ranges)) => {
-                if sniffed && protocol.is_http() {
-                    chains.push(chain(name, Some(m), vec![hcm()], None));
-                    continue;
-                }
-                if sniffed && protocol == Protocol::Unsupported {
-                    chains.push(chain(name.clone(), Some(require_http(Some(m.clone()))), vec![hcm()], None));
-                }
-                chains.push(chain(name, Some(m), vec![filter], None));
-            }
-            Some(_) => {}
-            None if default.is_none() && !(sniffed && protocol.is_http()) => {
-                default = Some(chain(name, None, vec![filter], None));
-            }
-            None => {}
-        }
-    }
-    if sniffed {
-        chains.push(chain(format!("{}-http", l.name), Some(require_http(None)), vec![hcm()], None));
-    }
-    (chains, default)
-}
-
-/// Chains per SNI: VirtualService TLS rules first, then each service's own host.
-fn tls_chains(scope: &Scope<'_>, l: &OutboundListener<'_>) -> Vec<FilterChain> {
-    let mesh = &scope.snapshot.mesh;
-    let ctx = context(scope, l.port);
-    let services = services_on_port(scope, l);
-    let vss: Vec<_> = scope
-        .mesh_virtual_services(l.imports)
-        .into_iter()
-        .filter(|(ix, _)| {
-            ix.hosts.iter().any(|h| services.iter().any(|(s, _)| hosts_overlap(h.as_str(), s.hostname.as_str())))
-        })
-        .collect();
-    let mut claimed = HashSet::new();
-    let mut chains = Vec::new();
-    for t in tls_targets(scope, &vss, &ctx, |_| true) {
-        let names = claim_server_names(&t.server_names, &mut claimed);
-        if names.is_empty() {
+/// The listener from its chains as istiod assembles it: a chain that matches everything becomes
+/// the default chain, unless it is the only chain; without one the outbound policy is the
+/// default. The TLS inspector comes first where a chain matches SNI, the HTTP inspector where
+/// one matches HTTP ALPN values; every service chain bounds its TLS handshake (slow-handshake
+/// attacks), the fallthrough chain does not.
+fn assemble(listener: &mut Listener, opts: Vec<ChainOpt>, scope: &Scope<'_>) {
+    let (mut tls, mut http) = (false, false);
+    for opt in opts {
+        let mut c = chain(String::new(), None, opt.filters, None);
+        c.transport_socket_connect_timeout = Some(duration(TRANSPORT_SOCKET_CONNECT_TIMEOUT));
+        if opt.chain_match == FilterChainMatch::default() {
+            listener.default_filter_chain = Some(c);
             continue;
         }
-        let filter = tcp_proxy_filter(stat_prefix_of(&t.target), t.target.clone(), mesh);
-        chains.push(chain(names.join(","), sni_match(names), vec![filter], None));
+        tls |= !opt.chain_match.server_names.is_empty();
+        http |= !opt.chain_match.application_protocols.is_empty();
+        c.filter_chain_match = Some(opt.chain_match);
+        listener.filter_chains.push(c);
     }
-    for (svc, port) in &services {
-        let names = claim_server_names(&[svc.hostname.to_string()], &mut claimed);
-        if names.is_empty() {
-            continue;
-        }
-        let target = to_cluster(&cluster_name(*port, "", svc.hostname.as_str()));
-        let filter = tcp_proxy_filter(stat_prefix_of(&target), target.clone(), mesh);
-        chains.push(chain(svc.hostname.to_string(), sni_match(names), vec![filter], None));
+    match listener.default_filter_chain.take() {
+        Some(only) if listener.filter_chains.is_empty() => listener.filter_chains = vec![only],
+        Some(default) => listener.default_filter_chain = Some(default),
+        None => listener.default_filter_chain = Some(fallthrough_chain(scope)),
     }
-    chains
-}
-
-/// Where unknown destinations go: PassthroughCluster (ALLOW_ANY) or BlackHoleCluster.
-/// A listener's chains, and the chain for connections none matches: a service's chain that
-/// matches everything (`catch_all`), else the outbound policy. As istiod lays it out, a service's
-/// catch-all chain with no other chain beside it is the listener's only chain.
-fn set_chains(listener: &mut Listener, chains: Vec<FilterChain>, catch_all: Option<FilterChain>, scope: &Scope<'_>) {
-    match (chains.is_empty(), catch_all) {
-        (true, Some(only)) => listener.filter_chains = vec![only],
-        (_, catch_all) => {
-            listener.filter_chains = chains;
-            listener.default_filter_chain = Some(catch_all.unwrap_or_else(|| fallthrough_chain(scope)));
-        }
-    }
+    listener.listener_filters = [tls.then(tls_inspector), http.then(http_inspector)].into_iter().flatten().collect();
 }
 
 /// The default chain of an outbound port listener: the outbound policy, under istiod's name and
@@ -431,21 +196,30 @@ mod tests {
     }
 
     #[test]
-    fn tcp_services_get_chains_by_address_and_weighted_routes() {
-        let l = web_listener("0.0.0.0_5432");
-        let db = l.filter_chains.iter().find(|c| c.name == "db.shop.svc.cluster.local").expect("db chain");
-        let ranges = &db.filter_chain_match.as_ref().expect("match").prefix_ranges;
-        assert_eq!(ranges[0].address_prefix, "240.0.0.10");
-        let tcp: TcpProxy = typed(db);
+    fn tcp_services_get_a_listener_on_their_vip_with_weighted_routes() {
+        let l = web_listener("240.0.0.10_5432");
+        assert_eq!(l.filter_chains.len(), 1, "the address chose the service: one chain, no match");
+        assert_eq!(l.filter_chains[0].filter_chain_match, None);
+        assert_eq!(l.default_filter_chain, None);
+        assert!(l.listener_filters.is_empty(), "no inspector needed");
+        let tcp: TcpProxy = typed(&l.filter_chains[0]);
         let Some(ClusterSpecifier::WeightedClusters(w)) = tcp.cluster_specifier else { panic!("weighted expected") };
         let got: Vec<(&str, u32)> = w.clusters.iter().map(|c| (c.name.as_str(), c.weight)).collect();
         assert_eq!(
             got,
             [("outbound|5432||db.shop.svc.cluster.local", 80), ("outbound|5432||cache.shop.svc.cluster.local", 20)]
         );
-        let default = l.default_filter_chain.expect("default chain");
-        let tcp: TcpProxy = typed(&default);
-        assert_eq!(tcp.cluster_specifier, Some(ClusterSpecifier::Cluster(BLACKHOLE_CLUSTER.into())));
+        // The other service of the port has a listener of its own; nothing shares 0.0.0.0:5432.
+        let cache = web_listener("240.0.0.11_5432");
+        let tcp: TcpProxy = typed(&cache.filter_chains[0]);
+        assert_eq!(
+            tcp.cluster_specifier,
+            Some(ClusterSpecifier::Cluster("outbound|5432||cache.shop.svc.cluster.local".into()))
+        );
+        let s = testdata_snapshot("features.yaml");
+        assert!(
+            !names(&s, &sidecar("shop", &[("app", "web")]), TypeUrl::Listener).contains(&"0.0.0.0_5432".to_string())
+        );
     }
 
     #[test]
@@ -477,20 +251,27 @@ mod tests {
     }
 
     #[test]
-    fn unknown_protocol_ports_are_sniffed() {
+    fn unknown_protocol_ports_are_sniffed_on_the_services_vip_with_a_route_configuration_of_its_own() {
         let s = testdata_snapshot("inbound.yaml");
-        let l: Listener = find(&s, &sidecar("shop", &[]), TypeUrl::Listener, "0.0.0.0_9000");
+        let l: Listener = find(&s, &sidecar("shop", &[]), TypeUrl::Listener, "240.2.0.1_9000");
         let filters: Vec<&str> = l.listener_filters.iter().map(|f| f.name.as_str()).collect();
-        assert_eq!(filters, [super::super::names::ext::TLS_INSPECTOR, super::super::names::ext::HTTP_INSPECTOR]);
+        assert_eq!(filters, [super::super::names::ext::HTTP_INSPECTOR], "no SNI to inspect");
         let alpn = |c: &FilterChain| c.filter_chain_match.clone().unwrap_or_default().application_protocols;
-        let http: Vec<&FilterChain> = l.filter_chains.iter().filter(|c| !alpn(c).is_empty()).collect();
-        assert_eq!(http.len(), 2, "HTTP to the service's address and HTTP to any other address");
-        assert!(http.iter().all(|c| alpn(c) == ["http/1.1", "h2c"]));
-        let hcm: HttpConnectionManager = typed(http[0]);
-        assert!(matches!(hcm.route_specifier, Some(RouteSpecifier::Rds(r)) if r.route_config_name == "9000"));
-        let tcp: TcpProxy = typed(l.default_filter_chain.as_ref().expect("default"));
-        assert_eq!(tcp.cluster_specifier, Some(ClusterSpecifier::Cluster(PASSTHROUGH_CLUSTER.into())));
-        assert!(names(&s, &sidecar("shop", &[]), TypeUrl::Route).contains(&"9000".to_string()));
+        assert_eq!(l.filter_chains.len(), 1, "HTTP, recognised by the inspector");
+        assert!(!alpn(&l.filter_chains[0]).is_empty());
+        let hcm: HttpConnectionManager = typed(&l.filter_chains[0]);
+        let route = "orders.shop.svc.cluster.local:9000";
+        assert!(matches!(hcm.route_specifier, Some(RouteSpecifier::Rds(r)) if r.route_config_name == route));
+        let tcp: TcpProxy = typed(l.default_filter_chain.as_ref().expect("the rest: TCP to the service"));
+        assert_eq!(
+            tcp.cluster_specifier,
+            Some(ClusterSpecifier::Cluster("outbound|9000||orders.shop.svc.cluster.local".into()))
+        );
+        let rc: envoy_types::pb::envoy::config::route::v3::RouteConfiguration =
+            find(&s, &sidecar("shop", &[]), TypeUrl::Route, route);
+        assert_eq!(rc.virtual_hosts.len(), 1, "the service's virtual host alone, no catch-all");
+        assert_eq!(rc.virtual_hosts[0].domains, ["*"]);
+        assert!(!names(&s, &sidecar("shop", &[]), TypeUrl::Route).contains(&"9000".to_string()));
     }
 
     #[test]

@@ -13,8 +13,8 @@ use envoy_types::pb::google::protobuf::Any;
 
 use super::http_match::RouteContext;
 use super::http_route::{default_route, virtual_service_routes};
-use super::listener::{outbound_plan, services_on_port, ListenerProtocol, OutboundListener};
 use super::names::domain_name;
+use super::outbound_plan::{outbound_plan, services_on_port, ListenerProtocol, OutboundListener};
 use super::proto::{bool_value, resource, u32_value};
 use super::resource::Resource;
 use super::route_splice::replace_routes;
@@ -31,7 +31,7 @@ pub(super) fn route_configs(scope: &Scope<'_>) -> Vec<Resource> {
     outbound_plan(scope)
         .iter()
         .filter(|l| matches!(l.protocol, ListenerProtocol::Http | ListenerProtocol::Auto))
-        .map(|l| resource(l.port.to_string(), route_config(scope, l)))
+        .map(|l| resource(l.route_name(), route_config(scope, l)))
         .collect()
 }
 
@@ -52,7 +52,7 @@ pub(super) fn patched_route_configs(
         if routes.is_empty() {
             continue;
         }
-        let name = l.port.to_string();
+        let name = l.route_name();
         let before = previous.iter().find(|r| r.name == name)?;
         let value = match replace_routes(&before.body.value, &routes) {
             Ok(value) => value,
@@ -145,9 +145,20 @@ fn route_config(scope: &Scope<'_>, l: &OutboundListener<'_>) -> RouteConfigurati
         }
     }
     let mut virtual_hosts = vhosts.into_sorted();
-    virtual_hosts.push(catch_all(scope.outbound_mode));
+    let name = l.route_name();
+    if l.at_vip {
+        // A sniffed service's own route configuration: only its virtual host, answering to any
+        // authority (the address already chose the service), and no catch-all, as istiod.
+        let host = services.first().map(|(s, _)| s.hostname.to_string()).unwrap_or_default();
+        virtual_hosts.retain(|vh| vh.domains.iter().any(|d| *d == host || *d == name));
+        if let [only] = virtual_hosts.as_mut_slice() {
+            only.domains = vec!["*".to_string()];
+        }
+    } else {
+        virtual_hosts.push(catch_all(scope.outbound_mode));
+    }
     RouteConfiguration {
-        name: port.to_string(),
+        name,
         virtual_hosts,
         validate_clusters: Some(bool_value(false)),
         max_direct_response_body_size_bytes: Some(u32_value(MAX_DIRECT_RESPONSE_BODY)),

@@ -1,5 +1,7 @@
-//! VirtualService TCP and TLS rules → TCP proxy targets (shared by sidecars and gateways).
-//! `destinationSubnets` conditions are not evaluated: a rule applies by port and source alone.
+//! VirtualService TCP and TLS rules → TCP proxy targets (shared by sidecars and gateways). A
+//! rule applies by port and source; its `destinationSubnets` become the destination match of a
+//! sidecar's chain (gateways, whose listeners are not reached by original destination, do not
+//! evaluate them).
 
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::tcp_proxy::{
     weighted_cluster::ClusterWeight, ClusterSpecifier, WeightedCluster,
@@ -16,8 +18,51 @@ use crate::registry::{hosts_overlap, Hostname};
 pub(super) struct TlsTarget {
     /// SNI values (as written in the rule).
     pub server_names: Vec<String>,
+    /// The destination subnets the match names (empty: any destination).
+    pub subnets: Vec<String>,
     /// Where matching connections go.
     pub target: ClusterSpecifier,
+}
+
+/// One TCP rule as a sidecar's chain: the destination subnets it matches and where it sends
+/// connections.
+pub(super) struct TcpTarget {
+    /// The destination subnets of the rule's matches (empty: any destination).
+    pub subnets: Vec<String>,
+    /// Where matching connections go.
+    pub target: ClusterSpecifier,
+}
+
+/// The TCP rules, among VirtualServices for `host`, that apply here, in order, as istiod turns
+/// them into chains: a rule whose match names no subnet (or that has no match) applies to any
+/// destination and ends the list (what follows is unreachable); a rule naming subnets gets a
+/// chain for them. The flag says whether the list ended so.
+pub(super) fn tcp_targets(
+    scope: &Scope<'_>,
+    virtual_services: &[VsRef<'_>],
+    host: &Hostname,
+    ctx: &RouteContext<'_>,
+) -> (Vec<TcpTarget>, bool) {
+    let mut out = Vec::new();
+    for (ix, vs) in virtual_services {
+        if !ix.hosts.iter().any(|vh| hosts_overlap(vh.as_str(), host.as_str())) {
+            continue;
+        }
+        let vs_ns = ix.config.key.namespace.as_str();
+        for rule in &vs.tcp {
+            let Some(target) = l4_target(scope, &rule.route, vs_ns, ctx.listen_port) else { continue };
+            let applying: Vec<&L4MatchAttributes> = rule.matches.iter().filter(|m| l4_applies(m, ctx, vs_ns)).collect();
+            if rule.matches.is_empty() || applying.iter().any(|m| m.destination_subnets.is_empty()) {
+                out.push(TcpTarget { subnets: Vec::new(), target });
+                return (out, true);
+            }
+            let subnets: Vec<String> = applying.iter().flat_map(|m| m.destination_subnets.iter().cloned()).collect();
+            if !subnets.is_empty() {
+                out.push(TcpTarget { subnets, target });
+            }
+        }
+    }
+    (out, false)
 }
 
 /// The target of the first TCP rule, among VirtualServices for `host`, that applies here.
@@ -60,7 +105,7 @@ pub(super) fn tls_targets(
                     continue;
                 }
                 if let Some(target) = l4_target(scope, &rule.route, vs_ns, ctx.listen_port) {
-                    out.push(TlsTarget { server_names, target });
+                    out.push(TlsTarget { server_names, subnets: m.destination_subnets.clone(), target });
                 }
             }
         }

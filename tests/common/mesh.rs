@@ -76,7 +76,8 @@ pub fn rejection_problem(stats: &HashMap<String, u64>, dump: &Value) -> Option<S
         }
     }
     for rc in dynamic_route_config_names(dump) {
-        let suffix = format!(".rds.{rc}.update_rejected");
+        // Envoy writes `:` in stat names as `_` (a sniffed service's `HOST:PORT` route config).
+        let suffix = format!(".rds.{}.update_rejected", rc.replace(':', "_"));
         if !checked.iter().any(|k| k.starts_with("http.") && k.ends_with(&suffix)) {
             return Some(format!("holds route config {rc} but has no http.*{suffix} stat; has: {checked:?}"));
         }

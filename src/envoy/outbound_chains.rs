@@ -1,0 +1,205 @@
+//! The filter chains of one outbound listener, built per service as istiod builds them: HTTP to
+//! the connection manager, TCP through the VirtualService's TCP rules (each rule's destination
+//! subnets its match) or to the service, TLS by SNI through the TLS rules or to the service. A
+//! chain's destination match is what tells services on a shared listener apart: a CIDR service's
+//! CIDR, a service without an address nothing (the first such service takes the rest), and on a
+//! service's own VIP listener nothing at all. Of chains with the same match the first wins (Envoy
+//! refuses identical matches), as istiod merges them.
+
+use std::collections::HashSet;
+
+use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChainMatch};
+
+use super::http_match::RouteContext;
+use super::names::{cluster_name, WILDCARD_ADDRESS};
+use super::network_filter::{
+    claim_server_names, destination_match, http_connection_manager, stat_prefix_of, tcp_proxy_filter, to_cluster,
+    HttpClass,
+};
+use super::outbound_plan::{chain_services, ListenerProtocol, OutboundListener};
+use super::scope::{Scope, VsRef};
+use super::sniffing::require_http;
+use super::tcp_route::{tcp_targets, tls_targets};
+use crate::config::api::Protocol;
+use crate::registry::{hosts_overlap, Service};
+
+/// A chain before assembly: what it matches (the empty match: everything) and its filters.
+pub(super) struct ChainOpt {
+    /// The match.
+    pub chain_match: FilterChainMatch,
+    /// The filters.
+    pub filters: Vec<Filter>,
+}
+
+/// The chains of `l`, in order, identical matches dropped.
+pub(super) fn chain_opts(scope: &Scope<'_>, l: &OutboundListener<'_>) -> Vec<ChainOpt> {
+    let builder = Builder::new(scope, l);
+    let mut opts = Vec::new();
+    if l.protocol == ListenerProtocol::Http {
+        // One connection manager for the port: its route configuration tells services apart.
+        opts.push(builder.http());
+    } else {
+        for (svc, port, protocol) in chain_services(scope, l) {
+            let protocol = if l.members.is_some() { protocol } else { declared(l.protocol) };
+            match protocol {
+                p if p.is_http() => opts.push(builder.http()),
+                Protocol::Tls | Protocol::Https => opts.extend(builder.tls(svc, port)),
+                Protocol::Unsupported => {
+                    opts.extend(builder.tcp(svc, port));
+                    opts.push(builder.http());
+                }
+                _ => opts.extend(builder.tcp(svc, port)),
+            }
+        }
+        if l.protocol == ListenerProtocol::Auto {
+            // HTTP to an address no service claims still reaches the route configuration.
+            opts.push(builder.http());
+        }
+    }
+    let mut seen = Vec::new();
+    opts.retain(|o| {
+        let new = !seen.contains(&o.chain_match);
+        if new {
+            seen.push(o.chain_match.clone());
+        }
+        new
+    });
+    opts
+}
+
+/// The protocol an explicit egress listener declares, as the protocol of every service on it
+/// (istiod builds its chains from the listener's port, not the services').
+fn declared(protocol: ListenerProtocol) -> Protocol {
+    match protocol {
+        ListenerProtocol::Http => Protocol::Http,
+        ListenerProtocol::Tls => Protocol::Tls,
+        ListenerProtocol::Tcp => Protocol::Tcp,
+        ListenerProtocol::Auto => Protocol::Unsupported,
+    }
+}
+
+struct Builder<'s, 'a> {
+    scope: &'s Scope<'a>,
+    l: &'s OutboundListener<'a>,
+    ctx: RouteContext<'a>,
+    virtual_services: Vec<VsRef<'a>>,
+    claimed_names: std::cell::RefCell<HashSet<String>>,
+}
+
+impl<'s, 'a> Builder<'s, 'a> {
+    fn new(scope: &'s Scope<'a>, l: &'s OutboundListener<'a>) -> Self {
+        let ctx = RouteContext {
+            listen_port: l.port,
+            gateway: "mesh",
+            tls: false,
+            labels: &scope.view.labels,
+            namespace: scope.namespace(),
+        };
+        let virtual_services = scope.mesh_virtual_services(l.imports);
+        Builder { scope, l, ctx, virtual_services, claimed_names: Default::default() }
+    }
+
+    /// The connection manager's chain: on the wildcard address or a sniffed listener only for
+    /// what the HTTP inspector recognises as HTTP (other bytes follow the listener's TCP chains
+    /// or the outbound policy), else everything.
+    fn http(&self) -> ChainOpt {
+        let sniffs = self.l.address == WILDCARD_ADDRESS || self.l.protocol == ListenerProtocol::Auto;
+        let stat_prefix = format!("outbound_{}", self.l.name);
+        let common = self.scope.http_common();
+        let hcm = http_connection_manager(&stat_prefix, &self.l.route_name(), HttpClass::SidecarOutbound, common);
+        ChainOpt {
+            chain_match: if sniffs { require_http(None) } else { FilterChainMatch::default() },
+            filters: vec![hcm],
+        }
+    }
+
+    /// What tells `svc`'s connections apart on this listener (see the module's doc). An explicit
+    /// egress listener, shared by every service of its port, matches their addresses.
+    fn destinations(&self, svc: &Service) -> Vec<String> {
+        match (&self.l.members, self.l.at_vip) {
+            (_, true) => Vec::new(),
+            (None, false) => svc.addresses.clone(),
+            (Some(_), false) => svc.addresses.iter().filter(|a| a.contains('/')).cloned().collect(),
+        }
+    }
+
+    fn virtual_services_for(&self, svc: &Service) -> Vec<VsRef<'a>> {
+        let host = svc.hostname.as_str();
+        self.virtual_services
+            .iter()
+            .filter(|(ix, _)| ix.hosts.iter().any(|h| hosts_overlap(h.as_str(), host)))
+            .copied()
+            .collect()
+    }
+
+    /// The TCP rules for `svc`, then, unless a rule took every destination, the service itself.
+    fn tcp(&self, svc: &Service, port: u16) -> Vec<ChainOpt> {
+        let mesh = &self.scope.snapshot.mesh;
+        let own = self.destinations(svc);
+        let vss = self.virtual_services_for(svc);
+        let (targets, terminal) = tcp_targets(self.scope, &vss, &svc.hostname, &self.ctx);
+        let mut out = Vec::new();
+        let mut covered = terminal;
+        for t in targets {
+            let subnets = if t.subnets.is_empty() { own.clone() } else { t.subnets };
+            covered |= same_set(&subnets, &own);
+            let filter = tcp_proxy_filter(stat_prefix_of(&t.target), t.target.clone(), mesh);
+            out.push(ChainOpt { chain_match: matching(&subnets, Vec::new()), filters: vec![filter] });
+        }
+        if !covered {
+            let target = to_cluster(&cluster_name(port, "", svc.hostname.as_str()));
+            let filter = tcp_proxy_filter(stat_prefix_of(&target), target.clone(), mesh);
+            out.push(ChainOpt { chain_match: matching(&own, Vec::new()), filters: vec![filter] });
+        }
+        out
+    }
+
+    /// The TLS rules for `svc` by SNI, else the service itself: by its host name where its
+    /// address does not tell it apart (no VIP listener of its own).
+    fn tls(&self, svc: &Service, port: u16) -> Vec<ChainOpt> {
+        let mesh = &self.scope.snapshot.mesh;
+        let own = if self.l.members.is_some() { self.destinations(svc) } else { Vec::new() };
+        let vss = self.virtual_services_for(svc);
+        let targets = tls_targets(self.scope, &vss, &self.ctx, |_| true);
+        let mut claimed = self.claimed_names.borrow_mut();
+        let mut out = Vec::new();
+        for t in &targets {
+            let names = claim_server_names(&t.server_names, &mut claimed);
+            if names.is_empty() {
+                continue;
+            }
+            let subnets = if t.subnets.is_empty() { own.clone() } else { t.subnets.clone() };
+            let filter = tcp_proxy_filter(stat_prefix_of(&t.target), t.target.clone(), mesh);
+            out.push(ChainOpt { chain_match: matching(&subnets, names), filters: vec![filter] });
+        }
+        if targets.is_empty() {
+            let names = if self.l.at_vip && own.is_empty() {
+                Vec::new()
+            } else {
+                let names = claim_server_names(&[svc.hostname.to_string()], &mut claimed);
+                if names.is_empty() {
+                    return out;
+                }
+                names
+            };
+            let target = to_cluster(&cluster_name(port, "", svc.hostname.as_str()));
+            let filter = tcp_proxy_filter(stat_prefix_of(&target), target.clone(), mesh);
+            out.push(ChainOpt { chain_match: matching(&own, names), filters: vec![filter] });
+        }
+        out
+    }
+}
+
+/// A match on destination `subnets` (IPs or CIDRs) and SNI `server_names` (empty: any).
+fn matching(subnets: &[String], server_names: Vec<String>) -> FilterChainMatch {
+    let mut m = destination_match(subnets).unwrap_or_default();
+    m.server_names = server_names;
+    m
+}
+
+fn same_set(a: &[String], b: &[String]) -> bool {
+    let (mut a, mut b) = (a.to_vec(), b.to_vec());
+    a.sort();
+    b.sort();
+    a == b
+}

@@ -1,0 +1,222 @@
+//! Which outbound listeners a sidecar gets, laid out as istiod lays them out: one listener per
+//! Sidecar egress port, and for the catch-all egress listener one per service port, keyed by
+//! address and port. HTTP ports share the wildcard address (their virtual hosts tell services
+//! apart); a TCP, TLS or sniffed port of a service with a virtual IP gets a listener on that IP
+//! (`VIP_PORT`), which `virtualOutbound` hands its connections to; a service without one (or
+//! with a CIDR) shares the wildcard listener, told apart by CIDR or SNI. Services meeting at one
+//! address and port share its listener, which is sniffed when HTTP and TCP meet there.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use super::names::{listener_name, LOCALHOST, WILDCARD_ADDRESS};
+use super::scope::{Imports, Scope};
+use crate::config::api::sidecar::CaptureMode;
+use crate::config::api::Protocol;
+use crate::registry::{Service, ServiceOrigin};
+
+/// How an outbound listener treats connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ListenerProtocol {
+    /// HTTP connection manager with RDS route config `PORT`.
+    Http,
+    /// TCP proxy per service.
+    Tcp,
+    /// TCP proxy per SNI.
+    Tls,
+    /// Sniffed (a service of unknown protocol, or HTTP and TCP services, on the address and
+    /// port): HTTP, recognised by the HTTP inspector, to the connection manager; the rest as on
+    /// a TCP listener.
+    Auto,
+}
+
+/// One outbound listener of a sidecar.
+pub(super) struct OutboundListener<'a> {
+    /// `ADDRESS_PORT`.
+    pub name: String,
+    /// Address.
+    pub address: String,
+    /// Port.
+    pub port: u16,
+    /// Whether Envoy binds the address (else only `virtualOutbound` hands connections to it).
+    pub bound: bool,
+    /// Protocol.
+    pub protocol: ListenerProtocol,
+    /// What the listener's hosts are.
+    pub imports: Imports<'a>,
+    /// Declared by a Sidecar egress listener (not derived from service ports).
+    pub explicit: bool,
+    /// For a catch-all listener: the services whose ports landed on it, in import order, each
+    /// with its port's protocol (`None` for an explicit listener: every imported service on the
+    /// port).
+    pub members: Option<Vec<(&'a Arc<Service>, Protocol)>>,
+    /// Whether the address is the members' own virtual IP: their chains then match no
+    /// destination, and a sniffed listener routes HTTP by a route configuration of its own.
+    pub at_vip: bool,
+}
+
+impl OutboundListener<'_> {
+    /// The route configuration its HTTP connection manager fetches: `PORT`, shared by the
+    /// port's HTTP services, or `HOST:PORT` for a sniffed service on its own address (as istiod
+    /// names it, holding only that service's virtual host).
+    pub(super) fn route_name(&self) -> String {
+        match (&self.members, self.at_vip && self.protocol == ListenerProtocol::Auto) {
+            (Some(members), true) if !members.is_empty() => format!("{}:{}", members[0].0.hostname, self.port),
+            _ => self.port.to_string(),
+        }
+    }
+}
+
+/// The sidecar's outbound listeners, first claim of a name winning.
+pub(super) fn outbound_plan<'a>(scope: &Scope<'a>) -> Vec<OutboundListener<'a>> {
+    let intercepted = scope.view.interception.intercepts();
+    let mut out: Vec<OutboundListener<'a>> = Vec::new();
+    let mut claimed = BTreeSet::new();
+    for egress in scope.egress_listeners() {
+        let Some(port) = &egress.port else { continue };
+        let Some(number) = u16::try_from(port.number).ok().filter(|n| *n != 0) else { continue };
+        let declared =
+            if port.protocol.is_empty() { port.name.split('-').next().unwrap_or_default() } else { &port.protocol };
+        let binds = egress.capture_mode == Some(CaptureMode::None) || !intercepted;
+        let address = match (egress.bind.as_str(), binds) {
+            ("", true) => LOCALHOST.to_string(),
+            ("", false) => WILDCARD_ADDRESS.to_string(),
+            (bind, _) => bind.to_string(),
+        };
+        claimed.insert(number);
+        out.push(OutboundListener {
+            name: listener_name(&address, number),
+            address,
+            port: number,
+            bound: binds,
+            protocol: listener_protocol([Protocol::parse(declared)].into_iter()),
+            imports: Imports::of(egress, scope.namespace()),
+            explicit: true,
+            members: None,
+            at_vip: false,
+        });
+    }
+    if let Some(imports) = scope.catch_all_imports() {
+        out.extend(catch_all_listeners(scope, imports, intercepted, &claimed));
+    }
+    let mut names = HashSet::new();
+    out.retain(|l| names.insert(l.name.clone()));
+    out
+}
+
+/// The catch-all egress listener's listeners: each imported service port on its address (see
+/// the module's doc), ports an explicit egress listener claimed left out.
+fn catch_all_listeners<'a>(
+    scope: &Scope<'a>,
+    imports: Imports<'a>,
+    intercepted: bool,
+    claimed: &BTreeSet<u16>,
+) -> Vec<OutboundListener<'a>> {
+    // Without interception every listener binds localhost: there is no original destination to
+    // tell services apart by address.
+    let shared = if intercepted { WILDCARD_ADDRESS } else { LOCALHOST };
+    let mut entries: Vec<OutboundListener<'a>> = Vec::new();
+    let mut index: HashMap<(String, u16), usize> = HashMap::new();
+    for svc in scope.services_in(imports) {
+        for p in svc.ports.iter().filter(|p| p.number != 0 && !claimed.contains(&p.number)) {
+            let own = if intercepted && !p.protocol.is_http() { listen_addresses(svc) } else { Vec::new() };
+            let addresses = if own.is_empty() { vec![shared.to_string()] } else { own };
+            for address in addresses {
+                let at_vip = address != shared;
+                let i = *index.entry((address.clone(), p.number)).or_insert_with(|| {
+                    entries.push(OutboundListener {
+                        name: listener_name(&address, p.number),
+                        address: address.clone(),
+                        port: p.number,
+                        bound: !intercepted,
+                        protocol: ListenerProtocol::Tcp,
+                        imports,
+                        explicit: false,
+                        members: Some(Vec::new()),
+                        at_vip,
+                    });
+                    entries.len() - 1
+                });
+                if let Some(members) = entries[i].members.as_mut() {
+                    members.push((svc, p.protocol));
+                }
+            }
+        }
+    }
+    for entry in &mut entries {
+        let protocols: Vec<Protocol> = entry.members.iter().flatten().map(|(_, p)| *p).collect();
+        entry.protocol = listener_protocol(protocols.into_iter());
+    }
+    entries.sort_by_key(|e| (e.port, e.at_vip, e.address.clone()));
+    entries
+}
+
+/// The addresses a service's TCP port listens on: its virtual IP (a Kubernetes Service's first
+/// cluster IP; each IP of a ServiceEntry, which istiod splits into a service per address). A
+/// CIDR is matched on the wildcard listener instead.
+fn listen_addresses(svc: &Service) -> Vec<String> {
+    let ips = svc.addresses.iter().filter_map(|a| a.parse::<IpAddr>().ok()).map(|ip| ip.to_string());
+    match svc.origin {
+        ServiceOrigin::Kube(_) => ips.take(1).collect(),
+        ServiceOrigin::Config(_) => ips.collect(),
+    }
+}
+
+/// A port with a service of unknown protocol, or with HTTP and other protocols, is sniffed, as
+/// in Istio; TLS needs every service to be TLS.
+pub(super) fn listener_protocol(mut protocols: impl Iterator<Item = Protocol> + Clone) -> ListenerProtocol {
+    let http = protocols.clone().any(Protocol::is_http);
+    if protocols.clone().any(|p| p == Protocol::Unsupported) || (http && protocols.clone().any(|p| !p.is_http())) {
+        ListenerProtocol::Auto
+    } else if http {
+        ListenerProtocol::Http
+    } else if protocols.all(|p| matches!(p, Protocol::Tls | Protocol::Https)) {
+        ListenerProtocol::Tls
+    } else {
+        ListenerProtocol::Tcp
+    }
+}
+
+/// The services a listener's route configuration serves, each with the service port its cluster
+/// is for: a sniffed VIP listener's own services; else every imported service with the
+/// listener's port, or, on a Sidecar egress listener with another port, a single-port service's
+/// only port of a compatible protocol (Istio picks that port for TCP too; multi-port services
+/// need a VirtualService there).
+pub(super) fn services_on_port<'a>(scope: &Scope<'a>, l: &OutboundListener<'a>) -> Vec<(&'a Arc<Service>, u16)> {
+    if let (Some(members), true) = (&l.members, l.at_vip) {
+        return members.iter().map(|(s, _)| (*s, l.port)).collect();
+    }
+    scope
+        .services_in(l.imports)
+        .into_iter()
+        .filter_map(|s| {
+            let port = match (s.port(l.port), s.ports.as_slice()) {
+                (Some(p), _) => p.number,
+                (None, [only]) if l.explicit && compatible(l.protocol, only.protocol) => only.number,
+                _ => return None,
+            };
+            Some((s, port))
+        })
+        .collect()
+}
+
+/// The services a listener's chains serve, with their port's protocol there: a catch-all
+/// listener's members; an explicit listener's services on its port.
+pub(super) fn chain_services<'a>(
+    scope: &Scope<'a>,
+    l: &OutboundListener<'a>,
+) -> Vec<(&'a Arc<Service>, u16, Protocol)> {
+    match &l.members {
+        Some(members) => members.iter().map(|(s, p)| (*s, l.port, *p)).collect(),
+        None => services_on_port(scope, l)
+            .into_iter()
+            .map(|(s, port)| (s, port, s.port(port).map(|p| p.protocol).unwrap_or(Protocol::Tcp)))
+            .collect(),
+    }
+}
+
+/// HTTP listeners route only HTTP services; TCP, TLS and sniffed listeners forward any bytes.
+fn compatible(listener: ListenerProtocol, service: Protocol) -> bool {
+    listener != ListenerProtocol::Http || service.is_http()
+}
