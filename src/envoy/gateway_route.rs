@@ -4,7 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use envoy_types::pb::envoy::config::route::v3::{virtual_host::TlsRequirementType, Route, RouteConfiguration};
+use envoy_types::pb::envoy::config::route::v3::{
+    virtual_host::TlsRequirementType, Route, RouteConfiguration, VirtualHost,
+};
 
 use super::gateway::{gateway_ports, GatewayServer, ServerKind};
 use super::http_match::{is_catch_all, RouteContext};
@@ -88,7 +90,9 @@ fn route_config(scope: &Scope<'_>, name: &str, port: u16, servers: &[&GatewaySer
     let mut virtual_hosts = vhosts.into_sorted();
     if virtual_hosts.is_empty() {
         // Istio's answer for a port without routes: a catch-all host without routes (404).
-        virtual_hosts.push(virtual_host(domain_name("blackhole", port), vec!["*".to_string()], Vec::new()));
+        // istiod's blackhole host does not count request attempts, unlike its others.
+        let blackhole = virtual_host(domain_name("blackhole", port), vec!["*".to_string()], Vec::new());
+        virtual_hosts.push(VirtualHost { include_request_attempt_count: false, ..blackhole });
     }
     RouteConfiguration {
         name: name.to_string(),

@@ -6,7 +6,7 @@
 
 use envoy_types::pb::envoy::config::cluster::v3::{cluster, Cluster};
 use envoy_types::pb::envoy::config::core::v3::{socket_address, BindConfig, SocketAddress};
-use envoy_types::pb::envoy::config::endpoint::v3::{ClusterLoadAssignment, LocalityLbEndpoints};
+use envoy_types::pb::envoy::config::endpoint::v3::{ClusterLoadAssignment, LbEndpoint, LocalityLbEndpoints};
 use envoy_types::pb::google::protobuf::Duration;
 
 use super::endpoint::lb_endpoint;
@@ -111,7 +111,8 @@ fn assignment(name: &str, address: &str, port: u16) -> ClusterLoadAssignment {
     ClusterLoadAssignment {
         cluster_name: name.to_string(),
         endpoints: vec![LocalityLbEndpoints {
-            lb_endpoints: vec![lb_endpoint(address, port, 1)],
+            // No weight: istiod sets none on the workload's own endpoint.
+            lb_endpoints: vec![LbEndpoint { load_balancing_weight: None, ..lb_endpoint(address, port, 1) }],
             ..Default::default()
         }],
         ..Default::default()

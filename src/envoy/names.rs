@@ -43,6 +43,8 @@ pub(super) mod ext {
     pub const HTTP_CONNECTION_MANAGER: &str = "envoy.filters.network.http_connection_manager";
     /// TCP proxy network filter.
     pub const TCP_PROXY: &str = "envoy.filters.network.tcp_proxy";
+    /// Mongo proxy network filter (statistics of MongoDB traffic).
+    pub const MONGO_PROXY: &str = "envoy.filters.network.mongo_proxy";
     /// RBAC HTTP filter (also the namespace of the dynamic metadata it sets).
     pub const HTTP_RBAC: &str = "envoy.filters.http.rbac";
     /// RBAC network filter.

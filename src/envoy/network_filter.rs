@@ -21,6 +21,7 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
     },
     http_filter, HttpConnectionManager, HttpFilter, Rds, RequestIdExtension,
 };
+use envoy_types::pb::envoy::extensions::filters::network::mongo_proxy::v3::MongoProxy;
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{tcp_proxy, TcpProxy};
 use envoy_types::pb::envoy::extensions::request_id::uuid::v3::UuidRequestIdConfig;
 use prost::{Message, Name};
@@ -142,6 +143,12 @@ pub(super) fn tcp_proxy_filter(stat_prefix: &str, target: tcp_proxy::ClusterSpec
         ..Default::default()
     };
     network_filter(ext::TCP_PROXY, proxy)
+}
+
+/// Envoy's Mongo proxy ahead of a TCP proxy, which istiod adds on MongoDB ports: statistics
+/// under `mongo.<stat_prefix>`.
+pub(super) fn mongo_proxy(stat_prefix: &str) -> Filter {
+    network_filter(ext::MONGO_PROXY, MongoProxy { stat_prefix: stat_prefix.to_string(), ..Default::default() })
 }
 
 /// A TCP proxy into the black hole, not logged (istiod's loop guard of the virtual outbound

@@ -9,12 +9,13 @@
 use std::collections::HashSet;
 
 use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChainMatch};
+use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::tcp_proxy::ClusterSpecifier;
 
 use super::http_match::RouteContext;
 use super::names::{cluster_name, WILDCARD_ADDRESS};
 use super::network_filter::{
-    claim_server_names, destination_match, http_connection_manager, stat_prefix_of, tcp_proxy_filter, to_cluster,
-    HttpClass,
+    claim_server_names, destination_match, http_connection_manager, mongo_proxy, stat_prefix_of, tcp_proxy_filter,
+    to_cluster, HttpClass,
 };
 use super::outbound_plan::{chain_services, ListenerProtocol, OutboundListener};
 use super::scope::{Scope, VsRef};
@@ -45,10 +46,10 @@ pub(super) fn chain_opts(scope: &Scope<'_>, l: &OutboundListener<'_>) -> Vec<Cha
                 p if p.is_http() => opts.push(builder.http()),
                 Protocol::Tls | Protocol::Https => opts.extend(builder.tls(svc, port)),
                 Protocol::Unsupported => {
-                    opts.extend(builder.tcp(svc, port));
+                    opts.extend(builder.tcp(svc, port, Protocol::Unsupported));
                     opts.push(builder.http());
                 }
-                _ => opts.extend(builder.tcp(svc, port)),
+                p => opts.extend(builder.tcp(svc, port, p)),
             }
         }
         if l.protocol == ListenerProtocol::Auto {
@@ -132,9 +133,16 @@ impl<'s, 'a> Builder<'s, 'a> {
             .collect()
     }
 
-    /// The TCP rules for `svc`, then, unless a rule took every destination, the service itself.
-    fn tcp(&self, svc: &Service, port: u16) -> Vec<ChainOpt> {
-        let mesh = &self.scope.snapshot.mesh;
+    /// The TCP rules for `svc`, then, unless a rule took every destination, the service itself;
+    /// on a MongoDB port behind the Mongo proxy, as istiod.
+    fn tcp(&self, svc: &Service, port: u16, protocol: Protocol) -> Vec<ChainOpt> {
+        let stack = |target: &ClusterSpecifier| {
+            let tcp = tcp_proxy_filter(stat_prefix_of(target), target.clone(), &self.scope.snapshot.mesh);
+            match protocol {
+                Protocol::Mongo => vec![mongo_proxy(stat_prefix_of(target)), tcp],
+                _ => vec![tcp],
+            }
+        };
         let own = self.destinations(svc);
         let vss = self.virtual_services_for(svc);
         let (targets, terminal) = tcp_targets(self.scope, &vss, &svc.hostname, &self.ctx);
@@ -143,13 +151,11 @@ impl<'s, 'a> Builder<'s, 'a> {
         for t in targets {
             let subnets = if t.subnets.is_empty() { own.clone() } else { t.subnets };
             covered |= same_set(&subnets, &own);
-            let filter = tcp_proxy_filter(stat_prefix_of(&t.target), t.target.clone(), mesh);
-            out.push(ChainOpt { chain_match: matching(&subnets, Vec::new()), filters: vec![filter] });
+            out.push(ChainOpt { chain_match: matching(&subnets, Vec::new()), filters: stack(&t.target) });
         }
         if !covered {
             let target = to_cluster(&cluster_name(port, "", svc.hostname.as_str()));
-            let filter = tcp_proxy_filter(stat_prefix_of(&target), target.clone(), mesh);
-            out.push(ChainOpt { chain_match: matching(&own, Vec::new()), filters: vec![filter] });
+            out.push(ChainOpt { chain_match: matching(&own, Vec::new()), filters: stack(&target) });
         }
         out
     }

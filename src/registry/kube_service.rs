@@ -130,7 +130,7 @@ mod tests {
         assert_eq!(p("tcp", 80, None), Protocol::Tcp);
         assert_eq!(p("tls-db", 80, None), Protocol::Tls);
         assert_eq!(p("mongo", 80, None), Protocol::Mongo);
-        assert_eq!(p("redis-cache", 80, None), Protocol::Mongo);
+        assert_eq!(p("redis-cache", 80, None), Protocol::Redis);
         assert_eq!(p("web", 80, None), Protocol::Unsupported);
         assert_eq!(p("", 8080, None), Protocol::Unsupported);
         assert_eq!(p("", 3306, None), Protocol::Tcp, "well-known port");

@@ -154,8 +154,12 @@ pub enum Protocol {
     Tls,
     /// Opaque TCP.
     Tcp,
-    /// MongoDB, MySQL, Redis... treated as TCP.
+    /// MongoDB: TCP behind Envoy's Mongo proxy filter, as istiod adds it.
     Mongo,
+    /// MySQL, treated as TCP (istiod's MySQL filter is off by default).
+    Mysql,
+    /// Redis, treated as TCP (istiod's Redis filter is off by default).
+    Redis,
     /// Unknown protocol, treated as TCP.
     Unsupported,
 }
@@ -170,7 +174,9 @@ impl Protocol {
             "HTTPS" => Protocol::Https,
             "TLS" => Protocol::Tls,
             "TCP" => Protocol::Tcp,
-            "MONGO" | "MYSQL" | "REDIS" => Protocol::Mongo,
+            "MONGO" => Protocol::Mongo,
+            "MYSQL" => Protocol::Mysql,
+            "REDIS" => Protocol::Redis,
             _ => Protocol::Unsupported,
         }
     }
@@ -195,6 +201,8 @@ impl Protocol {
             Protocol::Tls => "TLS",
             Protocol::Tcp => "TCP",
             Protocol::Mongo => "MONGO",
+            Protocol::Mysql => "MYSQL",
+            Protocol::Redis => "REDIS",
             Protocol::Unsupported => "UNSUPPORTED",
         }
     }

@@ -65,6 +65,8 @@ impl ActionRules {
         match action {
             Some(a) if a == rbac::Action::Allow as i32 => "istio_dry_run_allow_".into(),
             Some(a) if a == rbac::Action::Deny as i32 => "istio_dry_run_deny_".into(),
+            // istiod reads the action of absent shadow rules as ALLOW's (the enum's zero).
+            None => "istio_dry_run_allow_".into(),
             _ => String::new(),
         }
     }
@@ -182,7 +184,8 @@ fn rule_policy(rule: &Rule, action: Action, namespace: &str, ctx: &RuleContext<'
             and.extend(keep_fields(action, source_principals(s, namespace, ctx))?);
         }
         and.extend(base_principals.iter().cloned());
-        principals.push(if and.is_empty() { any_id() } else { and_ids(and) });
+        // As istiod: always an AND, of `any` when the source names nothing.
+        principals.push(and_ids(if and.is_empty() { vec![any_id()] } else { and }));
     }
     let mut permissions = Vec::new();
     let operations: Vec<Option<&Operation>> = match &rule.to {
@@ -195,7 +198,7 @@ fn rule_policy(rule: &Rule, action: Action, namespace: &str, ctx: &RuleContext<'
             and.extend(keep_fields(action, operation_permissions(op, ctx))?);
         }
         and.extend(base_permissions.iter().cloned());
-        permissions.push(if and.is_empty() { any_perm() } else { and_perms(and) });
+        permissions.push(and_perms(if and.is_empty() { vec![any_perm()] } else { and }));
     }
     Some(Policy { permissions, principals, ..Default::default() })
 }
@@ -239,7 +242,8 @@ fn condition_side(key: &str) -> Side {
     }
 }
 
-/// `values` ORed, then `notValues` ORed and negated: the matchers a field adds to an AND.
+/// `values` ORed, then `notValues` ORed and negated: the matchers a field adds to an AND (an OR
+/// even of one value, as istiod writes it).
 fn field<T>(
     values: &[String],
     not_values: &[String],
@@ -250,21 +254,13 @@ fn field<T>(
     let mut out = Vec::new();
     if !values.is_empty() {
         let matched: Result<Vec<T>, _> = values.iter().map(|v| one(v)).collect();
-        out.push(single_or(matched?, &or));
+        out.push(or(matched?));
     }
     if !not_values.is_empty() {
         let matched: Result<Vec<T>, _> = not_values.iter().map(|v| one(v)).collect();
-        out.push(not(single_or(matched?, &or)));
+        out.push(not(or(matched?)));
     }
     Ok(out)
-}
-
-fn single_or<T>(mut items: Vec<T>, or: &impl Fn(Vec<T>) -> T) -> T {
-    if items.len() == 1 {
-        items.remove(0)
-    } else {
-        or(items)
-    }
 }
 
 fn principal_field(
@@ -291,7 +287,7 @@ fn http_only(ctx: &RuleContext<'_>, what: &str) -> Result<(), Unsupported> {
     }
 }
 
-/// The matchers of a source, field by field (ANDed by the caller).
+/// The matchers of a source, field by field (ANDed by the caller), in istiod's order.
 fn source_principals(s: &Source, namespace: &str, ctx: &RuleContext<'_>) -> Vec<Result<Vec<Principal>, Unsupported>> {
     let request_principals = if s.request_principals.is_empty() && s.not_request_principals.is_empty() {
         Ok(Vec::new())
@@ -301,19 +297,19 @@ fn source_principals(s: &Source, namespace: &str, ctx: &RuleContext<'_>) -> Vec<
         })
     };
     vec![
-        principal_field(&s.ip_blocks, &s.not_ip_blocks, direct_remote_ip),
-        principal_field(&s.remote_ip_blocks, &s.not_remote_ip_blocks, remote_ip),
-        principal_field(&s.namespaces, &s.not_namespaces, |v| Ok(peer_identity(spiffe_namespace(v)))),
-        principal_field(&s.trust_domains, &s.not_trust_domains, |v| Ok(peer_identity(spiffe_trust_domain(v)))),
+        principal_field(&s.principals, &s.not_principals, |v| Ok(source_principal(v, ctx))),
+        request_principals,
         principal_field(&s.service_accounts, &s.not_service_accounts, |v| {
             Ok(peer_identity(spiffe_service_account(v, namespace)))
         }),
-        request_principals,
-        principal_field(&s.principals, &s.not_principals, |v| Ok(source_principal(v, ctx))),
+        principal_field(&s.trust_domains, &s.not_trust_domains, |v| Ok(peer_identity(spiffe_trust_domain(v)))),
+        principal_field(&s.namespaces, &s.not_namespaces, |v| Ok(peer_identity(spiffe_namespace(v)))),
+        principal_field(&s.remote_ip_blocks, &s.not_remote_ip_blocks, remote_ip),
+        principal_field(&s.ip_blocks, &s.not_ip_blocks, direct_remote_ip),
     ]
 }
 
-/// The matchers of an operation, field by field (ANDed by the caller).
+/// The matchers of an operation, field by field (ANDed by the caller), in istiod's order.
 fn operation_permissions(op: &Operation, ctx: &RuleContext<'_>) -> Vec<Result<Vec<Permission>, Unsupported>> {
     // Paths, methods and hosts exist only in HTTP requests.
     let http = |values: &[String],
@@ -327,10 +323,10 @@ fn operation_permissions(op: &Operation, ctx: &RuleContext<'_>) -> Vec<Result<Ve
     };
     let host = |v: &str| Ok(header_perm(header(":authority", v, true)));
     vec![
-        permission_field(&op.ports, &op.not_ports, destination_port),
-        http(&op.paths, &op.not_paths, "paths", &path),
-        http(&op.methods, &op.not_methods, "methods", &|v| Ok(header_perm(header(":method", v, false)))),
         http(&op.hosts, &op.not_hosts, "hosts", &host),
+        http(&op.methods, &op.not_methods, "methods", &|v| Ok(header_perm(header(":method", v, false)))),
+        http(&op.paths, &op.not_paths, "paths", &path),
+        permission_field(&op.ports, &op.not_ports, destination_port),
     ]
 }
 

@@ -247,8 +247,22 @@ fn network_rbacs(c: &FilterChain) -> Vec<Rbac> {
         .collect()
 }
 
-fn is_any(p: &Permission) -> bool {
-    matches!(p.rule, Some(permission::Rule::Any(true)))
+/// Whether `p` matches everything: `any`, or istiod's AND of `any` alone.
+pub(super) fn is_any(p: &Permission) -> bool {
+    match &p.rule {
+        Some(permission::Rule::Any(true)) => true,
+        Some(permission::Rule::AndRules(set)) => matches!(set.rules.as_slice(), [only] if is_any(only)),
+        _ => false,
+    }
+}
+
+/// Whether `p` matches every peer: `any`, or istiod's AND of `any` alone.
+fn is_any_id(p: &Principal) -> bool {
+    match &p.identifier {
+        Some(principal::Identifier::Any(true)) => true,
+        Some(principal::Identifier::AndIds(set)) => matches!(set.ids.as_slice(), [only] if is_any_id(only)),
+        _ => false,
+    }
 }
 
 #[test]
@@ -286,9 +300,7 @@ fn empty_cases_follow_istio() {
     let l: Listener = find(&s, &other, TypeUrl::Listener, VIRTUAL_INBOUND_LISTENER);
     let allow = rbac_of(&http_filters(chain(&l, "0.0.0.0_8080", true)), rbac::Action::Allow);
     let all = &allow.policies["ns[other]-policy[allow-all]-rule[0]"];
-    assert!(
-        is_any(&all.permissions[0]) && matches!(all.principals[0].identifier, Some(principal::Identifier::Any(true)))
-    );
+    assert!(is_any(&all.permissions[0]) && is_any_id(&all.principals[0]));
 }
 
 fn service_in_other() -> &'static str {
