@@ -48,7 +48,7 @@ fn outbound_cluster(scope: &Scope<'_>, oc: &OutboundCluster<'_>, sans: &[String]
     let mesh = &scope.snapshot.mesh;
     let mut c = Cluster { name: oc.name.clone(), alt_stat_name: alt_stat_name(&oc.name), ..Default::default() };
     match oc.service.resolution {
-        Resolution::Static => {
+        _ if oc.eds => {
             c.cluster_discovery_type = Some(discovery(cluster::DiscoveryType::Eds));
             c.eds_cluster_config = Some(cluster::EdsClusterConfig {
                 eds_config: Some(ads_config_source()),
@@ -63,6 +63,7 @@ fn outbound_cluster(scope: &Scope<'_>, oc: &OutboundCluster<'_>, sans: &[String]
             c.load_assignment = Some(dns_assignment(scope, oc, logical));
         }
         Resolution::Passthrough => c.cluster_discovery_type = Some(discovery(cluster::DiscoveryType::OriginalDst)),
+        Resolution::Static | Resolution::Alias => {}
     }
     let policy = Policy::effective(oc.rule, oc.subset, oc.port.number);
     traffic_policy::apply(&mut c, &policy, oc.port.protocol, mesh);

@@ -15,7 +15,7 @@ use super::proto::{resource, socket_address, u32_value};
 use super::resource::Resource;
 use super::scope::Scope;
 use super::traffic_policy::Policy;
-use crate::registry::{Endpoint, EndpointHealth, Hostname, Resolution};
+use crate::registry::{Endpoint, EndpointHealth, Hostname};
 
 /// Every load assignment the proxy's EDS clusters need, including empty ones: Envoy keeps an EDS
 /// cluster warming until its assignment arrives.
@@ -29,11 +29,7 @@ pub(super) fn load_assignments_of(scope: &Scope<'_>, hosts: &BTreeSet<Hostname>)
 }
 
 fn assignments_of(scope: &Scope<'_>, clusters: &[OutboundCluster<'_>]) -> Vec<Resource> {
-    clusters
-        .iter()
-        .filter(|c| c.service.resolution == Resolution::Static)
-        .map(|c| resource(c.name.clone(), assignment(scope, c, is_ip_or_socket)))
-        .collect()
+    clusters.iter().filter(|c| c.eds).map(|c| resource(c.name.clone(), assignment(scope, c, is_ip_or_socket))).collect()
 }
 
 /// The endpoints of one cluster (subset applied), keeping those `keep` accepts and that serve the

@@ -17,6 +17,7 @@ use super::resource::Resource;
 use super::route::{virtual_host, MAX_DIRECT_RESPONSE_BODY};
 use super::scope::Scope;
 use super::virtual_host::{host_domains, VirtualHosts};
+use crate::config::ConfigKey;
 
 /// Every route configuration the gateway's listeners name.
 pub(super) fn route_configs(scope: &Scope<'_>) -> Vec<Resource> {
@@ -41,11 +42,13 @@ pub(super) fn route_configs(scope: &Scope<'_>) -> Vec<Resource> {
         .collect()
 }
 
-/// Routes and redirect requirement gathered for one host.
+/// Routes and redirect requirement gathered for one host, and which gateway's VirtualServices
+/// gave its routes.
 #[derive(Default)]
 struct HostRoutes {
     routes: Vec<Route>,
     require_tls: bool,
+    sources: Vec<(String, ConfigKey)>,
 }
 
 fn route_config(scope: &Scope<'_>, name: &str, port: u16, servers: &[&GatewayServer<'_>]) -> RouteConfiguration {
@@ -71,6 +74,7 @@ fn route_config(scope: &Scope<'_>, name: &str, port: u16, servers: &[&GatewaySer
                 let entry = by_host.entry(host).or_default();
                 entry.routes.extend(routes.iter().cloned());
                 entry.require_tls |= server.https_redirect();
+                entry.sources.push((server.gateway.clone(), vs.0.config.key.clone()));
             }
         }
         if server.https_redirect() {
@@ -79,12 +83,26 @@ fn route_config(scope: &Scope<'_>, name: &str, port: u16, servers: &[&GatewaySer
             }
         }
     }
-    let mut vhosts = VirtualHosts::default();
-    for (host, entry) in by_host {
-        let mut vh = virtual_host(domain_name(&host, port), host_domains(&host), catch_all_last(entry.routes));
+    // As istiod collapses them: hosts whose routes come from the same VirtualServices (and with
+    // the same redirect) share one virtual host, named after the first host in order.
+    let mut collapsed: Vec<(HostRoutes, VirtualHost)> = Vec::new();
+    for (host, mut entry) in by_host {
+        let same = |(c, _): &&mut (HostRoutes, VirtualHost)| {
+            !entry.sources.is_empty() && c.sources == entry.sources && c.require_tls == entry.require_tls
+        };
+        if let Some((_, vh)) = collapsed.iter_mut().find(same) {
+            vh.domains.extend(host_domains(&host));
+            continue;
+        }
+        let routes = catch_all_last(std::mem::take(&mut entry.routes));
+        let mut vh = virtual_host(domain_name(&host, port), host_domains(&host), routes);
         if entry.require_tls {
             vh.require_tls = TlsRequirementType::All as i32;
         }
+        collapsed.push((entry, vh));
+    }
+    let mut vhosts = VirtualHosts::default();
+    for (_, vh) in collapsed {
         vhosts.push(vh);
     }
     let mut virtual_hosts = vhosts.into_sorted();

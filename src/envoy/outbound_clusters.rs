@@ -10,7 +10,7 @@ use super::scope::Scope;
 use crate::config::api::destination_rule::Subset;
 use crate::config::api::DestinationRule;
 use crate::envoy::ProxyKind;
-use crate::registry::{Service, ServicePort};
+use crate::registry::{Resolution, Service, ServicePort};
 
 /// One outbound cluster to build: a service port, optionally narrowed to a subset.
 pub(super) struct OutboundCluster<'a> {
@@ -27,6 +27,9 @@ pub(super) struct OutboundCluster<'a> {
     /// A gateway's SNI-DNAT cluster (`outbound_.PORT_.SUBSET_.HOST`), which its AUTO_PASSTHROUGH
     /// servers forward the client's TLS to: no TLS of its own.
     pub sni_dnat: bool,
+    /// Whether the cluster takes its endpoints over EDS: a STATIC service's, and on a gateway
+    /// (which has no original destination) a passthrough service's too, as istiod.
+    pub eds: bool,
 }
 
 /// Every outbound cluster of the view, in service then port then subset order.
@@ -40,9 +43,15 @@ pub(super) fn outbound_clusters_of<'a>(scope: &Scope<'a>, services: Vec<&'a Arc<
     // under the SNI Istio's mutual TLS sends (istiod's SNI-DNAT clusters).
     let sni_dnat = scope.view.kind == ProxyKind::Router && has_auto_passthrough(scope);
     let mut out = Vec::new();
-    for service in services {
+    // An alias has no clusters of its own (istiod's ExternalName alias).
+    for service in services.into_iter().filter(|s| s.resolution != Resolution::Alias) {
         let rule = scope.destination_rule(service);
         let host = service.hostname.as_str();
+        let eds = match service.resolution {
+            Resolution::Static => true,
+            Resolution::Passthrough => scope.view.kind == ProxyKind::Router,
+            Resolution::Dns | Resolution::DnsRoundRobin | Resolution::Alias => false,
+        };
         let kinds: &[bool] = if sni_dnat && !service.mesh_external { &[false, true] } else { &[false] };
         for &dnat in kinds {
             let name = |port: u16, subset: &str| {
@@ -53,16 +62,16 @@ pub(super) fn outbound_clusters_of<'a>(scope: &Scope<'a>, services: Vec<&'a Arc<
                 }
             };
             for port in service.ports.iter().filter(|p| p.number != 0) {
-                let cluster =
-                    OutboundCluster { name: name(port.number, ""), service, port, subset: None, rule, sni_dnat: dnat };
-                out.push(cluster);
+                let name0 = name(port.number, "");
+                out.push(OutboundCluster { name: name0, service, port, subset: None, rule, sni_dnat: dnat, eds });
                 let mut seen = BTreeSet::new();
                 for subset in rule.map(|r| r.subsets.as_slice()).unwrap_or_default() {
                     if subset.name.is_empty() || !seen.insert(subset.name.as_str()) {
                         continue;
                     }
                     let name = name(port.number, &subset.name);
-                    out.push(OutboundCluster { name, service, port, subset: Some(subset), rule, sni_dnat: dnat });
+                    let subset = Some(subset);
+                    out.push(OutboundCluster { name, service, port, subset, rule, sni_dnat: dnat, eds });
                 }
             }
         }

@@ -130,7 +130,8 @@ fn route_config(scope: &Scope<'_>, l: &OutboundListener<'_>) -> RouteConfigurati
             }
             None => vec![default_route(scope, svc, *service_port)],
         };
-        let domains = service_domains(svc, scope.namespace(), scope.domain());
+        let aliases = scope.snapshot.aliases_of(&svc.hostname);
+        let domains = service_domains(svc, aliases, scope.namespace(), scope.domain());
         vhosts.push(virtual_host(domain_name(svc.hostname.as_str(), port), domains, routes));
     }
     for (i, (ix, _)) in vss.iter().enumerate() {
@@ -343,5 +344,54 @@ mod tests {
         let view = sidecar("shop", &[]);
         let key = ConfigKey { kind: Kind::VirtualService, namespace: "shop".into(), name: "vs".into() };
         assert_eq!(generate_routes_of(&before, &view, &[key], &[]), None);
+    }
+
+    #[test]
+    fn an_external_name_service_is_an_alias_of_its_target_with_no_config_of_its_own() {
+        use std::sync::Arc;
+
+        use crate::registry::kubernetes::{KubeObject, KubeService, KubeServicePort, ServiceType};
+        use crate::snapshot::{ChangeSet, Snapshot, SourceState, Version};
+        let service = |name: &str, external: Option<&str>| KubeService {
+            name: name.into(),
+            namespace: "shop".into(),
+            labels: Default::default(),
+            selector: None,
+            service_type: if external.is_some() { ServiceType::ExternalName } else { ServiceType::ClusterIp },
+            cluster_ips: if external.is_some() { vec![] } else { vec!["10.96.0.9".into()] },
+            headless: false,
+            external_name: external.map(str::to_string),
+            ports: vec![KubeServicePort {
+                name: "http".into(),
+                port: 80,
+                protocol: "TCP".into(),
+                app_protocol: None,
+                target_port: None,
+            }],
+            export_to: vec![],
+        };
+        let objects = [
+            service("web", None),
+            service("www", Some("web.shop.svc.cluster.local")),
+            service("legacy", Some("www.shop.svc.cluster.local")),
+            service("loop-a", Some("loop-b.shop.svc.cluster.local")),
+            service("loop-b", Some("loop-a.shop.svc.cluster.local")),
+        ];
+        let kube = objects.into_iter().map(KubeObject::Service).map(|o| (o.key(), Arc::new(o))).collect();
+        let s = Snapshot::build(Version::new(1, 1), ChangeSet::full(), &SourceState { kube, ..Default::default() });
+        let view = sidecar("shop", &[]);
+        let clusters = crate::envoy::testing::names(&s, &view, TypeUrl::Cluster);
+        assert!(clusters.contains(&"outbound|80||web.shop.svc.cluster.local".to_string()));
+        assert!(
+            !clusters.iter().any(|c| c.contains("www") || c.contains("legacy") || c.contains("loop")),
+            "{clusters:?}"
+        );
+        let rc = find::<RouteConfiguration>(&s, &view, TypeUrl::Route, "80");
+        assert!(rc.virtual_hosts.iter().all(|vh| !vh.name.contains("www") && !vh.name.contains("legacy")));
+        let web = vhost(&rc, "web.shop.svc.cluster.local:80");
+        for name in ["web", "www.shop.svc.cluster.local", "www", "legacy.shop.svc.cluster.local", "legacy"] {
+            assert!(web.domains.contains(&name.to_string()), "{name} in {:?}", web.domains);
+        }
+        assert!(!web.domains.iter().any(|d| d.contains("loop")), "a loop resolves to nothing");
     }
 }

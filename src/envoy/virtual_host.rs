@@ -10,17 +10,20 @@ use envoy_types::pb::envoy::config::route::v3::{
 use super::http_action::{set_cluster, set_timeout};
 use super::names::{ALLOW_ANY_VHOST, BLOCK_ALL_VHOST, PASSTHROUGH_CLUSTER};
 use crate::config::api::sidecar::OutboundMode;
-use crate::registry::{Resolution, Service, ServiceOrigin};
+use crate::registry::{Hostname, Resolution, Service, ServiceOrigin};
 
 /// Domains of a service for a sidecar in `proxy_ns`, as istiod lists them for its per-port route
 /// configurations (which ignore the port in host matching, so no `:PORT` forms): the host and its
 /// absolute form (`host.`), Istio's short forms of Kubernetes-style hosts (`name`, `name.ns.svc`,
 /// `name.ns` in the proxy's namespace; `name.ns`, `name.ns.svc` elsewhere), each also as
 /// `*.NAME` for a headless Kubernetes service (its pods' own names), then the service's IPs.
-pub(super) fn service_domains(service: &Service, proxy_ns: &str, domain: &str) -> Vec<String> {
-    let host = service.hostname.as_str();
-    let mut names = vec![ip_compliant(host), format!("{host}.")];
-    names.extend(short_names(host, proxy_ns, domain));
+pub(super) fn service_domains(service: &Service, aliases: &[Hostname], proxy_ns: &str, domain: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    // The service's names, then each alias's (istiod's ExternalName aliases), alike.
+    for host in std::iter::once(&service.hostname).chain(aliases).map(Hostname::as_str) {
+        names.extend([ip_compliant(host), format!("{host}.")]);
+        names.extend(short_names(host, proxy_ns, domain));
+    }
     if service.resolution == Resolution::Passthrough && matches!(service.origin, ServiceOrigin::Kube(_)) {
         let pods: Vec<String> = names.iter().map(|n| format!("*.{n}")).collect();
         names.extend(pods);

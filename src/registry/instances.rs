@@ -74,6 +74,7 @@ mod tests {
                     name: host.into(),
                 }),
                 subject_alt_names: Vec::new(),
+                alias_of: None,
             };
             registry.services.insert(key.clone(), Arc::new(service));
             registry.endpoints.insert(key, Arc::new(addresses.into_iter().map(endpoint).collect()));

@@ -15,16 +15,15 @@ use crate::config::api::Labels;
 const PERSISTENT_SESSION_LABELS: [&str; 2] = ["istio.io/persistent-session", "istio.io/persistent-session-header"];
 
 /// Endpoints of a Kubernetes Service: its EndpointSlices' addresses, the WorkloadEntries its
-/// selector picks, or its `externalName` for an ExternalName Service.
+/// selector picks; none for an ExternalName Service (an alias).
 pub(super) fn service_endpoints(
     svc: &KubeService,
     service: &Service,
     index: &impl KubeLookup,
     workload_entries: &WorkloadEntries<'_>,
 ) -> Vec<Endpoint> {
-    if service.resolution == Resolution::Dns {
-        let Some(name) = &svc.external_name else { return Vec::new() };
-        return vec![Endpoint::at(name.clone())];
+    if service.resolution == Resolution::Alias {
+        return Vec::new();
     }
     let supports_draining = PERSISTENT_SESSION_LABELS.iter().any(|l| svc.labels.get(*l).is_some_and(|v| !v.is_empty()));
     let mut out: Vec<Endpoint> = Vec::new();

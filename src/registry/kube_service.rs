@@ -3,8 +3,8 @@
 //! `exportTo` from the `networking.istio.io/exportTo` annotation.
 //!
 //! - Headless Services (`clusterIP: None`) resolve as Passthrough; their endpoints are still listed.
-//! - ExternalName Services resolve by DNS to `externalName` and are mesh-external, as Istio models
-//!   them without its ExternalName alias feature (meshpilot has no alias resolution).
+//! - ExternalName Services are aliases of `externalName`, as istiod's ExternalName alias takes
+//!   them: no config of their own, their names served by the target's virtual hosts.
 //! - UDP ports are left out: Envoy sidecars carry no UDP, and Istio skips them when building config.
 
 use super::kubernetes::{KubeKey, KubeKind, KubeService, KubeServicePort, ServiceType, TargetPort};
@@ -30,7 +30,7 @@ pub(super) fn service_from_kube(svc: &KubeService, mesh: &MeshConfig) -> Service
     let resolution = if svc.headless {
         Resolution::Passthrough
     } else if external_name.is_some() {
-        Resolution::Dns
+        Resolution::Alias
     } else {
         Resolution::Static
     };
@@ -63,6 +63,7 @@ pub(super) fn service_from_kube(svc: &KubeService, mesh: &MeshConfig) -> Service
             name: svc.name.clone(),
         }),
         subject_alt_names: Vec::new(),
+        alias_of: external_name.filter(|_| !svc.headless).map(Hostname::new),
     }
 }
 
@@ -167,7 +168,10 @@ mod tests {
         ext.cluster_ips.clear();
         ext.ports[0].target_port = Some(TargetPort::Number(8080));
         let s = service_from_kube(&ext, &mesh);
-        assert_eq!((s.resolution, s.mesh_external), (Resolution::Dns, true));
+        assert_eq!(
+            (s.resolution, s.alias_of.as_ref().map(Hostname::as_str)),
+            (Resolution::Alias, Some("search.example.com"))
+        );
         assert_eq!(s.ports[0].target_port, None, "ExternalName is reached on the service port");
     }
 }

@@ -277,10 +277,12 @@ fn headless_and_external_name_services_keep_istio_semantics() {
     assert_eq!(reg.services[&db].resolution, Resolution::Passthrough);
     assert_eq!(reg.endpoints[&db].len(), 1, "headless endpoints are still listed");
     let ext = key("search.ns.svc.cluster.local", "ns");
-    assert_eq!((reg.services[&ext].resolution, reg.services[&ext].mesh_external), (Resolution::Dns, true));
-    let eps = &reg.endpoints[&ext];
-    assert_eq!(eps[0].address, "search.example.com");
-    assert_eq!(eps[0].port_for(port(&reg, &ext, "https")), Some(443));
+    let alias = &reg.services[&ext];
+    assert_eq!(
+        (alias.resolution, alias.alias_of.as_ref().map(|h| h.as_str())),
+        (Resolution::Alias, Some("search.example.com"))
+    );
+    assert!(reg.endpoints.get(&ext).is_none_or(|e| e.is_empty()), "an alias has no endpoints of its own");
 }
 
 const SELECTORS: &str = r#"

@@ -33,6 +33,10 @@ pub enum Resolution {
     DnsRoundRobin,
     /// No endpoints: forward to the original destination address.
     Passthrough,
+    /// Another name of the service `alias_of` names (a Kubernetes ExternalName Service, as
+    /// istiod's ExternalName alias takes it): no config of its own; its name joins the concrete
+    /// service's virtual hosts, and DNS takes clients to the target otherwise.
+    Alias,
 }
 
 /// A service in the mesh registry.
@@ -56,6 +60,8 @@ pub struct Service {
     pub origin: ServiceOrigin,
     /// Subject alternative names for TLS.
     pub subject_alt_names: Vec<String>,
+    /// The host an [`Resolution::Alias`] service names.
+    pub alias_of: Option<Hostname>,
 }
 
 /// The object a service comes from: an Istio config object or a Kubernetes Service.

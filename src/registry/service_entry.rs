@@ -67,6 +67,7 @@ pub(super) fn service_for(config: &ValidConfig, se: &ServiceEntry, host: &str, m
         visibility: Visibility::from_export_to(&se.export_to, &config.key.namespace, &mesh.default_service_export_to),
         origin: ServiceOrigin::Config(config.key.clone()),
         subject_alt_names: se.subject_alt_names.clone(),
+        alias_of: None,
     }
 }
 

@@ -15,7 +15,9 @@ use crate::config::api::{DestinationRule, Gateway, Labels, Sidecar, VirtualServi
 use crate::config::{ConfigError, ConfigKey, ConfigObjects, IgnoredObject, Kind, Spec, ValidConfig};
 use crate::mesh::MeshConfig;
 use crate::registry::kubernetes::{KubeKind, KubeObject, KubeObjects, KubeSecret};
-use crate::registry::{Endpoint, Endpoints, Hostname, InstanceIndex, NamespaceScope, Registry, Service, ServiceKey};
+use crate::registry::{
+    Endpoint, Endpoints, Hostname, InstanceIndex, NamespaceScope, Registry, Resolution, Service, ServiceKey,
+};
 
 /// Everything the sources currently hold, as ingest hands it to the snapshot builder.
 #[derive(Debug, Clone, Default)]
@@ -63,6 +65,8 @@ pub struct Snapshot {
     pub security: Arc<SecurityIndex>,
     /// Endpoints by IP, built on the first inbound lookup (only frontends serving sidecars need it).
     instances: OnceLock<InstanceIndex>,
+    /// Aliases (ExternalName Services) by the concrete host they resolve to, built on first use.
+    aliases: OnceLock<BTreeMap<Hostname, Vec<Hostname>>>,
 }
 
 impl Snapshot {
@@ -155,6 +159,7 @@ impl Snapshot {
             selector_keys,
             security,
             instances: OnceLock::new(),
+            aliases: OnceLock::new(),
         }
     }
 
@@ -183,12 +188,46 @@ impl Snapshot {
             if !svc.visibility.visible_to(namespace) && svc.namespace != namespace {
                 continue;
             }
+            // An alias gets no listener, cluster or virtual host of its own: its names join the
+            // concrete service's virtual hosts (`aliases_of`).
+            if svc.resolution == Resolution::Alias {
+                continue;
+            }
             let entry = by_host.entry(&key.hostname).or_insert(svc);
             if svc.namespace == namespace {
                 *entry = svc;
             }
         }
         by_host.into_values().collect()
+    }
+
+    /// The aliases that resolve to `host`, through chains of aliases (a loop resolves to
+    /// nothing, as DNS would answer it), sorted.
+    pub fn aliases_of(&self, host: &Hostname) -> &[Hostname] {
+        let aliases = self.aliases.get_or_init(|| {
+            let targets: BTreeMap<&Hostname, &Hostname> = self
+                .registry
+                .services
+                .iter()
+                .filter_map(|(key, s)| Some((&key.hostname, s.alias_of.as_ref()?)))
+                .collect();
+            let mut out: BTreeMap<Hostname, Vec<Hostname>> = BTreeMap::new();
+            for (alias, first) in &targets {
+                let mut concrete = *first;
+                let mut seen = BTreeSet::from([*alias]);
+                while let Some(next) = targets.get(concrete) {
+                    if !seen.insert(concrete) {
+                        break;
+                    }
+                    concrete = next;
+                }
+                if !targets.contains_key(concrete) {
+                    out.entry(concrete.clone()).or_default().push((*alias).clone());
+                }
+            }
+            out
+        });
+        aliases.get(host).map(Vec::as_slice).unwrap_or_default()
     }
 
     /// The service a proxy in `namespace` reaches under `host`.
