@@ -8,8 +8,10 @@
 
 use std::collections::HashSet;
 
-use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
+use envoy_types::pb::envoy::config::core::v3::{transport_socket, TrafficDirection};
 use envoy_types::pb::envoy::config::listener::v3::{FilterChain, Listener};
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::DownstreamTlsContext;
+use prost::Message;
 
 use super::authz;
 use super::gateway::{gateway_ports, GatewayPort, GatewayServer, ServerKind};
@@ -70,7 +72,10 @@ fn gateway_listener(scope: &Scope<'_>, gp: &GatewayPort<'_>) -> Option<Listener>
     for c in &mut chains {
         c.transport_socket_connect_timeout = Some(duration(TRANSPORT_SOCKET_CONNECT_TIMEOUT));
     }
-    let sni = chains.iter().any(|c| c.filter_chain_match.as_ref().is_some_and(|m| !m.server_names.is_empty()));
+    // As istiod: the TLS inspector where a chain matches SNI or terminates TLS offering ALPN.
+    let sni = chains
+        .iter()
+        .any(|c| c.filter_chain_match.as_ref().is_some_and(|m| !m.server_names.is_empty()) || offers_alpn(c));
     Some(Listener {
         name: name.clone(),
         address: Some(socket_address(&gp.address, u32::from(gp.port))),
@@ -80,6 +85,17 @@ fn gateway_listener(scope: &Scope<'_>, gp: &GatewayPort<'_>) -> Option<Listener>
         max_connections_to_accept_per_socket_event: Some(accept_one_connection_per_event()),
         ..Default::default()
     })
+}
+
+/// Whether `chain` terminates TLS offering ALPN protocols.
+fn offers_alpn(chain: &FilterChain) -> bool {
+    let Some(transport_socket::ConfigType::TypedConfig(any)) =
+        chain.transport_socket.as_ref().and_then(|t| t.config_type.as_ref())
+    else {
+        return false;
+    };
+    let tls = DownstreamTlsContext::decode(any.value.as_slice()).ok();
+    tls.and_then(|t| t.common_tls_context).is_some_and(|c| !c.alpn_protocols.is_empty())
 }
 
 /// Filter chains of a listener, keeping their matches distinct.

@@ -84,12 +84,16 @@ fn route_config(scope: &Scope<'_>, name: &str, port: u16, servers: &[&GatewaySer
         }
     }
     // As istiod collapses them: hosts whose routes come from the same VirtualServices (and with
-    // the same redirect) share one virtual host, named after the first host in order.
+    // the same redirect) share one virtual host, named after the most specific host (longest,
+    // then alphabetical, wildcards last).
+    let mut hosts: Vec<(String, HostRoutes)> = by_host.into_iter().collect();
+    hosts.sort_by(|(a, _), (b, _)| {
+        (a.starts_with('*'), std::cmp::Reverse(a.len()), a).cmp(&(b.starts_with('*'), std::cmp::Reverse(b.len()), b))
+    });
     let mut collapsed: Vec<(HostRoutes, VirtualHost)> = Vec::new();
-    for (host, mut entry) in by_host {
-        let same = |(c, _): &&mut (HostRoutes, VirtualHost)| {
-            !entry.sources.is_empty() && c.sources == entry.sources && c.require_tls == entry.require_tls
-        };
+    for (host, mut entry) in hosts {
+        let same =
+            |(c, _): &&mut (HostRoutes, VirtualHost)| c.sources == entry.sources && c.require_tls == entry.require_tls;
         if let Some((_, vh)) = collapsed.iter_mut().find(same) {
             vh.domains.extend(host_domains(&host));
             continue;

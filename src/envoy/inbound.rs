@@ -56,6 +56,9 @@ pub(super) struct InboundChain {
     pub endpoint: InboundEndpoint,
     /// The service the port belongs to (none for Sidecar ingress listeners).
     pub service: Option<ServiceKey>,
+    /// For a Sidecar ingress listener, the host its telemetry names (istiod's synthetic
+    /// `SIDECAR.NAMESPACE`): its route's trace operation.
+    pub sidecar_host: Option<String>,
     /// A Sidecar ingress listener's own TLS, replacing mesh mutual TLS on the port.
     pub tls: Option<ServerTlsSettings>,
 }
@@ -68,6 +71,10 @@ pub(super) fn inbound_plan(scope: &Scope<'_>) -> Vec<InboundChain> {
         return Vec::new();
     }
     let ingress = scope.sidecar.map(|s| s.ingress_listeners()).unwrap_or_default();
+    let sidecar_host = scope
+        .snapshot
+        .sidecar_for(&scope.view.namespace, &scope.view.labels)
+        .map(|(c, _)| format!("{}.{}", c.key.name, c.key.namespace));
     let intercepted = scope.view.interception.intercepts();
     let mut out: Vec<InboundChain> = Vec::new();
     if ingress.is_empty() {
@@ -84,13 +91,15 @@ pub(super) fn inbound_plan(scope: &Scope<'_>) -> Vec<InboundChain> {
                     bound: false,
                     endpoint: InboundEndpoint::OriginalDst,
                     service: Some(p.service.clone()),
+                    sidecar_host: None,
                     tls: None,
                 })
                 .collect();
         }
     } else {
         for l in &ingress {
-            let Some(c) = ingress_chain(l, intercepted, &scope.view.ips) else { continue };
+            let Some(mut c) = ingress_chain(l, intercepted, &scope.view.ips) else { continue };
+            c.sidecar_host = sidecar_host.clone();
             // The first listener of a port wins, as the oldest does in Istio.
             if !out.iter().any(|o| o.target_port == c.target_port) {
                 out.push(c);
@@ -111,7 +120,16 @@ fn ingress_chain(l: &IstioIngressListener, intercepted: bool, ips: &[String]) ->
         Some(CaptureMode::Iptables) => false,
         Some(CaptureMode::Default) | None => !intercepted,
     };
-    let bind = if l.bind.is_empty() { WILDCARD_ADDRESS.to_string() } else { l.bind.clone() };
+    // Without a bind, istiod names (and binds) the port after the workload's first global
+    // unicast address.
+    let bind = match l.bind.as_str() {
+        "" => ips
+            .iter()
+            .filter_map(|ip| ip.parse::<IpAddr>().ok())
+            .find(is_global_unicast)
+            .map_or_else(|| WILDCARD_ADDRESS.to_string(), |ip| ip.to_string()),
+        bind => bind.to_string(),
+    };
     Some(InboundChain {
         target_port: number,
         port: number,
@@ -120,8 +138,21 @@ fn ingress_chain(l: &IstioIngressListener, intercepted: bool, ips: &[String]) ->
         bound,
         endpoint: default_endpoint(&l.default_endpoint, ips)?,
         service: None,
+        sidecar_host: None,
         tls: l.tls.clone(),
     })
+}
+
+/// Go's `IsGlobalUnicast`: not unspecified, loopback, multicast, link-local or broadcast.
+fn is_global_unicast(ip: &IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            !(v4.is_unspecified() || v4.is_loopback() || v4.is_multicast() || v4.is_link_local() || v4.is_broadcast())
+        }
+        IpAddr::V6(v6) => {
+            !(v6.is_unspecified() || v6.is_loopback() || v6.is_multicast() || (v6.segments()[0] & 0xffc0) == 0xfe80)
+        }
+    }
 }
 
 /// Istio's reading of `defaultEndpoint`: `0.0.0.0`/`[::]` stand for the workload's own IPv4/IPv6
@@ -228,7 +259,7 @@ fn chains_for(scope: &Scope<'_>, c: &InboundChain, peer: &PeerMtls) -> Vec<Filte
     let stat_prefix = format!("inbound_{name}");
     let security = authz::http_filters(scope);
     let service = c.service.as_ref().and_then(|key| scope.snapshot.registry.services.get(key));
-    let host = service.map_or("", |s| s.hostname.as_str());
+    let host = service.map_or(c.sidecar_host.as_deref().unwrap_or_default(), |s| s.hostname.as_str());
     let route = InboundRoute { name: &cluster, cluster: &cluster, port: c.port, protocol: c.protocol, host };
     let http = || inbound_http_connection_manager(&stat_prefix, &route, scope.http_common(), security.clone());
     let tcp = || authz::secured_tcp(scope, tcp_proxy_filter(&cluster, to_cluster(&cluster), mesh));
@@ -428,10 +459,11 @@ mod tests {
         let mut legacy = sidecar_at("shop", &[("app", "legacy")], &["10.2.0.7"]);
         legacy.interception = Interception::None;
         let all = names(&s, &legacy, TypeUrl::Listener);
-        for bound in ["0.0.0.0_5000", "0.0.0.0_6000", "0.0.0.0_7070", "0.0.0.0_9443"] {
+        // Without a bind, istiod binds (and names) them on the workload's address.
+        for bound in ["10.2.0.7_5000", "10.2.0.7_6000", "10.2.0.7_7070", "10.2.0.7_9443"] {
             assert!(all.iter().any(|n| n == bound), "{bound} missing from {all:?}");
         }
-        let l: Listener = find(&s, &legacy, TypeUrl::Listener, "0.0.0.0_5000");
+        let l: Listener = find(&s, &legacy, TypeUrl::Listener, "10.2.0.7_5000");
         assert!(l.listener_filters.is_empty(), "a bound HTTP port needs no inspection");
     }
 
@@ -440,7 +472,7 @@ mod tests {
         let s = testdata_snapshot("inbound.yaml");
         let v = sidecar_at("shop", &[("app", "legacy")], &["10.2.0.7"]);
         let l: Listener = find(&s, &v, TypeUrl::Listener, VIRTUAL_INBOUND_LISTENER);
-        let chains: Vec<&FilterChain> = l.filter_chains.iter().filter(|c| c.name == "0.0.0.0_8443").collect();
+        let chains: Vec<&FilterChain> = l.filter_chains.iter().filter(|c| c.name == "10.2.0.7_8443").collect();
         assert_eq!(chains.len(), 1, "TLS only: no plaintext way in");
         let m = chains[0].filter_chain_match.clone().unwrap_or_default();
         assert_eq!(m.transport_protocol, "tls");
@@ -482,7 +514,7 @@ mod tests {
         assert_eq!((original.as_str(), bind.as_deref()), ("None", Some("127.0.0.6")), "no defaultEndpoint");
         // The service's own port 8080 instance is replaced by the ingress listener of that port.
         let l: Listener = find(&s, &v, TypeUrl::Listener, VIRTUAL_INBOUND_LISTENER);
-        assert_eq!(l.filter_chains.iter().filter(|c| c.name == "0.0.0.0_8080").count(), 1);
-        assert!(!l.filter_chains.iter().any(|c| c.name == "0.0.0.0_5000"), "captureMode NONE: its own listener");
+        assert_eq!(l.filter_chains.iter().filter(|c| c.name == "10.2.0.7_8080").count(), 1);
+        assert!(!l.filter_chains.iter().any(|c| c.name.ends_with("_5000")), "captureMode NONE: its own listener");
     }
 }

@@ -283,9 +283,15 @@ mod tests {
              spec: {hosts: [admin.shop.svc.cluster.local], location: MESH_INTERNAL, resolution: STATIC, \
              ports: [{number: 5000, name: http, protocol: HTTP}], endpoints: [{address: 10.2.0.9}]}\n",
         );
-        let s = snapshot(&yaml);
         let redirected = sidecar_at("shop", &[("app", "legacy")], &["10.2.0.7"]);
-        // Redirected: outbound 0.0.0.0_5000 and the bound ingress listener 0.0.0.0_5000 share a name.
+        // Without a bind the ingress listener is the workload's address's: apart from outbound.
+        let s = snapshot(&yaml);
+        let own: Listener = find(&s, &redirected, TypeUrl::Listener, "10.2.0.7_5000");
+        assert_eq!(own.traffic_direction, TrafficDirection::Inbound as i32);
+        let out: Listener = find(&s, &redirected, TypeUrl::Listener, "0.0.0.0_5000");
+        assert_eq!(out.traffic_direction, TrafficDirection::Outbound as i32);
+        // Bound on 0.0.0.0, outbound 0.0.0.0_5000 and the ingress listener share a name.
+        let s = snapshot(&yaml.replacen("    captureMode: NONE\n", "    captureMode: NONE\n    bind: 0.0.0.0\n", 1));
         let l: Listener = find(&s, &redirected, TypeUrl::Listener, "0.0.0.0_5000");
         assert_eq!(l.traffic_direction, TrafficDirection::Inbound as i32, "the workload's own port");
     }

@@ -40,16 +40,16 @@ pub(super) fn chain_opts(scope: &Scope<'_>, l: &OutboundListener<'_>) -> Vec<Cha
         // One connection manager for the port: its route configuration tells services apart.
         opts.push(builder.http());
     } else {
-        for (svc, port, protocol) in chain_services(scope, l) {
+        for (svc, port, protocol, destinations) in chain_services(scope, l) {
             let protocol = if l.members.is_some() { protocol } else { declared(l.protocol) };
             match protocol {
                 p if p.is_http() => opts.push(builder.http()),
-                Protocol::Tls | Protocol::Https => opts.extend(builder.tls(svc, port)),
+                Protocol::Tls | Protocol::Https => opts.extend(builder.tls(svc, port, &destinations)),
                 Protocol::Unsupported => {
-                    opts.extend(builder.tcp(svc, port, Protocol::Unsupported));
+                    opts.extend(builder.tcp(svc, port, Protocol::Unsupported, &destinations));
                     opts.push(builder.http());
                 }
-                p => opts.extend(builder.tcp(svc, port, p)),
+                p => opts.extend(builder.tcp(svc, port, p, &destinations)),
             }
         }
         if l.protocol == ListenerProtocol::Auto {
@@ -114,13 +114,13 @@ impl<'s, 'a> Builder<'s, 'a> {
         }
     }
 
-    /// What tells `svc`'s connections apart on this listener (see the module's doc). An explicit
-    /// egress listener, shared by every service of its port, matches their addresses.
-    fn destinations(&self, svc: &Service) -> Vec<String> {
-        match (&self.l.members, self.l.at_vip) {
-            (_, true) => Vec::new(),
-            (None, false) => svc.addresses.clone(),
-            (Some(_), false) => svc.addresses.iter().filter(|a| a.contains('/')).cloned().collect(),
+    /// What tells a service's connections apart on this listener (see the module's doc): nothing
+    /// on its own VIP listener, else its `destinations`.
+    fn own(&self, destinations: &[String]) -> Vec<String> {
+        if self.l.at_vip {
+            Vec::new()
+        } else {
+            destinations.to_vec()
         }
     }
 
@@ -135,7 +135,7 @@ impl<'s, 'a> Builder<'s, 'a> {
 
     /// The TCP rules for `svc`, then, unless a rule took every destination, the service itself;
     /// on a MongoDB port behind the Mongo proxy, as istiod.
-    fn tcp(&self, svc: &Service, port: u16, protocol: Protocol) -> Vec<ChainOpt> {
+    fn tcp(&self, svc: &Service, port: u16, protocol: Protocol, destinations: &[String]) -> Vec<ChainOpt> {
         let stack = |target: &ClusterSpecifier| {
             let tcp = tcp_proxy_filter(stat_prefix_of(target), target.clone(), &self.scope.snapshot.mesh);
             match protocol {
@@ -143,7 +143,7 @@ impl<'s, 'a> Builder<'s, 'a> {
                 _ => vec![tcp],
             }
         };
-        let own = self.destinations(svc);
+        let own = self.own(destinations);
         let vss = self.virtual_services_for(svc);
         let (targets, terminal) = tcp_targets(self.scope, &vss, &svc.hostname, &self.ctx);
         let mut out = Vec::new();
@@ -162,9 +162,10 @@ impl<'s, 'a> Builder<'s, 'a> {
 
     /// The TLS rules for `svc` by SNI, else the service itself: by its host name where its
     /// address does not tell it apart (no VIP listener of its own).
-    fn tls(&self, svc: &Service, port: u16) -> Vec<ChainOpt> {
+    fn tls(&self, svc: &Service, port: u16, destinations: &[String]) -> Vec<ChainOpt> {
         let mesh = &self.scope.snapshot.mesh;
-        let own = if self.l.members.is_some() { self.destinations(svc) } else { Vec::new() };
+        // An explicit listener tells TLS services apart by SNI alone.
+        let own = if self.l.members.is_some() { self.own(destinations) } else { Vec::new() };
         let vss = self.virtual_services_for(svc);
         let targets = tls_targets(self.scope, &vss, &self.ctx, |_| true);
         let mut claimed = self.claimed_names.borrow_mut();

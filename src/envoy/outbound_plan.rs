@@ -47,13 +47,23 @@ pub(super) struct OutboundListener<'a> {
     pub imports: Imports<'a>,
     /// Declared by a Sidecar egress listener (not derived from service ports).
     pub explicit: bool,
-    /// For a catch-all listener: the services whose ports landed on it, in import order, each
-    /// with its port's protocol (`None` for an explicit listener: every imported service on the
-    /// port).
-    pub members: Option<Vec<(&'a Arc<Service>, Protocol)>>,
+    /// For a catch-all listener: the services whose ports landed on it, in import order (`None`
+    /// for an explicit listener: every imported service on the port).
+    pub members: Option<Vec<Member<'a>>>,
     /// Whether the address is the members' own virtual IP: their chains then match no
     /// destination, and a sniffed listener routes HTTP by a route configuration of its own.
     pub at_vip: bool,
+}
+
+/// A service on a catch-all listener.
+pub(super) struct Member<'a> {
+    /// The service.
+    pub service: &'a Arc<Service>,
+    /// Its port's protocol.
+    pub protocol: Protocol,
+    /// The CIDR that tells its connections apart on a shared listener (a ServiceEntry counts
+    /// once per address, as istiod splits it into a service per address).
+    pub cidr: Option<String>,
 }
 
 impl OutboundListener<'_> {
@@ -62,7 +72,7 @@ impl OutboundListener<'_> {
     /// names it, holding only that service's virtual host).
     pub(super) fn route_name(&self) -> String {
         match (&self.members, self.at_vip && self.protocol == ListenerProtocol::Auto) {
-            (Some(members), true) if !members.is_empty() => format!("{}:{}", members[0].0.hostname, self.port),
+            (Some(members), true) if !members.is_empty() => format!("{}:{}", members[0].service.hostname, self.port),
             _ => self.port.to_string(),
         }
     }
@@ -121,8 +131,13 @@ fn catch_all_listeners<'a>(
     for svc in scope.services_in(imports) {
         for p in svc.ports.iter().filter(|p| p.number != 0 && !claimed.contains(&p.number)) {
             let own = if intercepted && !p.protocol.is_http() { listen_addresses(svc) } else { Vec::new() };
-            let addresses = if own.is_empty() { vec![shared.to_string()] } else { own };
-            for address in addresses {
+            let cidrs = if intercepted && own.is_empty() { shared_cidrs(svc) } else { vec![None] };
+            let addresses: Vec<(String, Option<String>)> = if own.is_empty() {
+                cidrs.into_iter().map(|c| (shared.to_string(), c)).collect()
+            } else {
+                own.into_iter().map(|a| (a, None)).collect()
+            };
+            for (address, cidr) in addresses {
                 let at_vip = address != shared;
                 let i = *index.entry((address.clone(), p.number)).or_insert_with(|| {
                     entries.push(OutboundListener {
@@ -139,13 +154,13 @@ fn catch_all_listeners<'a>(
                     entries.len() - 1
                 });
                 if let Some(members) = entries[i].members.as_mut() {
-                    members.push((svc, p.protocol));
+                    members.push(Member { service: svc, protocol: p.protocol, cidr });
                 }
             }
         }
     }
     for entry in &mut entries {
-        let protocols: Vec<Protocol> = entry.members.iter().flatten().map(|(_, p)| *p).collect();
+        let protocols: Vec<Protocol> = entry.members.iter().flatten().map(|m| m.protocol).collect();
         entry.protocol = listener_protocol(protocols.into_iter());
     }
     entries.sort_by_key(|e| (e.port, e.at_vip, e.address.clone()));
@@ -160,6 +175,18 @@ fn listen_addresses(svc: &Service) -> Vec<String> {
     match svc.origin {
         ServiceOrigin::Kube(_) => ips.take(1).collect(),
         ServiceOrigin::Config(_) => ips.collect(),
+    }
+}
+
+/// The CIDRs of a service without a virtual IP of its own, each telling it apart on the shared
+/// listener: a Kubernetes Service's together, a ServiceEntry's one by one (istiod splits it into a
+/// service per address); `[None]` without any.
+fn shared_cidrs(svc: &Service) -> Vec<Option<String>> {
+    let cidrs: Vec<String> = svc.addresses.iter().filter(|a| a.contains('/')).cloned().collect();
+    match (&svc.origin, cidrs.is_empty()) {
+        (_, true) => vec![None],
+        (ServiceOrigin::Config(_), false) => cidrs.into_iter().map(Some).collect(),
+        (ServiceOrigin::Kube(_), false) => vec![Some(cidrs.join(","))],
     }
 }
 
@@ -185,7 +212,7 @@ pub(super) fn listener_protocol(mut protocols: impl Iterator<Item = Protocol> + 
 /// need a VirtualService there).
 pub(super) fn services_on_port<'a>(scope: &Scope<'a>, l: &OutboundListener<'a>) -> Vec<(&'a Arc<Service>, u16)> {
     if let (Some(members), true) = (&l.members, l.at_vip) {
-        return members.iter().map(|(s, _)| (*s, l.port)).collect();
+        return members.iter().map(|m| (m.service, l.port)).collect();
     }
     scope
         .services_in(l.imports)
@@ -201,17 +228,27 @@ pub(super) fn services_on_port<'a>(scope: &Scope<'a>, l: &OutboundListener<'a>) 
         .collect()
 }
 
-/// The services a listener's chains serve, with their port's protocol there: a catch-all
-/// listener's members; an explicit listener's services on its port.
-pub(super) fn chain_services<'a>(
-    scope: &Scope<'a>,
-    l: &OutboundListener<'a>,
-) -> Vec<(&'a Arc<Service>, u16, Protocol)> {
+/// A service a listener's chains serve: the service, its port there, the port's protocol and
+/// the destinations telling its connections apart.
+pub(super) type ChainService<'a> = (&'a Arc<Service>, u16, Protocol, Vec<String>);
+
+/// The services a listener's chains serve: a catch-all listener's members (by their CIDR); an
+/// explicit listener's services on its port (by their addresses).
+pub(super) fn chain_services<'a>(scope: &Scope<'a>, l: &OutboundListener<'a>) -> Vec<ChainService<'a>> {
     match &l.members {
-        Some(members) => members.iter().map(|(s, p)| (*s, l.port, *p)).collect(),
+        Some(members) => members
+            .iter()
+            .map(|m| {
+                let cidrs = m.cidr.iter().flat_map(|c| c.split(',')).map(str::to_string).collect();
+                (m.service, l.port, m.protocol, cidrs)
+            })
+            .collect(),
         None => services_on_port(scope, l)
             .into_iter()
-            .map(|(s, port)| (s, port, s.port(port).map(|p| p.protocol).unwrap_or(Protocol::Tcp)))
+            .map(|(s, port)| {
+                let protocol = s.port(port).map(|p| p.protocol).unwrap_or(Protocol::Tcp);
+                (s, port, protocol, s.addresses.clone())
+            })
             .collect(),
     }
 }

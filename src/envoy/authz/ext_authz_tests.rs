@@ -314,7 +314,10 @@ fn gateways_selected_by_a_custom_policy_get_ext_authz() {
 /// The DENY filter's rejected-scope entries and the ext_authz filters of `orders`' HTTP chain.
 fn denied(s: &Snapshot, view: &ProxyView) -> (Vec<String>, usize) {
     let l = inbound(s, view);
-    let filters = http_filters(chain(&l, "0.0.0.0_8080", true));
+    // Port 8080's chain: a service instance's (0.0.0.0_8080) or a Sidecar ingress listener's,
+    // named after the workload's address.
+    let name = l.filter_chains.iter().map(|c| c.name.as_str()).find(|n| n.ends_with("_8080")).unwrap_or_default();
+    let filters = http_filters(chain(&l, name, true));
     let ext_authz = filters.iter().filter(|(n, _)| n.ends_with("ext_authz")).count();
     let rejected = filters
         .iter()

@@ -157,7 +157,7 @@ fn http_chains_get_jwt_then_audit_deny_allow_before_the_router() {
     // Another workload of the namespace gets only the mesh-wide policy.
     let legacy = sidecar_at("shop", &[("app", "legacy")], &["10.2.0.7"]);
     let l: Listener = find(&s, &legacy, TypeUrl::Listener, VIRTUAL_INBOUND_LISTENER);
-    let names: Vec<String> = http_filters(chain(&l, "0.0.0.0_8080", true)).into_iter().map(|(n, _, _)| n).collect();
+    let names: Vec<String> = http_filters(chain(&l, "10.2.0.7_8080", true)).into_iter().map(|(n, _, _)| n).collect();
     let istios = ["envoy.filters.http.grpc_stats", "envoy.filters.http.fault", "envoy.filters.http.cors"];
     assert_eq!(names, [&["envoy.filters.http.rbac"][..], &istios, &["envoy.filters.http.router"]].concat());
 }
@@ -292,7 +292,7 @@ fn empty_cases_follow_istio() {
     let s = snapshot_with(extra, "cluster.local");
     let legacy = sidecar_at("shop", &[("app", "legacy")], &["10.2.0.7"]);
     let l: Listener = find(&s, &legacy, TypeUrl::Listener, VIRTUAL_INBOUND_LISTENER);
-    let allow = rbac_of(&http_filters(chain(&l, "0.0.0.0_8080", true)), rbac::Action::Allow);
+    let allow = rbac_of(&http_filters(chain(&l, "10.2.0.7_8080", true)), rbac::Action::Allow);
     let never = &allow.policies["ns[shop]-policy[allow-nothing]-rule[0]"];
     assert!(matches!(&never.permissions[0].rule, Some(permission::Rule::NotRule(p)) if is_any(p)), "{never:?}");
     let other = sidecar_at("other", &[("app", "x")], &["10.9.9.9"]);
@@ -313,7 +313,7 @@ fn rejected_policies_deny_their_scope_on_every_chain() {
     let s = snapshot_with(custom, "cluster.local");
     let legacy = sidecar_at("shop", &[("app", "legacy")], &["10.2.0.7"]);
     let l: Listener = find(&s, &legacy, TypeUrl::Listener, VIRTUAL_INBOUND_LISTENER);
-    let deny = rbac_of(&http_filters(chain(&l, "0.0.0.0_8080", true)), rbac::Action::Deny);
+    let deny = rbac_of(&http_filters(chain(&l, "10.2.0.7_8080", true)), rbac::Action::Deny);
     let p = &deny.policies["ns[shop]-policy[ext]-rejected"];
     assert!(is_any(&p.permissions[0]) && matches!(p.principals[0].identifier, Some(principal::Identifier::Any(true))));
     let tcp = network_rbacs(chain(&l, VIRTUAL_INBOUND_LISTENER, false));
@@ -408,7 +408,7 @@ fn dry_run_policies_are_shadow_rules_not_enforced() {
     let s = snapshot_with(extra, "cluster.local");
     let legacy = sidecar_at("shop", &[("app", "legacy")], &["10.2.0.7"]);
     let l: Listener = find(&s, &legacy, TypeUrl::Listener, VIRTUAL_INBOUND_LISTENER);
-    let hcm: HttpConnectionManager = typed(chain(&l, "0.0.0.0_8080", true).filters.last().expect("hcm"));
+    let hcm: HttpConnectionManager = typed(chain(&l, "10.2.0.7_8080", true).filters.last().expect("hcm"));
     let rbacs: Vec<HttpRbac> = hcm
         .http_filters
         .iter()

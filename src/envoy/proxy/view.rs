@@ -95,7 +95,9 @@ impl ProxyView {
             if self.interception.intercepts() {
                 view.inbound = inbound_ports(snapshot, &self.ips);
             }
-        } else if ingress.iter().any(endpoint_is_workload_ip) {
+        } else if ingress.iter().any(|l| endpoint_is_workload_ip(l) || l.bind.is_empty()) {
+            // The workload's address: where `0.0.0.0` endpoints send, and what ingress listeners
+            // without a bind are named after.
             view.ips = self.ips.clone();
         }
         view
