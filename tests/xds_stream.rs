@@ -16,7 +16,7 @@ use common::envoy::Envoy;
 use common::files::write_atomic;
 use common::http::{http_client, http_request};
 use common::poll::{poll, poll_every};
-use common::ports::{free_addr, free_port};
+use common::ports::free_addr;
 use meshpilot::app::standalone::{self, StandaloneSettings};
 use meshpilot::app::Process;
 use meshpilot::ingest::DebounceSettings;
@@ -37,9 +37,10 @@ fn service(ns: &str, port: u32, endpoints: &[&str]) -> String {
 }
 
 /// A Sidecar giving `ns`'s workloads an egress listener on 127.0.0.1:`port` (no iptables here).
-fn sidecar(ns: &str, port: u16) -> String {
+/// A Sidecar scoping `ns`'s proxies to their namespace's services.
+fn sidecar(ns: &str) -> String {
     format!(
-        "apiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata: {{name: default, namespace: {ns}}}\nspec:\n  egress:\n  - port: {{number: {port}, name: http, protocol: HTTP}}\n    bind: 127.0.0.1\n    captureMode: NONE\n    hosts: [\"./*\"]\n"
+        "apiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata: {{name: default, namespace: {ns}}}\nspec:\n  egress:\n  - hosts: [\"./*\"]\n"
     )
 }
 
@@ -150,8 +151,8 @@ async fn one_change_pushes_once_to_affected_proxies_only() {
     let dir = tempfile::tempdir().unwrap();
     write_atomic(dir.path(), "a.yaml", &service("team-a", 80, &["10.0.0.1"]));
     write_atomic(dir.path(), "b.yaml", &service("team-b", 80, &["10.0.1.1"]));
-    write_atomic(dir.path(), "sidecar-a.yaml", &sidecar("team-a", free_port()));
-    write_atomic(dir.path(), "sidecar-b.yaml", &sidecar("team-b", free_port()));
+    write_atomic(dir.path(), "sidecar-a.yaml", &sidecar("team-a"));
+    write_atomic(dir.path(), "sidecar-b.yaml", &sidecar("team-b"));
     let server = Server::start(dir.path());
     let admin = server.admin;
     let url = server.url();

@@ -45,8 +45,6 @@ pub(super) struct OutboundListener<'a> {
     pub protocol: ListenerProtocol,
     /// What the listener's hosts are.
     pub imports: Imports<'a>,
-    /// Declared by a Sidecar egress listener (not derived from service ports).
-    pub explicit: bool,
     /// For a catch-all listener: the services whose ports landed on it, in import order (`None`
     /// for an explicit listener: every imported service on the port).
     pub members: Option<Vec<Member<'a>>>,
@@ -102,11 +100,12 @@ pub(super) fn outbound_plan<'a>(scope: &Scope<'a>) -> Vec<OutboundListener<'a>> 
             bound: binds,
             protocol: listener_protocol([Protocol::parse(declared)].into_iter()),
             imports: Imports::of(egress, scope.namespace()),
-            explicit: true,
             members: None,
             at_vip: false,
         });
     }
+    // As istiod builds an egress port's listener per service: none without a service there.
+    out.retain(|l| !scope.services_in(l.imports).is_empty());
     if let Some(imports) = scope.catch_all_imports() {
         out.extend(catch_all_listeners(scope, imports, intercepted, &claimed));
     }
@@ -147,7 +146,6 @@ fn catch_all_listeners<'a>(
                         bound: !intercepted,
                         protocol: ListenerProtocol::Tcp,
                         imports,
-                        explicit: false,
                         members: Some(Vec::new()),
                         at_vip,
                     });
@@ -207,25 +205,12 @@ pub(super) fn listener_protocol(mut protocols: impl Iterator<Item = Protocol> + 
 
 /// The services a listener's route configuration serves, each with the service port its cluster
 /// is for: a sniffed VIP listener's own services; else every imported service with the
-/// listener's port, or, on a Sidecar egress listener with another port, a single-port service's
-/// only port of a compatible protocol (Istio picks that port for TCP too; multi-port services
-/// need a VirtualService there).
+/// listener's port.
 pub(super) fn services_on_port<'a>(scope: &Scope<'a>, l: &OutboundListener<'a>) -> Vec<(&'a Arc<Service>, u16)> {
     if let (Some(members), true) = (&l.members, l.at_vip) {
         return members.iter().map(|m| (m.service, l.port)).collect();
     }
-    scope
-        .services_in(l.imports)
-        .into_iter()
-        .filter_map(|s| {
-            let port = match (s.port(l.port), s.ports.as_slice()) {
-                (Some(p), _) => p.number,
-                (None, [only]) if l.explicit && compatible(l.protocol, only.protocol) => only.number,
-                _ => return None,
-            };
-            Some((s, port))
-        })
-        .collect()
+    scope.services_in(l.imports).into_iter().filter_map(|s| Some((s, s.port(l.port)?.number))).collect()
 }
 
 /// A service a listener's chains serve: the service, its port there, the port's protocol and
@@ -251,9 +236,4 @@ pub(super) fn chain_services<'a>(scope: &Scope<'a>, l: &OutboundListener<'a>) ->
             })
             .collect(),
     }
-}
-
-/// HTTP listeners route only HTTP services; TCP, TLS and sniffed listeners forward any bytes.
-fn compatible(listener: ListenerProtocol, service: Protocol) -> bool {
-    listener != ListenerProtocol::Http || service.is_http()
 }

@@ -2,9 +2,8 @@
 //! service on the port (VirtualService routes, else the default route), virtual hosts for
 //! VirtualService hosts that are not services, and Istio's catch-all virtual host.
 //!
-//! VirtualService hosts that name no service get virtual hosts where Istio puts them (port 80, and
-//! ports where the VirtualService also routes a service) and, beyond Istio, on ports of explicit
-//! Sidecar egress listeners, whose hosts the user imported on purpose.
+//! VirtualService hosts that name no service get virtual hosts where Istio puts them: port 80, and
+//! ports where the VirtualService also routes a service.
 
 use std::collections::{HashMap, HashSet};
 
@@ -84,7 +83,7 @@ fn edited_virtual_hosts(
             vs.0.hosts.iter().any(|h| !services.iter().any(|(s, _)| host_matches(h.as_str(), s.hostname.as_str())));
         // Hosts that are no service get virtual hosts of their own here, which the edit may add
         // or drop (they depend on whether its routes are empty).
-        if other_hosts && (l.port == 80 || l.explicit || !claimed.is_empty()) {
+        if other_hosts && (l.port == 80 || !claimed.is_empty()) {
             return None;
         }
         if claimed.is_empty() {
@@ -135,7 +134,7 @@ fn route_config(scope: &Scope<'_>, l: &OutboundListener<'_>) -> RouteConfigurati
         vhosts.push(virtual_host(domain_name(svc.hostname.as_str(), port), domains, routes));
     }
     for (i, (ix, _)) in vss.iter().enumerate() {
-        if vs_routes[i].is_empty() || !(port == 80 || l.explicit || routing_vs.contains(&i)) {
+        if vs_routes[i].is_empty() || !(port == 80 || routing_vs.contains(&i)) {
             continue;
         }
         for host in
@@ -263,25 +262,13 @@ mod tests {
     }
 
     #[test]
-    fn egress_port_routes_single_port_services_and_virtual_service_hosts() {
+    fn an_egress_port_routes_only_the_services_of_that_port() {
         let s = testdata_snapshot("features.yaml");
         let rc: RouteConfiguration = find(&s, &sidecar("shop", &[("app", "web")]), TypeUrl::Route, "18080");
         let names: Vec<&str> = rc.virtual_hosts.iter().map(|v| v.name.as_str()).collect();
-        assert_eq!(
-            names,
-            [
-                "legacy.shop.example:18080",
-                "local.shop.svc.cluster.local:18080",
-                "web.shop.example:18080",
-                "web.shop.svc.cluster.local:18080",
-                BLOCK_ALL_VHOST
-            ]
-        );
-        let Some(route::Action::Route(a)) = &vhost(&rc, "legacy.shop.example:18080").routes[0].action else { panic!() };
-        assert_eq!(
-            a.cluster_specifier,
-            Some(ClusterSpecifier::Cluster("outbound|8080||web.shop.svc.cluster.local".into()))
-        );
+        // As istiod trims the listener's imports: web (port 8080) and the VirtualService hosts
+        // routing to it are not imported on 18080.
+        assert_eq!(names, ["proxy.shop.svc.cluster.local:18080", BLOCK_ALL_VHOST]);
     }
 
     #[test]

@@ -17,22 +17,36 @@ use crate::snapshot::{Direction, Indexed, Snapshot};
 /// A VirtualService with its index entry (qualified hosts, key).
 pub(super) type VsRef<'a> = (&'a Indexed<VirtualService>, &'a VirtualService);
 
-/// The `namespace/host` patterns an egress listener imports, or everything visible.
+/// The `namespace/host` patterns an egress listener imports, or everything visible; a listener
+/// with a port imports only services with that port, as istiod trims them (its HTTP_PROXY
+/// listeners excepted).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Imports<'a> {
     hosts: Option<&'a [String]>,
     namespace: &'a str,
+    port: Option<u16>,
 }
 
 impl<'a> Imports<'a> {
     /// Imports everything visible (no Sidecar, or gateways).
     pub(super) fn all(namespace: &'a str) -> Self {
-        Imports { hosts: None, namespace }
+        Imports { hosts: None, namespace, port: None }
     }
 
     /// Imports what an egress listener's `hosts` name; `.` is the proxy's namespace.
     pub(super) fn of(listener: &'a IstioEgressListener, namespace: &'a str) -> Self {
-        Imports { hosts: Some(&listener.hosts), namespace }
+        let port = listener
+            .port
+            .as_ref()
+            .filter(|p| !p.protocol.eq_ignore_ascii_case("HTTP_PROXY"))
+            .and_then(|p| u16::try_from(p.number).ok())
+            .filter(|n| *n != 0);
+        Imports { hosts: Some(&listener.hosts), namespace, port }
+    }
+
+    /// Whether `service` is imported: its host, and the listener's port if it has one.
+    pub(super) fn imports_service(&self, service: &Service) -> bool {
+        self.port.is_none_or(|p| service.port(p).is_some()) && self.imports_host(&service.namespace, &service.hostname)
     }
 
     /// Whether a service declared in `service_ns` with `host` is imported.
@@ -144,7 +158,7 @@ impl<'a> Scope<'a> {
 
     /// Visible services an egress listener imports, in hostname order.
     pub(super) fn services_in(&self, imports: Imports<'_>) -> Vec<&'a Arc<Service>> {
-        self.visible.iter().copied().filter(|s| imports.imports_host(&s.namespace, &s.hostname)).collect()
+        self.visible.iter().copied().filter(|s| imports.imports_service(s)).collect()
     }
 
     /// Services the proxy needs clusters for: everything its listeners import, plus what its
@@ -153,27 +167,29 @@ impl<'a> Scope<'a> {
         let imports = self.all_imports();
         let mut by_host: BTreeMap<&Hostname, &'a Arc<Service>> = BTreeMap::new();
         for svc in &self.visible {
-            if imports.iter().any(|i| i.imports_host(&svc.namespace, &svc.hostname)) {
+            if imports.iter().any(|i| i.imports_service(svc)) {
                 by_host.insert(&svc.hostname, svc);
             }
         }
-        for host in self.routed_hosts(&imports) {
-            if let Some(svc) = self.service_for_host(&host) {
-                by_host.entry(&svc.hostname).or_insert(svc);
+        for imp in &imports {
+            for host in self.routed_hosts(*imp) {
+                if let Some(svc) = self.service_for_host(&host).filter(|s| imp.port.is_none_or(|p| s.port(p).is_some()))
+                {
+                    by_host.entry(&svc.hostname).or_insert(svc);
+                }
             }
         }
         by_host.into_values().collect()
     }
 
-    /// The destination hosts of the `mesh` VirtualServices a sidecar's listeners import (none
-    /// for gateways): they join the cluster services.
-    fn routed_hosts(&self, imports: &[Imports<'_>]) -> BTreeSet<Hostname> {
+    /// The destination hosts of the `mesh` VirtualServices a sidecar's listener imports (none
+    /// for gateways): they join the cluster services (with the listener's port, if it has one).
+    fn routed_hosts(&self, imports: Imports<'_>) -> BTreeSet<Hostname> {
         if self.view.kind != ProxyKind::Sidecar {
             return BTreeSet::new();
         }
-        imports
-            .iter()
-            .flat_map(|imp| self.mesh_virtual_services(*imp))
+        self.mesh_virtual_services(imports)
+            .into_iter()
             .flat_map(|(ix, vs)| destination_hosts(vs, &ix.config.key.namespace, self.domain()))
             .collect()
     }
@@ -182,14 +198,18 @@ impl<'a> Scope<'a> {
     /// walking the registry (an endpoint change patches a few hosts of a thousand-service mesh).
     pub(super) fn cluster_services_of(&self, hosts: &BTreeSet<Hostname>) -> Vec<&'a Arc<Service>> {
         let imports = self.all_imports();
-        let routed = self.routed_hosts(&imports);
+        let routed: Vec<(Imports<'_>, BTreeSet<Hostname>)> =
+            imports.iter().map(|imp| (*imp, self.routed_hosts(*imp))).collect();
         // The service a host names from here is the one `visible` lists for it, and the one a
         // VirtualService destination resolves to.
         hosts
             .iter()
             .filter_map(|host| self.service_for_host(host))
             .filter(|svc| {
-                imports.iter().any(|i| i.imports_host(&svc.namespace, &svc.hostname)) || routed.contains(&svc.hostname)
+                imports.iter().any(|i| i.imports_service(svc))
+                    || routed.iter().any(|(imp, hosts)| {
+                        hosts.contains(&svc.hostname) && imp.port.is_none_or(|p| svc.port(p).is_some())
+                    })
             })
             .collect()
     }
