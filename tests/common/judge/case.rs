@@ -228,5 +228,34 @@ pub fn istio(module: &Path) -> Vec<Case> {
             }
         }
     }
+    cases.extend(istio_authz(module));
+    cases
+}
+
+/// The workload the AuthorizationPolicy inputs of Istio's authz builder select: `httpbin` v1 in
+/// namespace `foo`, with an HTTP and a TCP port, as a Service, its Pod and its EndpointSlice.
+const AUTHZ_WORKLOAD: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: httpbin, namespace: foo}\nspec:\n  \
+clusterIP: 10.96.50.1\n  selector: {app: httpbin}\n  ports:\n  - {name: http, port: 8000, targetPort: 8000}\n  \
+- {name: tcp, port: 9000, targetPort: 9000}\n---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: httpbin-v1\n  \
+namespace: foo\n  labels: {app: httpbin, version: v1}\nspec:\n  serviceAccountName: default\n  containers: \
+[{name: app, image: app, ports: [{containerPort: 8000}, {containerPort: 9000}]}]\nstatus:\n  phase: Running\n  \
+podIP: 10.1.50.10\n  podIPs: [{ip: 10.1.50.10}]\n  conditions: [{type: Ready, status: \"True\"}]\n---\n\
+apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: httpbin-slice\n  namespace: foo\n  \
+labels: {kubernetes.io/service-name: httpbin}\naddressType: IPv4\nports: [{name: http, port: 8000, protocol: TCP}, \
+{name: tcp, port: 9000, protocol: TCP}]\nendpoints:\n- addresses: [10.1.50.10]\n  conditions: {ready: true, \
+serving: true, terminating: false}\n  targetRef: {kind: Pod, name: httpbin-v1, namespace: foo}\n";
+
+/// The AuthorizationPolicy inputs of Istio's authz builder (`*-in.yaml` of its HTTP and TCP
+/// testdata), each applied to the workload they select.
+fn istio_authz(module: &Path) -> Vec<Case> {
+    let mut cases = Vec::new();
+    for sub in ["http", "tcp"] {
+        let dir = module.join("pilot/pkg/security/authz/builder/testdata").join(sub);
+        for file in yaml_files(&dir).into_iter().filter(|f| f.to_string_lossy().ends_with("-in.yaml")) {
+            let stem = file.file_stem().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let name = format!("{sub}-{}", stem.trim_end_matches("-in"));
+            cases.push(Case::from_texts("istio-authz", &name, &[read(&file), AUTHZ_WORKLOAD.to_string()], None));
+        }
+    }
     cases
 }
