@@ -113,7 +113,7 @@ async fn policies_allow_and_deny_by_path_method_header_and_address() {
         r#"
         action: DENY
         rules:
-        - to: [{operation: {paths: ["/admin", "/admin/*"]}}]
+        - to: [{operation: {paths: ["/admin", "/admin/*", "/store/{*}/items/{**}"]}}]
         - when: [{key: "request.headers[x-block]", values: ["yes"]}]
         - from: [{source: {remoteIpBlocks: ["127.0.0.2/32"]}}]
         "#,
@@ -128,6 +128,9 @@ async fn policies_allow_and_deny_by_path_method_header_and_address() {
         "the policy is shown as served: {served:?}"
     );
     assert_status(&send(&s, "GET", "/admin/users", &[], LOCAL).await, 403, "prefix /admin/*");
+    // A path template, as Envoy's URI template matcher: {*} one segment, {**} the rest.
+    assert_status(&send(&s, "GET", "/store/a/items/x/y", &[], LOCAL).await, 403, "template matched");
+    assert_status(&send(&s, "GET", "/store/a/b/items/x", &[], LOCAL).await, 200, "{*} is one segment");
     assert_status(&send(&s, "GET", "/public", &[], LOCAL).await, 200, "other paths pass");
     assert_status(&send(&s, "GET", "/public", &[("x-block", "yes")], LOCAL).await, 403, "header denied");
     assert_status(&send(&s, "GET", "/public", &[("x-block", "no")], LOCAL).await, 200, "other header value");

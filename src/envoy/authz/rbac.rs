@@ -10,13 +10,12 @@ use envoy_types::pb::envoy::config::rbac::v3::{permission, rbac, Permission, Pol
 use envoy_types::pb::envoy::config::route::v3::HeaderMatcher;
 
 use super::matchers::{
-    and_ids, any_id, cidr, header, not_id, or_ids, payload, peer_identity, regex_matcher, request_principal,
-    spiffe_namespace, spiffe_principal, spiffe_service_account, spiffe_trust_domain, string_or_list, string_value,
-    wildcard,
+    and_ids, any_id, cidr, header, not_id, or_ids, payload, peer_identity, request_principal, spiffe_namespace,
+    spiffe_principal, spiffe_service_account, spiffe_trust_domain, string_or_list, string_value, wildcard,
 };
 use crate::config::api::authorization_policy::{Action, AuthorizationPolicy, Condition, Operation, Rule, Source};
 use crate::config::ConfigKey;
-use crate::envoy::proto::map_field;
+use crate::envoy::proto::{any, map_field};
 use crate::snapshot::RejectedPolicy;
 
 /// The chain a filter is built for.
@@ -445,26 +444,20 @@ fn destination_port(v: &str) -> Result<Permission, Unsupported> {
     Ok(Permission { rule: Some(permission::Rule::DestinationPort(port)) })
 }
 
-/// A path (without query): `*` wildcards, or Istio's `{*}`/`{**}` templates as a regex.
+/// A path (without query): `*` wildcards, or Istio's `{*}`/`{**}` templates as Envoy's URI
+/// template matcher (`*` one segment, `**` any), as istiod writes them.
 fn path(v: &str) -> Result<Permission, Unsupported> {
+    use envoy_types::pb::envoy::config::core::v3::TypedExtensionConfig;
+    use envoy_types::pb::envoy::extensions::path::r#match::uri_template::v3::UriTemplateMatchConfig;
     use envoy_types::pb::envoy::r#type::matcher::v3::{path_matcher, PathMatcher};
-    let matcher = if v.contains("{*}") || v.contains("{**}") { regex_matcher(&template_regex(v)) } else { wildcard(v) };
+    if v.contains("{*}") || v.contains("{**}") {
+        let template = UriTemplateMatchConfig { path_template: v.replace("{**}", "**").replace("{*}", "*") };
+        let config = TypedExtensionConfig { name: "uri-template".into(), typed_config: Some(any(template)) };
+        return Ok(Permission { rule: Some(permission::Rule::UriTemplate(config)) });
+    }
     Ok(Permission {
-        rule: Some(permission::Rule::UrlPath(PathMatcher { rule: Some(path_matcher::Rule::Path(matcher)) })),
+        rule: Some(permission::Rule::UrlPath(PathMatcher { rule: Some(path_matcher::Rule::Path(wildcard(v))) })),
     })
-}
-
-/// `/a/{*}/b/{**}` → `/a/[^/]+/b/.*`: `{*}` one segment, `{**}` the rest (validated to be last).
-fn template_regex(template: &str) -> String {
-    template
-        .split('/')
-        .map(|segment| match segment {
-            "{*}" => "[^/]+".to_string(),
-            "{**}" => ".*".to_string(),
-            literal => super::matchers::escape(literal),
-        })
-        .collect::<Vec<_>>()
-        .join("/")
 }
 
 fn header_perm(m: HeaderMatcher) -> Permission {
@@ -490,4 +483,24 @@ fn and_perms(rules: Vec<Permission>) -> Permission {
 
 fn or_perms(rules: Vec<Permission>) -> Permission {
     Permission { rule: Some(permission::Rule::OrRules(permission::Set { rules })) }
+}
+
+#[cfg(test)]
+mod path_tests {
+    use envoy_types::pb::envoy::extensions::path::r#match::uri_template::v3::UriTemplateMatchConfig;
+    use prost::Message;
+
+    use super::*;
+
+    #[test]
+    fn path_templates_become_uri_template_matchers() {
+        let Ok(Permission { rule: Some(permission::Rule::UriTemplate(c)) }) = path("/store/{*}/items/{**}") else {
+            panic!("a URI template expected")
+        };
+        assert_eq!(c.name, "uri-template");
+        let any = c.typed_config.expect("config");
+        let t = UriTemplateMatchConfig::decode(any.value.as_slice()).expect("decodes");
+        assert_eq!(t.path_template, "/store/*/items/**");
+        assert!(matches!(path("/api/*"), Ok(Permission { rule: Some(permission::Rule::UrlPath(_)) })));
+    }
 }

@@ -217,7 +217,7 @@ fn every_http_attribute_has_its_matcher() {
         "UrlPath",
         "Prefix(\"/api/\")",
         "Suffix(\".json\")",
-        "regex: \"/store/[^/]+/items/.*\"",
+        "name: \"uri-template\"",
         "DestinationPort(8080)",
         "DestinationIp(CidrRange { address_prefix: \"10.2.0.5\"",
         "RequestedServerName",
