@@ -71,10 +71,7 @@ pub(super) fn inbound_plan(scope: &Scope<'_>) -> Vec<InboundChain> {
         return Vec::new();
     }
     let ingress = scope.sidecar.map(|s| s.ingress_listeners()).unwrap_or_default();
-    let sidecar_host = scope
-        .snapshot
-        .sidecar_for(&scope.view.namespace, &scope.view.labels)
-        .map(|(c, _)| format!("{}.{}", c.key.name, c.key.namespace));
+    let sidecar_host = scope.sidecar_key.map(|k| format!("{}.{}", k.name, k.namespace));
     let intercepted = scope.view.interception.intercepts();
     let mut out: Vec<InboundChain> = Vec::new();
     if ingress.is_empty() {

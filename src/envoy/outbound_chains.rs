@@ -30,31 +30,39 @@ pub(super) struct ChainOpt {
     pub chain_match: FilterChainMatch,
     /// The filters.
     pub filters: Vec<Filter>,
+    /// Whether it is the listener's connection manager.
+    is_http: bool,
 }
 
 /// The chains of `l`, in order, identical matches dropped.
 pub(super) fn chain_opts(scope: &Scope<'_>, l: &OutboundListener<'_>) -> Vec<ChainOpt> {
     let builder = Builder::new(scope, l);
     let mut opts = Vec::new();
+    // Every HTTP chain of a listener is the same one connection manager (its route configuration
+    // tells services apart): built once, where the first service needing it stands.
+    let http = |opts: &mut Vec<ChainOpt>| {
+        if !opts.iter().any(|o| o.is_http) {
+            opts.push(builder.http());
+        }
+    };
     if l.protocol == ListenerProtocol::Http {
-        // One connection manager for the port: its route configuration tells services apart.
-        opts.push(builder.http());
+        http(&mut opts);
     } else {
         for (svc, port, protocol, destinations) in chain_services(scope, l) {
             let protocol = if l.members.is_some() { protocol } else { declared(l.protocol) };
             match protocol {
-                p if p.is_http() => opts.push(builder.http()),
+                p if p.is_http() => http(&mut opts),
                 Protocol::Tls | Protocol::Https => opts.extend(builder.tls(svc, port, &destinations)),
                 Protocol::Unsupported => {
                     opts.extend(builder.tcp(svc, port, Protocol::Unsupported, &destinations));
-                    opts.push(builder.http());
+                    http(&mut opts);
                 }
                 p => opts.extend(builder.tcp(svc, port, p, &destinations)),
             }
         }
         if l.protocol == ListenerProtocol::Auto {
             // HTTP to an address no service claims still reaches the route configuration.
-            opts.push(builder.http());
+            http(&mut opts);
         }
     }
     let mut seen = Vec::new();
@@ -111,6 +119,7 @@ impl<'s, 'a> Builder<'s, 'a> {
         ChainOpt {
             chain_match: if sniffs { require_http(None) } else { FilterChainMatch::default() },
             filters: vec![hcm],
+            is_http: true,
         }
     }
 
@@ -144,18 +153,22 @@ impl<'s, 'a> Builder<'s, 'a> {
             }
         };
         let own = self.own(destinations);
-        let vss = self.virtual_services_for(svc);
-        let (targets, terminal) = tcp_targets(self.scope, &vss, &svc.hostname, &self.ctx);
+        // `tcp_targets` keeps the VirtualServices for the host itself.
+        let (targets, terminal) = tcp_targets(self.scope, &self.virtual_services, &svc.hostname, &self.ctx);
         let mut out = Vec::new();
         let mut covered = terminal;
         for t in targets {
             let subnets = if t.subnets.is_empty() { own.clone() } else { t.subnets };
             covered |= same_set(&subnets, &own);
-            out.push(ChainOpt { chain_match: matching(&subnets, Vec::new()), filters: stack(&t.target) });
+            out.push(ChainOpt {
+                chain_match: matching(&subnets, Vec::new()),
+                filters: stack(&t.target),
+                is_http: false,
+            });
         }
         if !covered {
             let target = to_cluster(&cluster_name(port, "", svc.hostname.as_str()));
-            out.push(ChainOpt { chain_match: matching(&own, Vec::new()), filters: stack(&target) });
+            out.push(ChainOpt { chain_match: matching(&own, Vec::new()), filters: stack(&target), is_http: false });
         }
         out
     }
@@ -177,7 +190,7 @@ impl<'s, 'a> Builder<'s, 'a> {
             }
             let subnets = if t.subnets.is_empty() { own.clone() } else { t.subnets.clone() };
             let filter = tcp_proxy_filter(stat_prefix_of(&t.target), t.target.clone(), mesh);
-            out.push(ChainOpt { chain_match: matching(&subnets, names), filters: vec![filter] });
+            out.push(ChainOpt { chain_match: matching(&subnets, names), filters: vec![filter], is_http: false });
         }
         if targets.is_empty() {
             let names = if self.l.at_vip && own.is_empty() {
@@ -191,7 +204,7 @@ impl<'s, 'a> Builder<'s, 'a> {
             };
             let target = to_cluster(&cluster_name(port, "", svc.hostname.as_str()));
             let filter = tcp_proxy_filter(stat_prefix_of(&target), target.clone(), mesh);
-            out.push(ChainOpt { chain_match: matching(&own, names), filters: vec![filter] });
+            out.push(ChainOpt { chain_match: matching(&own, names), filters: vec![filter], is_http: false });
         }
         out
     }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::config::api::sidecar::{IstioEgressListener, OutboundMode};
 use crate::config::api::{DestinationRule, Sidecar, VirtualService};
+use crate::config::ConfigKey;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::Tracing;
 
 use super::http_tracing::hcm_tracing;
@@ -88,6 +89,8 @@ pub(super) struct Scope<'a> {
     pub view: &'a ProxyView,
     /// The Sidecar that applies to a sidecar proxy.
     pub sidecar: Option<&'a Sidecar>,
+    /// That Sidecar's key.
+    pub sidecar_key: Option<&'a ConfigKey>,
     /// REGISTRY_ONLY or ALLOW_ANY (the Sidecar's, else the mesh's).
     pub outbound_mode: OutboundMode,
     /// The tracing block of the proxy's HTTP connection managers, built on first use.
@@ -105,15 +108,16 @@ impl<'a> Scope<'a> {
     /// A scope that lists no services (walking the registry is most of a scope's cost): only
     /// for lookups that read none, such as which VirtualServices a view imports.
     pub(super) fn without_services(snapshot: &'a Snapshot, view: &'a ProxyView) -> Self {
-        let sidecar = match view.kind {
-            ProxyKind::Sidecar => snapshot.sidecar_for(&view.namespace, &view.labels).map(|(_, s)| s),
+        let found = match view.kind {
+            ProxyKind::Sidecar => snapshot.sidecar_for(&view.namespace, &view.labels),
             ProxyKind::Router => None,
         };
+        let (sidecar_key, sidecar) = (found.map(|(c, _)| &c.key), found.map(|(_, s)| s));
         let outbound_mode = sidecar
             .and_then(|s| s.outbound_traffic_policy.as_ref())
             .and_then(|p| p.mode)
             .unwrap_or(snapshot.mesh.outbound_traffic_policy.mode);
-        Scope { snapshot, view, sidecar, outbound_mode, tracing: OnceCell::new(), visible: Vec::new() }
+        Scope { snapshot, view, sidecar, sidecar_key, outbound_mode, tracing: OnceCell::new(), visible: Vec::new() }
     }
 
     /// What the proxy's HTTP connection managers share.
