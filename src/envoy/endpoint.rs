@@ -25,7 +25,7 @@ pub(super) fn load_assignments(scope: &Scope<'_>) -> Vec<Resource> {
 
 /// [`load_assignments`] of the services of `hosts` alone.
 pub(super) fn load_assignments_of(scope: &Scope<'_>, hosts: &BTreeSet<Hostname>) -> Vec<Resource> {
-    assignments_of(scope, &outbound_clusters_of(scope, scope.cluster_services_of(hosts)))
+    assignments_of(scope, &outbound_clusters_of(scope, scope.imported_services_of(hosts)))
 }
 
 fn assignments_of(scope: &Scope<'_>, clusters: &[OutboundCluster<'_>]) -> Vec<Resource> {

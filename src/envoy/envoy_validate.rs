@@ -162,6 +162,10 @@ fn assert_envoy_accepts(name: &str, s: &Snapshot, v: &ProxyView) {
 const ISTIOD_SENDS: &[&str] = &[
     // istiod bounds the grpc-timeout header with it: the replacement has regressions it avoids.
     "envoy.config.route.v3.RouteAction.max_grpc_timeout",
+    // istiod's "extended" RBAC matchers (request principals, JWT claims, experimental filter
+    // metadata) read dynamic metadata through the field `sourced_metadata` replaced.
+    "envoy.config.rbac.v3.Permission.metadata",
+    "envoy.config.rbac.v3.Principal.metadata",
     // istiod checks SANs with untyped string matchers.
     "envoy.extensions.transport_sockets.tls.v3.CertificateValidationContext.match_subject_alt_names",
     // istiod resolves DNS clusters with the cluster's own DNS fields, not the DNS cluster extension.

@@ -201,8 +201,10 @@ const ISTIO_MTLS_ALPNS: [&str; 5] = ["istio", "istio-peer-exchange", "istio-http
 /// no authorization (the destination's sidecar enforces it).
 fn auto_passthrough_chains(scope: &Scope<'_>, hosts: &[String], chains: &mut Chains) {
     let mesh = &scope.snapshot.mesh;
-    let covered =
-        scope.cluster_services().into_iter().filter(|s| hosts.iter().any(|h| host_matches(h, s.hostname.as_str())));
+    let covered = scope
+        .imported_services()
+        .into_iter()
+        .filter(|i| hosts.iter().any(|h| host_matches(h, i.service.hostname.as_str())));
     // Exactly the SNI-DNAT clusters CDS builds for those services.
     for cluster in outbound_clusters_of(scope, covered.collect()).into_iter().filter(|c| c.sni_dnat) {
         let filter = tcp_proxy_filter(&cluster.name, to_cluster(&cluster.name), mesh);

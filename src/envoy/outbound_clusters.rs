@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::gateway::has_auto_passthrough;
 use super::names::{cluster_name, istio_sni};
-use super::scope::Scope;
+use super::scope::{ImportedService, Scope};
 use crate::config::api::destination_rule::Subset;
 use crate::config::api::DestinationRule;
 use crate::envoy::ProxyKind;
@@ -34,17 +34,22 @@ pub(super) struct OutboundCluster<'a> {
 
 /// Every outbound cluster of the view, in service then port then subset order.
 pub(super) fn outbound_clusters<'a>(scope: &Scope<'a>) -> Vec<OutboundCluster<'a>> {
-    outbound_clusters_of(scope, scope.cluster_services())
+    outbound_clusters_of(scope, scope.imported_services())
 }
 
-/// The outbound clusters of `services` (some of the view's), in their order, then port and subset.
-pub(super) fn outbound_clusters_of<'a>(scope: &Scope<'a>, services: Vec<&'a Arc<Service>>) -> Vec<OutboundCluster<'a>> {
+/// The outbound clusters of `services` (some of the view's), in their order, then port and subset;
+/// only the ports the proxy imports of each.
+pub(super) fn outbound_clusters_of<'a>(
+    scope: &Scope<'a>,
+    services: Vec<ImportedService<'a>>,
+) -> Vec<OutboundCluster<'a>> {
     // A gateway with an AUTO_PASSTHROUGH server also gets every mesh-internal service's clusters
     // under the SNI Istio's mutual TLS sends (istiod's SNI-DNAT clusters).
     let sni_dnat = scope.view.kind == ProxyKind::Router && has_auto_passthrough(scope);
     let mut out = Vec::new();
     // An alias has no clusters of its own (istiod's ExternalName alias).
-    for service in services.into_iter().filter(|s| s.resolution != Resolution::Alias) {
+    for ImportedService { service, ports } in services.into_iter().filter(|i| i.service.resolution != Resolution::Alias)
+    {
         let rule = scope.destination_rule(service);
         let host = service.hostname.as_str();
         let eds = match service.resolution {
@@ -61,7 +66,7 @@ pub(super) fn outbound_clusters_of<'a>(scope: &Scope<'a>, services: Vec<&'a Arc<
                     cluster_name(port, subset, host)
                 }
             };
-            for port in service.ports.iter().filter(|p| p.number != 0) {
+            for port in service.ports.iter().filter(|p| p.number != 0 && ports.contains(p.number)) {
                 let name0 = name(port.number, "");
                 out.push(OutboundCluster { name: name0, service, port, subset: None, rule, sni_dnat: dnat, eds });
                 let mut seen = BTreeSet::new();

@@ -1,12 +1,12 @@
 //! Which outbound listeners a sidecar gets, laid out as istiod lays them out: one listener per
-//! Sidecar egress port, and for the catch-all egress listener one per service port, keyed by
-//! address and port. HTTP ports share the wildcard address (their virtual hosts tell services
+//! Sidecar egress HTTP port (or port with a bind), and for the catch-all egress listener and the
+//! other egress ports one per service port, keyed by address and port. HTTP ports share the wildcard address (their virtual hosts tell services
 //! apart); a TCP, TLS or sniffed port of a service with a virtual IP gets a listener on that IP
 //! (`VIP_PORT`), which `virtualOutbound` hands its connections to; a service without one (or
 //! with a CIDR) shares the wildcard listener, told apart by CIDR or SNI. Services meeting at one
 //! address and port share its listener, which is sniffed when HTTP and TCP meet there.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -45,8 +45,9 @@ pub(super) struct OutboundListener<'a> {
     pub protocol: ListenerProtocol,
     /// What the listener's hosts are.
     pub imports: Imports<'a>,
-    /// For a catch-all listener: the services whose ports landed on it, in import order (`None`
-    /// for an explicit listener: every imported service on the port).
+    /// For a listener laid out by service address (the catch-all egress listener's, and an
+    /// explicit non-HTTP port's without bind): the services whose ports landed on it, in import
+    /// order (`None` for an explicit listener on one address: every imported service on the port).
     pub members: Option<Vec<Member<'a>>>,
     /// Whether the address is the members' own virtual IP: their chains then match no
     /// destination, and a sniffed listener routes HTTP by a route configuration of its own.
@@ -80,80 +81,98 @@ impl OutboundListener<'_> {
 pub(super) fn outbound_plan<'a>(scope: &Scope<'a>) -> Vec<OutboundListener<'a>> {
     let intercepted = scope.view.interception.intercepts();
     let mut out: Vec<OutboundListener<'a>> = Vec::new();
-    let mut claimed = BTreeSet::new();
     for egress in scope.egress_listeners() {
         let Some(port) = &egress.port else { continue };
         let Some(number) = u16::try_from(port.number).ok().filter(|n| *n != 0) else { continue };
-        let declared =
-            if port.protocol.is_empty() { port.name.split('-').next().unwrap_or_default() } else { &port.protocol };
+        let declared = Protocol::parse(if port.protocol.is_empty() {
+            port.name.split('-').next().unwrap_or_default()
+        } else {
+            &port.protocol
+        });
+        let imports = Imports::of(egress, scope.namespace());
+        let protocol = listener_protocol([declared].into_iter());
         let binds = egress.capture_mode == Some(CaptureMode::None) || !intercepted;
+        if egress.bind.is_empty() && !binds && protocol != ListenerProtocol::Http {
+            // istiod listens on each service's own address, as for the catch-all listener.
+            let services = scope.services_in(imports).into_iter().map(|s| (s, number, declared));
+            out.extend(service_listeners(services, imports, WILDCARD_ADDRESS, true, &HashSet::new()));
+            continue;
+        }
         let address = match (egress.bind.as_str(), binds) {
             ("", true) => LOCALHOST.to_string(),
             ("", false) => WILDCARD_ADDRESS.to_string(),
             (bind, _) => bind.to_string(),
         };
-        claimed.insert(number);
         out.push(OutboundListener {
             name: listener_name(&address, number),
             address,
             port: number,
             bound: binds,
-            protocol: listener_protocol([Protocol::parse(declared)].into_iter()),
-            imports: Imports::of(egress, scope.namespace()),
+            protocol,
+            imports,
             members: None,
             at_vip: false,
         });
     }
     // As istiod builds an egress port's listener per service: none without a service there.
     out.retain(|l| !scope.services_in(l.imports).is_empty());
+    // The catch-all listener adds nothing at an address and port an explicit listener holds
+    // (istiod locks those), and may add at the same port elsewhere (another service's address).
+    let claimed: HashSet<(String, u16)> = out.iter().map(|l| (l.address.clone(), l.port)).collect();
     if let Some(imports) = scope.catch_all_imports() {
-        out.extend(catch_all_listeners(scope, imports, intercepted, &claimed));
+        // Without interception every listener binds localhost: there is no original destination
+        // to tell services apart by address.
+        let shared = if intercepted { WILDCARD_ADDRESS } else { LOCALHOST };
+        let services = scope.services_in(imports).into_iter().flat_map(|svc| {
+            svc.ports.iter().filter(|p| p.number != 0).map(move |p| (svc, p.number, p.protocol))
+        });
+        out.extend(service_listeners(services, imports, shared, intercepted, &claimed));
     }
     let mut names = HashSet::new();
     out.retain(|l| names.insert(l.name.clone()));
     out
 }
 
-/// The catch-all egress listener's listeners: each imported service port on its address (see
-/// the module's doc), ports an explicit egress listener claimed left out.
-fn catch_all_listeners<'a>(
-    scope: &Scope<'a>,
+/// Listeners for service ports laid out by address (see the module's doc), in port order: a
+/// non-HTTP port on the service's own addresses when intercepted, else on `shared` told apart by
+/// CIDR. Addresses and ports in `claimed` are left out.
+fn service_listeners<'a>(
+    services: impl Iterator<Item = (&'a Arc<Service>, u16, Protocol)>,
     imports: Imports<'a>,
+    shared: &str,
     intercepted: bool,
-    claimed: &BTreeSet<u16>,
+    claimed: &HashSet<(String, u16)>,
 ) -> Vec<OutboundListener<'a>> {
-    // Without interception every listener binds localhost: there is no original destination to
-    // tell services apart by address.
-    let shared = if intercepted { WILDCARD_ADDRESS } else { LOCALHOST };
     let mut entries: Vec<OutboundListener<'a>> = Vec::new();
     let mut index: HashMap<(String, u16), usize> = HashMap::new();
-    for svc in scope.services_in(imports) {
-        for p in svc.ports.iter().filter(|p| p.number != 0 && !claimed.contains(&p.number)) {
-            let own = if intercepted && !p.protocol.is_http() { listen_addresses(svc) } else { Vec::new() };
-            let cidrs = if intercepted && own.is_empty() { shared_cidrs(svc) } else { vec![None] };
-            let addresses: Vec<(String, Option<String>)> = if own.is_empty() {
-                cidrs.into_iter().map(|c| (shared.to_string(), c)).collect()
-            } else {
-                own.into_iter().map(|a| (a, None)).collect()
-            };
-            for (address, cidr) in addresses {
-                let at_vip = address != shared;
-                let i = *index.entry((address.clone(), p.number)).or_insert_with(|| {
-                    entries.push(OutboundListener {
-                        name: listener_name(&address, p.number),
-                        address: address.clone(),
-                        port: p.number,
-                        bound: !intercepted,
-                        protocol: ListenerProtocol::Tcp,
-                        imports,
-                        members: Some(Vec::new()),
-                        at_vip,
-                    });
-                    entries.len() - 1
+    for (svc, port, protocol) in services {
+        let own = if intercepted && !protocol.is_http() { listen_addresses(svc) } else { Vec::new() };
+        let cidrs = if intercepted && own.is_empty() { shared_cidrs(svc) } else { vec![None] };
+        let addresses: Vec<(String, Option<String>)> = if own.is_empty() {
+            cidrs.into_iter().map(|c| (shared.to_string(), c)).collect()
+        } else {
+            own.into_iter().map(|a| (a, None)).collect()
+        };
+        for (address, cidr) in addresses {
+            if claimed.contains(&(address.clone(), port)) {
+                continue;
+            }
+            let at_vip = address != shared;
+            let i = *index.entry((address.clone(), port)).or_insert_with(|| {
+                entries.push(OutboundListener {
+                    name: listener_name(&address, port),
+                    address: address.clone(),
+                    port,
+                    bound: !intercepted,
+                    protocol: ListenerProtocol::Tcp,
+                    imports,
+                    members: Some(Vec::new()),
+                    at_vip,
                 });
-                if let Some(members) = entries[i].members.as_mut() {
-                    members.push(Member { service: svc, protocol: p.protocol, cidr });
-                }
+                entries.len() - 1
+            });
+            if let Some(members) = entries[i].members.as_mut() {
+                members.push(Member { service: svc, protocol, cidr });
             }
         }
     }

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::config::api::sidecar::{IstioEgressListener, OutboundMode};
+use crate::config::api::virtual_service::Destination;
 use crate::config::api::{DestinationRule, Sidecar, VirtualService};
 use crate::config::ConfigKey;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::Tracing;
@@ -168,54 +169,78 @@ impl<'a> Scope<'a> {
     /// Services the proxy needs clusters for: everything its listeners import, plus what its
     /// imported VirtualServices route to (as Istio adds VirtualService destinations to the scope).
     pub(super) fn cluster_services(&self) -> Vec<&'a Arc<Service>> {
+        self.imported_services().into_iter().map(|i| i.service).collect()
+    }
+
+    /// [`Scope::cluster_services`] with the ports each is imported with, in hostname order.
+    pub(super) fn imported_services(&self) -> Vec<ImportedService<'a>> {
+        self.collect_imports(|imp| self.visible.iter().copied().filter(|s| imp.imports_service(s)).collect(), |_| true)
+    }
+
+    /// [`Scope::imported_services`] among the services of `hosts`, found by host instead of by
+    /// walking the registry (an endpoint change patches a few hosts of a thousand-service mesh).
+    pub(super) fn imported_services_of(&self, hosts: &BTreeSet<Hostname>) -> Vec<ImportedService<'a>> {
+        // The service a host names from here is the one `visible` lists for it, and the one a
+        // VirtualService destination resolves to.
+        let named: Vec<&'a Arc<Service>> = hosts.iter().filter_map(|h| self.service_for_host(h)).collect();
+        self.collect_imports(
+            |imp| named.iter().copied().filter(|s| imp.imports_service(s)).collect(),
+            |host| hosts.contains(host),
+        )
+    }
+
+    /// The services each listener imports (`explicit`) and the VirtualService destinations among
+    /// `routed` hosts, with their ports merged by host.
+    fn collect_imports(
+        &self,
+        explicit: impl Fn(&Imports<'_>) -> Vec<&'a Arc<Service>>,
+        routed: impl Fn(&Hostname) -> bool,
+    ) -> Vec<ImportedService<'a>> {
         let imports = self.all_imports();
-        let mut by_host: BTreeMap<&Hostname, &'a Arc<Service>> = BTreeMap::new();
-        for svc in &self.visible {
-            if imports.iter().any(|i| i.imports_service(svc)) {
-                by_host.insert(&svc.hostname, svc);
+        let mut by_host: BTreeMap<&Hostname, ImportedService<'a>> = BTreeMap::new();
+        let mut add = |service: &'a Arc<Service>, ports: PortSet| match by_host.get_mut(&service.hostname) {
+            Some(found) => found.ports.extend(ports),
+            None => {
+                by_host.insert(&service.hostname, ImportedService { service, ports });
+            }
+        };
+        for imp in &imports {
+            for svc in explicit(imp) {
+                add(svc, imp.port.map_or(PortSet::All, PortSet::one));
             }
         }
         for imp in &imports {
-            for host in self.routed_hosts(*imp) {
-                if let Some(svc) = self.service_for_host(&host).filter(|s| imp.port.is_none_or(|p| s.port(p).is_some()))
-                {
-                    by_host.entry(&svc.hostname).or_insert(svc);
+            for (host, ports) in self.routed_destinations(*imp).into_iter().filter(|(h, _)| routed(h)) {
+                let Some(svc) = self.service_for_host(&host) else { continue };
+                if let Some(ports) = routed_ports(svc, imp.port, &ports) {
+                    add(svc, ports);
                 }
             }
         }
         by_host.into_values().collect()
     }
 
-    /// The destination hosts of the `mesh` VirtualServices a sidecar's listener imports (none
-    /// for gateways): they join the cluster services (with the listener's port, if it has one).
-    fn routed_hosts(&self, imports: Imports<'_>) -> BTreeSet<Hostname> {
+    /// The destinations of the `mesh` VirtualServices a sidecar's listener imports (none for
+    /// gateways), each with the ports they name (0: a destination without port). They join the
+    /// cluster services, as istiod adds them, leaving out HTTP rules whose `sourceNamespace`
+    /// excludes the proxy's namespace.
+    fn routed_destinations(&self, imports: Imports<'_>) -> BTreeMap<Hostname, BTreeSet<u32>> {
+        let mut out: BTreeMap<Hostname, BTreeSet<u32>> = BTreeMap::new();
         if self.view.kind != ProxyKind::Sidecar {
-            return BTreeSet::new();
+            return out;
         }
-        self.mesh_virtual_services(imports)
-            .into_iter()
-            .flat_map(|(ix, vs)| destination_hosts(vs, &ix.config.key.namespace, self.domain()))
-            .collect()
+        for (ix, vs) in self.mesh_virtual_services(imports) {
+            for d in destinations_from(vs, Some(self.namespace())) {
+                let host = Hostname::qualify(&d.host, &ix.config.key.namespace, self.domain());
+                out.entry(host).or_default().insert(d.port.as_ref().map_or(0, |p| p.number));
+            }
+        }
+        out
     }
 
-    /// [`Scope::cluster_services`] among the services of `hosts`, found by host instead of by
-    /// walking the registry (an endpoint change patches a few hosts of a thousand-service mesh).
+    /// [`Scope::cluster_services`] among the services of `hosts`.
     pub(super) fn cluster_services_of(&self, hosts: &BTreeSet<Hostname>) -> Vec<&'a Arc<Service>> {
-        let imports = self.all_imports();
-        let routed: Vec<(Imports<'_>, BTreeSet<Hostname>)> =
-            imports.iter().map(|imp| (*imp, self.routed_hosts(*imp))).collect();
-        // The service a host names from here is the one `visible` lists for it, and the one a
-        // VirtualService destination resolves to.
-        hosts
-            .iter()
-            .filter_map(|host| self.service_for_host(host))
-            .filter(|svc| {
-                imports.iter().any(|i| i.imports_service(svc))
-                    || routed.iter().any(|(imp, hosts)| {
-                        hosts.contains(&svc.hostname) && imp.port.is_none_or(|p| svc.port(p).is_some())
-                    })
-            })
-            .collect()
+        self.imported_services_of(hosts).into_iter().map(|i| i.service).collect()
     }
 
     /// VirtualServices bound to `mesh` that the egress listener imports, in key order.
@@ -244,16 +269,84 @@ impl<'a> Scope<'a> {
     }
 }
 
-/// Hosts a VirtualService sends traffic to (routes and mirrors), qualified with its namespace.
-pub(super) fn destination_hosts(vs: &VirtualService, vs_ns: &str, domain: &str) -> Vec<Hostname> {
-    let http = vs.http.iter().flat_map(|r| {
+/// A service the proxy builds clusters for, with the ports it imports.
+#[derive(Debug, Clone)]
+pub(super) struct ImportedService<'a> {
+    /// The service.
+    pub service: &'a Arc<Service>,
+    /// The ports of it the proxy's listeners import.
+    pub ports: PortSet,
+}
+
+/// Which ports of a service a proxy imports: all of them, or some (istiod trims a service to the
+/// port of the egress listener importing it, or to the ports VirtualServices route to).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum PortSet {
+    /// Every port.
+    All,
+    /// These ports only.
+    Only(BTreeSet<u16>),
+}
+
+impl PortSet {
+    fn one(port: u16) -> Self {
+        PortSet::Only(BTreeSet::from([port]))
+    }
+
+    /// Whether `port` is imported.
+    pub(super) fn contains(&self, port: u16) -> bool {
+        match self {
+            PortSet::All => true,
+            PortSet::Only(ports) => ports.contains(&port),
+        }
+    }
+
+    /// Adds `other`'s ports (istiod merges the partial services several listeners import).
+    fn extend(&mut self, other: PortSet) {
+        match (&mut *self, other) {
+            (PortSet::All, _) => {}
+            (_, PortSet::All) => *self = PortSet::All,
+            (PortSet::Only(mine), PortSet::Only(theirs)) => mine.extend(theirs),
+        }
+    }
+}
+
+/// The ports of `svc` a VirtualService destination imports: the listener's port (a port egress
+/// listener imports only it), else the ports the destinations name (any 0: all). `None` when the
+/// service has none of them (istiod leaves it out: traffic could not route anyway).
+fn routed_ports(svc: &Service, listener_port: Option<u16>, named: &BTreeSet<u32>) -> Option<PortSet> {
+    if let Some(p) = listener_port {
+        return svc.port(p).map(|_| PortSet::one(p));
+    }
+    if named.is_empty() || named.contains(&0) {
+        return Some(PortSet::All);
+    }
+    let found: BTreeSet<u16> = svc.ports.iter().map(|p| p.number).filter(|n| named.contains(&u32::from(*n))).collect();
+    (!found.is_empty()).then_some(PortSet::Only(found))
+}
+
+/// The destinations of a VirtualService's routes, mirrors and TCP/TLS routes. Given the client's
+/// `namespace`, HTTP rules whose `sourceNamespace` matches exclude it are skipped (istiod's filter
+/// of sidecar imports).
+fn destinations_from<'v>(vs: &'v VirtualService, namespace: Option<&'v str>) -> impl Iterator<Item = &'v Destination> {
+    let http = vs.http.iter().filter(move |r| {
+        let named: Vec<&str> =
+            r.matches.iter().map(|m| m.source_namespace.as_str()).filter(|n| !n.is_empty()).collect();
+        namespace.is_none_or(|ns| named.is_empty() || named.contains(&ns))
+    });
+    let http = http.flat_map(|r| {
         let routes = r.route.iter().filter_map(|d| d.destination.as_ref());
         let mirrors = r.mirrors.iter().filter_map(|m| m.destination.as_ref());
         routes.chain(mirrors).chain(r.mirror.as_ref())
     });
     let tcp = vs.tcp.iter().flat_map(|r| r.route.iter().filter_map(|d| d.destination.as_ref()));
     let tls = vs.tls.iter().flat_map(|r| r.route.iter().filter_map(|d| d.destination.as_ref()));
-    http.chain(tcp).chain(tls).map(|d| Hostname::qualify(&d.host, vs_ns, domain)).collect()
+    http.chain(tcp).chain(tls)
+}
+
+/// Hosts a VirtualService sends traffic to (routes and mirrors), qualified with its namespace.
+pub(super) fn destination_hosts(vs: &VirtualService, vs_ns: &str, domain: &str) -> Vec<Hostname> {
+    destinations_from(vs, None).map(|d| Hostname::qualify(&d.host, vs_ns, domain)).collect()
 }
 
 #[cfg(test)]
@@ -318,5 +411,54 @@ spec:
         let s = Snapshot::build(Version::new(1, 1), ChangeSet::full(), &state);
         let got = names(&s, &sidecar("shop", &[]), TypeUrl::Cluster);
         assert!(got.contains(&"outbound|80||reviews.shop.svc.cluster.local".to_string()), "{got:?}");
+    }
+
+    /// Two ports of each service, as ServiceEntries.
+    fn two_port_service(name: &str, ns: &str) -> String {
+        format!(
+            "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: {name}, namespace: {ns}}}\n\
+             spec: {{hosts: [{name}.{ns}.svc.cluster.local], location: MESH_INTERNAL, resolution: STATIC,\n\
+             ports: [{{number: 9080, name: http, protocol: HTTP}}, {{number: 9090, name: grpc, protocol: GRPC}}],\n\
+             endpoints: [{{address: 10.0.0.1}}]}}\n---\n"
+        )
+    }
+
+    #[test]
+    fn port_egress_listeners_and_routed_ports_trim_a_services_clusters() {
+        let yaml = [two_port_service("a", "app"), two_port_service("b", "lib"), two_port_service("c", "other")]
+            .concat()
+            + r#"apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: default, namespace: app}
+spec:
+  egress:
+  - port: {number: 9080, protocol: HTTP, name: http}
+    hosts: ["lib/*"]
+  - hosts: ["./*"]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: a, namespace: app}
+spec:
+  hosts: [a]
+  http:
+  - route: [{destination: {host: c.other.svc.cluster.local, port: {number: 9090}}}]
+  - match: [{sourceNamespace: elsewhere}]
+    route: [{destination: {host: c.other.svc.cluster.local, port: {number: 9080}}}]
+"#;
+        let s = snapshot(&yaml);
+        let got: Vec<String> = names(&s, &sidecar("app", &[]), TypeUrl::Cluster)
+            .into_iter()
+            .filter(|n| n.starts_with("outbound"))
+            .collect();
+        // a: imported whole by the catch-all listener. b: imported only by the 9080 listener, so its
+        // other port has no cluster. c: reached only through the VirtualService, which routes this
+        // proxy's namespace to 9090 only (the 9080 rule is for another source namespace).
+        let want = ["9080||a.app", "9080||b.lib", "9090||a.app", "9090||c.other"];
+        assert_eq!(got, want.map(|n| format!("outbound|{n}.svc.cluster.local")));
+        // Its endpoints follow the clusters.
+        let eds = names(&s, &sidecar("app", &[]), TypeUrl::Endpoint);
+        assert!(!eds.iter().any(|n| n == "outbound|9090||b.lib.svc.cluster.local"), "{eds:?}");
+        assert!(eds.iter().any(|n| n == "outbound|9080||b.lib.svc.cluster.local"), "{eds:?}");
     }
 }

@@ -2,7 +2,7 @@
 //! dynamic metadata `jwt_authn` writes.
 
 use envoy_types::pb::envoy::config::core::v3::CidrRange;
-use envoy_types::pb::envoy::config::rbac::v3::{principal, Principal, SourcedMetadata};
+use envoy_types::pb::envoy::config::rbac::v3::{principal, Principal};
 use envoy_types::pb::envoy::config::route::v3::{header_matcher::HeaderMatchSpecifier, HeaderMatcher};
 use envoy_types::pb::envoy::r#type::matcher::v3::{
     list_matcher, metadata_matcher::path_segment::Segment, metadata_matcher::PathSegment, string_matcher::MatchPattern,
@@ -124,16 +124,15 @@ pub(super) fn spiffe_trust_domain(value: &str) -> StringMatcher {
     }
 }
 
-/// A principal reading the verified JWT payload at `path` (below [`PAYLOAD_KEY`]).
+/// A principal reading the verified JWT payload at `path` (below [`PAYLOAD_KEY`]). The plain
+/// `metadata` identifier (request metadata), as istiod writes it, not `sourced_metadata`.
 pub(super) fn payload(path: &[&str], value: ValueMatcher) -> Principal {
     let mut segments = vec![PAYLOAD_KEY];
     segments.extend_from_slice(path);
-    Principal {
-        identifier: Some(principal::Identifier::SourcedMetadata(SourcedMetadata {
-            metadata_matcher: Some(metadata(JWT_AUTHN, &segments, value)),
-            metadata_source: 0,
-        })),
-    }
+    // Deprecated in Envoy's API for `sourced_metadata`, which reads the same dynamic metadata.
+    #[allow(deprecated)]
+    let identifier = principal::Identifier::Metadata(metadata(JWT_AUTHN, &segments, value));
+    Principal { identifier: Some(identifier) }
 }
 
 /// A dynamic metadata matcher of `filter` at `path`.
@@ -151,16 +150,31 @@ pub(super) fn string_value(matcher: StringMatcher) -> ValueMatcher {
     ValueMatcher { match_pattern: Some(value_matcher::MatchPattern::StringMatch(matcher)) }
 }
 
-/// A claim is a string or a list of strings: either matches.
-pub(super) fn string_or_list(matcher: StringMatcher) -> ValueMatcher {
-    let one = string_value(matcher);
-    let list = ValueMatcher {
-        match_pattern: Some(value_matcher::MatchPattern::ListMatch(Box::new(ListMatcher {
-            match_pattern: Some(list_matcher::MatchPattern::OneOf(Box::new(one.clone()))),
-        }))),
-    };
+/// Any of `values`: one matcher alone, several in an `or_match` (as istiod writes it).
+pub(super) fn any_value(mut values: Vec<ValueMatcher>) -> ValueMatcher {
+    if values.len() == 1 {
+        if let Some(one) = values.pop() {
+            return one;
+        }
+    }
+    ValueMatcher { match_pattern: Some(value_matcher::MatchPattern::OrMatch(OrMatcher { value_matchers: values })) }
+}
+
+/// A list holding an element `element` matches.
+pub(super) fn list_holding(element: ValueMatcher) -> ValueMatcher {
     ValueMatcher {
-        match_pattern: Some(value_matcher::MatchPattern::OrMatch(OrMatcher { value_matchers: vec![one, list] })),
+        match_pattern: Some(value_matcher::MatchPattern::ListMatch(Box::new(ListMatcher {
+            match_pattern: Some(list_matcher::MatchPattern::OneOf(Box::new(element))),
+        }))),
+    }
+}
+
+/// A claim is a list of strings or a string: either matches (the list first, as istiod writes it).
+pub(super) fn string_or_list(value: ValueMatcher) -> ValueMatcher {
+    ValueMatcher {
+        match_pattern: Some(value_matcher::MatchPattern::OrMatch(OrMatcher {
+            value_matchers: vec![list_holding(value.clone()), value],
+        })),
     }
 }
 
@@ -273,13 +287,11 @@ mod tests {
     fn iss_sub(value: &str) -> (String, String) {
         let Some(principal::Identifier::AndIds(set)) = request_principal(value).identifier else { panic!() };
         let side = |p: &Principal| match &p.identifier {
-            Some(principal::Identifier::SourcedMetadata(m)) => {
-                match m.metadata_matcher.as_ref().and_then(|m| m.value.as_ref()).and_then(|v| v.match_pattern.as_ref())
-                {
-                    Some(value_matcher::MatchPattern::StringMatch(s)) => pattern(s),
-                    other => format!("{other:?}"),
-                }
-            }
+            #[allow(deprecated)]
+            Some(principal::Identifier::Metadata(m)) => match m.value.as_ref().and_then(|v| v.match_pattern.as_ref()) {
+                Some(value_matcher::MatchPattern::StringMatch(s)) => pattern(s),
+                other => format!("{other:?}"),
+            },
             other => format!("{other:?}"),
         };
         (side(&set.ids[0]), side(&set.ids[1]))

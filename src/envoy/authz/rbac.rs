@@ -10,8 +10,9 @@ use envoy_types::pb::envoy::config::rbac::v3::{permission, rbac, Permission, Pol
 use envoy_types::pb::envoy::config::route::v3::HeaderMatcher;
 
 use super::matchers::{
-    and_ids, any_id, cidr, header, not_id, or_ids, payload, peer_identity, request_principal, spiffe_namespace,
-    spiffe_principal, spiffe_service_account, spiffe_trust_domain, string_or_list, string_value, wildcard,
+    and_ids, any_id, any_value, cidr, header, list_holding, not_id, or_ids, payload, peer_identity, request_principal,
+    spiffe_namespace, spiffe_principal, spiffe_service_account, spiffe_trust_domain, string_or_list, string_value,
+    wildcard,
 };
 use crate::config::api::authorization_policy::{Action, AuthorizationPolicy, Condition, Operation, Rule, Source};
 use crate::config::ConfigKey;
@@ -278,6 +279,39 @@ fn permission_field(
     field(values, not_values, one, or_perms, not_perm)
 }
 
+/// Istio's "extended" attributes (request principals, JWT claims, `experimental.envoy.filters.*`):
+/// all `values` become one matcher and all `notValues` one negated matcher, with no OR wrapped
+/// around either (istiod's shape for them).
+fn extended_field<T>(
+    values: &[String],
+    not_values: &[String],
+    all: impl Fn(&[String]) -> T,
+    not: impl Fn(T) -> T,
+) -> Vec<T> {
+    let mut out = Vec::new();
+    if !values.is_empty() {
+        out.push(all(values));
+    }
+    if !not_values.is_empty() {
+        out.push(not(all(not_values)));
+    }
+    out
+}
+
+/// Any of the request principals `values`: one `iss`/`sub` pair alone, several ORed.
+fn request_principals(values: &[String]) -> Principal {
+    let ids: Vec<Principal> = values.iter().map(|v| request_principal(v)).collect();
+    match <[Principal; 1]>::try_from(ids) {
+        Ok([one]) => one,
+        Err(ids) => or_ids(ids),
+    }
+}
+
+/// A JWT claim at `path` holding (or being) any of `values`.
+fn claim_principal(path: &[&str], values: &[String]) -> Principal {
+    payload(path, string_or_list(any_value(values.iter().map(|v| string_value(wildcard(v))).collect())))
+}
+
 /// Fails on TCP chains: the attribute exists only in HTTP requests.
 fn http_only(ctx: &RuleContext<'_>, what: &str) -> Result<(), Unsupported> {
     match ctx.chain {
@@ -291,9 +325,8 @@ fn source_principals(s: &Source, namespace: &str, ctx: &RuleContext<'_>) -> Vec<
     let request_principals = if s.request_principals.is_empty() && s.not_request_principals.is_empty() {
         Ok(Vec::new())
     } else {
-        http_only(ctx, "requestPrincipals").and_then(|_| {
-            principal_field(&s.request_principals, &s.not_request_principals, |v| Ok(request_principal(v)))
-        })
+        http_only(ctx, "requestPrincipals")
+            .map(|_| extended_field(&s.request_principals, &s.not_request_principals, request_principals, not_id))
     };
     vec![
         principal_field(&s.principals, &s.not_principals, |v| Ok(source_principal(v, ctx))),
@@ -342,7 +375,7 @@ fn condition_permissions(c: &Condition, _ctx: &RuleContext<'_>) -> Result<Vec<Pe
         }),
         _ => {
             let (filter, path) = envoy_filter_key(key).ok_or_else(|| Unsupported(format!("unsupported key {key}")))?;
-            permission_field(&c.values, &c.not_values, |v| Ok(envoy_filter_permission(&filter, &path, v)))
+            Ok(extended_field(&c.values, &c.not_values, |vs| envoy_filter_permission(&filter, &path, vs), not_perm))
         }
     }
 }
@@ -362,7 +395,7 @@ fn condition_principals(c: &Condition, namespace: &str, ctx: &RuleContext<'_>) -
         _ => {
             http_only(ctx, key)?;
             if key == "request.auth.principal" {
-                return principal_field(values, not_values, |v| Ok(request_principal(v)));
+                return Ok(extended_field(values, not_values, request_principals, not_id));
             }
             if let Some(name) = bracketed(key, "request.headers") {
                 let name = name.first().cloned().unwrap_or_default();
@@ -375,7 +408,7 @@ fn condition_principals(c: &Condition, namespace: &str, ctx: &RuleContext<'_>) -
                     .ok_or_else(|| Unsupported(format!("unsupported key {key}")))?,
             };
             let path: Vec<&str> = claim.iter().map(String::as_str).collect();
-            principal_field(values, not_values, |v| Ok(payload(&path, string_or_list(wildcard(v)))))
+            Ok(extended_field(values, not_values, |vs| claim_principal(&path, vs), not_id))
         }
     }
 }
@@ -387,7 +420,9 @@ fn bracketed(key: &str, prefix: &str) -> Option<Vec<String>> {
     parts.iter().all(|p| !p.is_empty()).then_some(parts)
 }
 
-/// `experimental.envoy.filters.a.b[k1][k2]` → (`envoy.filters.a.b`, `[k1, k2]`).
+/// `experimental.envoy.filters.a.b[k1][k2]` → (`envoy.filters.a.b`, `[k1, k2]`). istiod reads
+/// `k1][k2` as one key, which no metadata has: a DENY condition on it would never match, so
+/// meshpilot reads the nested path the user wrote (the same matcher as istiod's for one key).
 fn envoy_filter_key(key: &str) -> Option<(String, Vec<String>)> {
     let rest = key.strip_prefix("experimental.")?;
     let open = rest.find('[')?;
@@ -395,20 +430,22 @@ fn envoy_filter_key(key: &str) -> Option<(String, Vec<String>)> {
     Some((filter.to_string(), bracketed(rest, filter)?))
 }
 
-/// Istio's experimental metadata condition: a `[v]` value matches lists holding `v`.
-fn envoy_filter_permission(filter: &str, path: &[String], value: &str) -> Permission {
-    use envoy_types::pb::envoy::config::rbac::v3::SourcedMetadata;
+/// Istio's experimental metadata condition: the filter's metadata at `path` matching any of
+/// `values`, where a `[v]` value matches a list holding `v`.
+fn envoy_filter_permission(filter: &str, path: &[String], values: &[String]) -> Permission {
     let path: Vec<&str> = path.iter().map(String::as_str).collect();
-    let matcher = match value.strip_prefix('[').and_then(|v| v.strip_suffix(']')) {
-        Some(inner) => string_or_list(wildcard(inner)),
-        None => string_value(wildcard(value)),
-    };
-    Permission {
-        rule: Some(permission::Rule::SourcedMetadata(SourcedMetadata {
-            metadata_matcher: Some(super::matchers::metadata(filter, &path, matcher)),
-            metadata_source: 0,
-        })),
-    }
+    let matchers = values
+        .iter()
+        .map(|value| match value.strip_prefix('[').and_then(|v| v.strip_suffix(']')) {
+            Some(inner) => list_holding(string_value(wildcard(inner))),
+            None => string_value(wildcard(value)),
+        })
+        .collect();
+    // istiod writes the deprecated `metadata` rule; Envoy reads it as `sourced_metadata` from the
+    // request's dynamic metadata, the same matcher.
+    #[allow(deprecated)]
+    let rule = permission::Rule::Metadata(super::matchers::metadata(filter, &path, any_value(matchers)));
+    Permission { rule: Some(rule) }
 }
 
 /// An Istio principal. Written for the mesh trust domain or for `cluster.local`, it stands for

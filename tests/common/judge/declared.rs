@@ -10,6 +10,9 @@ use super::compare::Difference;
 /// One declared difference.
 #[derive(Debug, Deserialize)]
 pub struct Declared {
+    /// A regular expression the whole case name matches (absent: every case).
+    #[serde(default)]
+    pub case: Option<String>,
     /// CDS, EDS, LDS, RDS or SDS (`*`: any).
     #[serde(rename = "type")]
     pub type_name: String,
@@ -23,7 +26,18 @@ pub struct Declared {
 
 /// The declared differences, compiled.
 pub struct DeclaredSet {
-    entries: Vec<(Declared, Regex)>,
+    entries: Vec<Entry>,
+}
+
+/// A declared difference with its regular expressions compiled.
+struct Entry {
+    declared: Declared,
+    name: Regex,
+    case: Option<Regex>,
+}
+
+fn whole(pattern: &str) -> Regex {
+    Regex::new(&format!("^(?:{pattern})$")).unwrap_or_else(|e| panic!("declared.yaml: {pattern:?}: {e}"))
 }
 
 impl DeclaredSet {
@@ -41,24 +55,26 @@ impl DeclaredSet {
         let entries = entries
             .into_iter()
             .map(|d| {
-                let re = Regex::new(&format!("^(?:{})$", d.name))
-                    .unwrap_or_else(|e| panic!("declared.yaml: name {:?}: {e}", d.name));
                 assert!(!d.reason.trim().is_empty(), "declared.yaml: {} {} has no reason", d.type_name, d.path);
-                (d, re)
+                Entry { name: whole(&d.name), case: d.case.as_deref().map(whole), declared: d }
             })
             .collect();
         DeclaredSet { entries }
     }
 
     /// The reason declaring `difference` of resource `name` of type `type_name`, if any.
-    pub fn reason(&self, type_name: &str, name: &str, difference: &Difference) -> Option<&str> {
+    pub fn reason(&self, case: &str, type_name: &str, name: &str, difference: &Difference) -> Option<&str> {
         let parts: Vec<&str> = difference.path.split('/').collect();
         self.entries
             .iter()
-            .find(|(d, re)| {
-                (d.type_name == "*" || d.type_name == type_name) && re.is_match(name) && prefix_matches(&d.path, &parts)
+            .find(|e| {
+                let d = &e.declared;
+                (d.type_name == "*" || d.type_name == type_name)
+                    && e.case.as_ref().is_none_or(|c| c.is_match(case))
+                    && e.name.is_match(name)
+                    && prefix_matches(&d.path, &parts)
             })
-            .map(|(d, _)| d.reason.as_str())
+            .map(|e| e.declared.reason.as_str())
     }
 }
 

@@ -170,7 +170,8 @@ pub fn judge_case(case: &Case, results: Result<&[ProxyResult], String>, declared
                             report.agreeing.entry(t.clone()).or_default().insert(resource);
                             continue;
                         }
-                        let reasons: Vec<Option<&str>> = diffs.iter().map(|d| declared.reason(&t, name, d)).collect();
+                        let reasons: Vec<Option<&str>> =
+                            diffs.iter().map(|d| declared.reason(&case.name, &t, name, d)).collect();
                         if reasons.iter().all(Option::is_some) {
                             counts.declared += 1;
                             let reasons: BTreeSet<String> = reasons.into_iter().flatten().map(String::from).collect();
