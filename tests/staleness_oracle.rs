@@ -336,12 +336,17 @@ impl World {
         if self.rng.chance(50) {
             ports.push(json!({"name": "grpc", "port": 9090, "targetPort": 9090}));
         }
-        if self.rng.chance(30) {
+        if self.rng.chance(if name == "gamma" { 70 } else { 30 }) {
             ports.push(json!({"name": "tcp-db", "port": 5432}));
         }
         let key = Self::key("v1", "Service", Some(ns), name);
-        let value = json!({"apiVersion": "v1", "kind": "Service", "metadata": meta(name, ns),
-            "spec": {"selector": {"app": self.rng.pick(&APPS)}, "ports": ports}});
+        let mut spec = json!({"selector": {"app": self.rng.pick(&APPS)}, "ports": ports});
+        // gamma is headless (always: Kubernetes keeps a Service's clusterIP for its life), so its
+        // non-HTTP ports get a listener per endpoint address, which endpoint changes must reach.
+        if name == "gamma" {
+            spec["clusterIP"] = json!("None");
+        }
+        let value = json!({"apiVersion": "v1", "kind": "Service", "metadata": meta(name, ns), "spec": spec});
         Change::Apply(key, value)
     }
 
@@ -360,6 +365,9 @@ impl World {
         let mut ports = vec![json!({"name": "http-web", "port": 8080, "protocol": "TCP"})];
         if self.rng.chance(50) {
             ports.push(json!({"name": "grpc", "port": 9090, "protocol": "TCP"}));
+        }
+        if self.rng.chance(50) {
+            ports.push(json!({"name": "tcp-db", "port": 5432, "protocol": "TCP"}));
         }
         let name = format!("{service}-slice");
         let key = Self::key("discovery.k8s.io/v1", "EndpointSlice", Some(ns), &name);

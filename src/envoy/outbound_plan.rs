@@ -14,7 +14,8 @@ use super::names::{listener_name, LOCALHOST, WILDCARD_ADDRESS};
 use super::scope::{Imports, Scope};
 use crate::config::api::sidecar::CaptureMode;
 use crate::config::api::Protocol;
-use crate::registry::{Service, ServiceOrigin};
+use crate::config::Spec;
+use crate::registry::{Endpoint, Service, ServiceOrigin};
 
 /// How an outbound listener treats connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,7 +96,7 @@ pub(super) fn outbound_plan<'a>(scope: &Scope<'a>) -> Vec<OutboundListener<'a>> 
         if egress.bind.is_empty() && !binds && protocol != ListenerProtocol::Http {
             // istiod listens on each service's own address, as for the catch-all listener.
             let services = scope.services_in(imports).into_iter().map(|s| (s, number, declared));
-            out.extend(service_listeners(services, imports, WILDCARD_ADDRESS, true, &HashSet::new()));
+            out.extend(service_listeners(scope, services, imports, Layout::explicit(), &HashSet::new()));
             continue;
         }
         let address = match (egress.bind.as_str(), binds) {
@@ -120,33 +121,65 @@ pub(super) fn outbound_plan<'a>(scope: &Scope<'a>) -> Vec<OutboundListener<'a>> 
     // (istiod locks those), and may add at the same port elsewhere (another service's address).
     let claimed: HashSet<(String, u16)> = out.iter().map(|l| (l.address.clone(), l.port)).collect();
     if let Some(imports) = scope.catch_all_imports() {
-        // Without interception every listener binds localhost: there is no original destination
-        // to tell services apart by address.
-        let shared = if intercepted { WILDCARD_ADDRESS } else { LOCALHOST };
-        let services = scope.services_in(imports).into_iter().flat_map(|svc| {
-            svc.ports.iter().filter(|p| p.number != 0).map(move |p| (svc, p.number, p.protocol))
-        });
-        out.extend(service_listeners(services, imports, shared, intercepted, &claimed));
+        let services = scope
+            .services_in(imports)
+            .into_iter()
+            .flat_map(|svc| svc.ports.iter().filter(|p| p.number != 0).map(move |p| (svc, p.number, p.protocol)));
+        out.extend(service_listeners(scope, services, imports, Layout::catch_all(intercepted), &claimed));
     }
     let mut names = HashSet::new();
     out.retain(|l| names.insert(l.name.clone()));
     out
 }
 
+/// How [`service_listeners`] lays service ports out.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    /// The address services without one of their own share.
+    shared: &'static str,
+    /// Whether connections are intercepted (so a listener can sit on a service's address).
+    intercepted: bool,
+    /// Whether a headless service's non-HTTP port gets a listener per endpoint address.
+    per_endpoint: bool,
+}
+
+impl Layout {
+    /// An explicit non-HTTP egress port without bind (intercepted).
+    fn explicit() -> Self {
+        Layout { shared: WILDCARD_ADDRESS, intercepted: true, per_endpoint: false }
+    }
+
+    /// The catch-all egress listener. Without interception every listener binds localhost: there
+    /// is no original destination to tell services apart by address.
+    fn catch_all(intercepted: bool) -> Self {
+        let shared = if intercepted { WILDCARD_ADDRESS } else { LOCALHOST };
+        Layout { shared, intercepted, per_endpoint: intercepted }
+    }
+}
+
 /// Listeners for service ports laid out by address (see the module's doc), in port order: a
-/// non-HTTP port on the service's own addresses when intercepted, else on `shared` told apart by
-/// CIDR. Addresses and ports in `claimed` are left out.
+/// non-HTTP port on the service's own addresses when intercepted (a headless service's, on its
+/// endpoints' addresses), else on the shared address told apart by CIDR. Addresses and ports in
+/// `claimed` are left out.
 fn service_listeners<'a>(
+    scope: &Scope<'a>,
     services: impl Iterator<Item = (&'a Arc<Service>, u16, Protocol)>,
     imports: Imports<'a>,
-    shared: &str,
-    intercepted: bool,
+    layout: Layout,
     claimed: &HashSet<(String, u16)>,
 ) -> Vec<OutboundListener<'a>> {
+    let shared = layout.shared;
     let mut entries: Vec<OutboundListener<'a>> = Vec::new();
     let mut index: HashMap<(String, u16), usize> = HashMap::new();
     for (svc, port, protocol) in services {
-        let own = if intercepted && !protocol.is_http() { listen_addresses(svc) } else { Vec::new() };
+        let intercepted = layout.intercepted;
+        let mut own = if intercepted && !protocol.is_http() { listen_addresses(svc) } else { Vec::new() };
+        if layout.per_endpoint && !protocol.is_http() && svc.is_headless() {
+            match endpoint_addresses(scope, svc, port) {
+                Some(addresses) => own = addresses,
+                None => continue,
+            }
+        }
         let cidrs = if intercepted && own.is_empty() { shared_cidrs(svc) } else { vec![None] };
         let addresses: Vec<(String, Option<String>)> = if own.is_empty() {
             cidrs.into_iter().map(|c| (shared.to_string(), c)).collect()
@@ -182,6 +215,38 @@ fn service_listeners<'a>(
     }
     entries.sort_by_key(|e| (e.port, e.at_vip, e.address.clone()));
     entries
+}
+
+/// The addresses a headless service's port listens on, as istiod lays them out: each endpoint's
+/// IP, but the proxy's own (its inbound listener takes that traffic); `Some(empty)` (the shared
+/// address) for a ServiceEntry without endpoints or workload selector; `None` (no listener) for
+/// a Kubernetes Service or selecting ServiceEntry without endpoints, or when the proxy is the only
+/// one.
+fn endpoint_addresses(scope: &Scope<'_>, svc: &Service, port: u16) -> Option<Vec<String>> {
+    let service_port = svc.port(port)?;
+    let endpoints = scope.snapshot.endpoints(svc).map(|e| e.as_slice()).unwrap_or_default();
+    let serving: Vec<&Endpoint> = endpoints.iter().filter(|e| e.port_for(service_port).is_some()).collect();
+    if serving.is_empty() {
+        let selects = match &svc.origin {
+            ServiceOrigin::Kube(_) => true,
+            ServiceOrigin::Config(key) => scope
+                .snapshot
+                .configs
+                .get(key)
+                .is_some_and(|c| matches!(&c.spec, Spec::ServiceEntry(se) if se.workload_selector.is_some())),
+        };
+        return (!selects).then(Vec::new);
+    }
+    let own_ip = scope.view.ips.first().map(String::as_str);
+    let mut out: Vec<String> = Vec::new();
+    for e in serving {
+        let Ok(ip) = e.address.parse::<IpAddr>() else { continue };
+        let ip = ip.to_string();
+        if Some(ip.as_str()) != own_ip && !out.contains(&ip) {
+            out.push(ip);
+        }
+    }
+    (!out.is_empty()).then_some(out)
 }
 
 /// The addresses a service's TCP port listens on: its virtual IP (a Kubernetes Service's first
@@ -254,5 +319,50 @@ pub(super) fn chain_services<'a>(scope: &Scope<'a>, l: &OutboundListener<'a>) ->
                 (s, port, protocol, s.addresses.clone())
             })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::envoy::testing::{names, sidecar_at, snapshot};
+    use crate::envoy::TypeUrl;
+
+    const HEADLESS: &str = "apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: db, namespace: data}
+spec:
+  hosts: [db.data.internal]
+  location: MESH_INTERNAL
+  resolution: NONE
+  ports: [{number: 9042, name: tcp-cql, protocol: TCP}, {number: 8080, name: http, protocol: HTTP}]
+  workloadSelector: {labels: {app: db}}
+";
+
+    fn workload(name: &str, ip: &str) -> String {
+        format!(
+            "---\napiVersion: networking.istio.io/v1\nkind: WorkloadEntry\nmetadata: {{name: {name}, namespace: data}}\n\
+             spec: {{address: {ip}, labels: {{app: db}}}}\n"
+        )
+    }
+
+    fn listeners(yaml: &str, ip: &str) -> Vec<String> {
+        let s = snapshot(yaml);
+        let view = sidecar_at("data", &[], &[ip]).resolve(&s);
+        names(&s, &view, TypeUrl::Listener)
+            .into_iter()
+            .filter(|n| n.ends_with("_9042") || n.ends_with("_8080"))
+            .collect()
+    }
+
+    #[test]
+    fn a_headless_services_tcp_port_listens_on_each_endpoint_but_the_proxys_own() {
+        let two = format!("{HEADLESS}{}{}", workload("db-0", "10.0.0.1"), workload("db-1", "10.0.0.2"));
+        assert_eq!(listeners(&two, "10.9.9.9"), ["0.0.0.0_8080", "10.0.0.1_9042", "10.0.0.2_9042"]);
+        // One of its endpoints reaches itself through its inbound listener, not an outbound one.
+        assert_eq!(listeners(&two, "10.0.0.1"), ["0.0.0.0_8080", "10.0.0.2_9042"]);
+        // Selecting no workload yet: no listener; selecting none at all: the wildcard listener.
+        assert_eq!(listeners(HEADLESS, "10.9.9.9"), ["0.0.0.0_8080"]);
+        let unselecting = HEADLESS.replace("  workloadSelector: {labels: {app: db}}\n", "");
+        assert_eq!(listeners(&unselecting, "10.9.9.9"), ["0.0.0.0_8080", "0.0.0.0_9042"]);
     }
 }

@@ -87,6 +87,13 @@ impl Service {
     pub fn port(&self, number: u16) -> Option<&ServicePort> {
         self.ports.iter().find(|p| p.number == number)
     }
+
+    /// Whether it passes connections to their original destination with no address of its own
+    /// (a headless Kubernetes Service, a ServiceEntry of resolution NONE without addresses): its
+    /// endpoints' addresses are what clients connect to.
+    pub fn is_headless(&self) -> bool {
+        self.resolution == Resolution::Passthrough && self.addresses.is_empty()
+    }
 }
 
 /// Identifies a service: hostname within a namespace (the same host may be declared in several).

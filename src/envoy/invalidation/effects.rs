@@ -49,13 +49,29 @@ impl ChangeEffects {
                 Alters::Routing | Alters::Everything => return ChangeEffects::default(),
             }
         }
-        let mut carried = vec![TypeUrl::Listener, TypeUrl::Route, TypeUrl::Secret];
+        let mut carried = vec![TypeUrl::Route, TypeUrl::Secret];
+        // A headless service's non-HTTP ports listen on its endpoints' addresses.
+        if !hosts.iter().any(|host| {
+            listeners_read_endpoints(&previous.registry, host) || listeners_read_endpoints(&next.registry, host)
+        }) {
+            carried.insert(0, TypeUrl::Listener);
+        }
         if hosts.iter().all(|host| clusters_ignore_endpoints(&previous.registry, &next.registry, host)) {
             carried.insert(0, TypeUrl::Cluster);
             return ChangeEffects { carried, endpoint_hosts: hosts, routing: None };
         }
         ChangeEffects { carried, endpoint_hosts: BTreeSet::new(), routing: None }
     }
+}
+
+/// Whether a service of `host` is headless with a non-HTTP port, which sidecars get a listener
+/// for on each endpoint's address (see `outbound_plan`).
+fn listeners_read_endpoints(registry: &Registry, host: &Hostname) -> bool {
+    registry.services.iter().filter(|(key, _)| key.hostname == *host).any(|(_, s)| {
+        s.resolution == Resolution::Passthrough
+            && s.addresses.is_empty()
+            && s.ports.iter().any(|p| !p.protocol.is_http())
+    })
 }
 
 /// Whether the clusters of `host` are the same in both registries whatever its endpoints: none
@@ -125,6 +141,25 @@ spec: {hosts: [d.example.com], ports: [{number: 80, name: http}], resolution: DN
         let e = effects(&before, &after, &[endpoints("s.example.com"), endpoints("d.example.com")]);
         assert_eq!(e.carried, [TypeUrl::Listener, TypeUrl::Route, TypeUrl::Secret]);
         assert!(e.endpoint_hosts.is_empty());
+    }
+
+    #[test]
+    fn endpoints_of_a_headless_host_regenerate_listeners_too() {
+        let headless = "apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: h, namespace: ns}
+spec: {hosts: [h.example.com], ports: [{number: 5432, name: tcp, protocol: TCP}], resolution: NONE, workloadSelector: {labels: {app: h}}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: h, namespace: ns}
+spec: {address: ENDPOINT, labels: {app: h}}
+";
+        let (before, after) = (headless.replace("ENDPOINT", "10.0.0.1"), headless.replace("ENDPOINT", "10.0.0.2"));
+        let e = effects(&before, &after, &[endpoints("h.example.com")]);
+        // Its sidecars listen on each endpoint's address.
+        assert_eq!(e.carried, [TypeUrl::Cluster, TypeUrl::Route, TypeUrl::Secret]);
+        assert_eq!(e.endpoint_hosts.len(), 1);
     }
 
     #[test]
