@@ -59,15 +59,6 @@ if command -v rustup >/dev/null 2>&1; then
     done
 fi
 
-# cargo-fuzz: scripts/test.sh runs each fuzz target of fuzz/ briefly after the tests. It drives
-# libFuzzer through nightly-only compiler flags, which the stable toolchain accepts under
-# RUSTC_BOOTSTRAP=1 (set by test.sh); the AddressSanitizer runtime ships with stable rust-std.
-if ! cargo fuzz --version >/dev/null 2>&1; then
-    log "cargo install cargo-fuzz"
-    # --force: cargo skips a package it has on record even when its binary is gone.
-    cargo install --locked --force cargo-fuzz >&2
-fi
-
 # etcd: server + etcdctl, for leader-election / store integration tests.
 if ! command -v etcd >/dev/null 2>&1; then
     apt_install etcd-server etcd-client

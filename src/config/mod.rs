@@ -8,5 +8,8 @@ pub mod parse;
 pub mod render;
 pub mod validation;
 
+#[cfg(test)]
+pub(crate) mod fuzz_seeds;
+
 pub use error::{ConfigError, FieldError, IgnoredObject};
 pub use object::{ConfigKey, ConfigObject, ConfigObjects, Kind, Spec, ValidConfig};
