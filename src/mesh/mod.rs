@@ -304,4 +304,16 @@ mod tests {
                 .unwrap();
         assert_eq!(m.root_namespace, "mesh-root");
     }
+
+    /// The `config` fuzz target's seeds through the mesh config parser (see
+    /// `config::fuzz_seeds`): none panics, and the mesh config seed is one.
+    #[test]
+    fn config_fuzz_seeds_replay_through_the_mesh_config_parser() {
+        for (name, data) in crate::config::fuzz_seeds::seeds("config") {
+            let mesh = MeshConfig::parse("mesh.yaml", &String::from_utf8_lossy(&data));
+            if name == "seed-mesh.yaml" {
+                assert!(mesh.is_ok(), "{name}: {mesh:?}");
+            }
+        }
+    }
 }
