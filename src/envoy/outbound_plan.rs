@@ -1,7 +1,7 @@
 //! Which outbound listeners a sidecar gets, laid out as istiod lays them out: one listener per
 //! Sidecar egress HTTP port (or port with a bind), and for the catch-all egress listener and the
-//! other egress ports one per service port, keyed by address and port. HTTP ports share the wildcard address (their virtual hosts tell services
-//! apart); a TCP, TLS or sniffed port of a service with a virtual IP gets a listener on that IP
+//! other egress ports one per service port, keyed by address and port. HTTP ports share the
+//! wildcard address (their virtual hosts tell services apart); a TCP, TLS or sniffed port of a service with a virtual IP gets a listener on that IP
 //! (`VIP_PORT`), which `virtualOutbound` hands its connections to; a service without one (or
 //! with a CIDR) shares the wildcard listener, told apart by CIDR or SNI. Services meeting at one
 //! address and port share its listener, which is sniffed when HTTP and TCP meet there.
@@ -91,11 +91,16 @@ pub(super) fn outbound_plan<'a>(scope: &Scope<'a>) -> Vec<OutboundListener<'a>> 
             &port.protocol
         });
         let imports = Imports::of(egress, scope.namespace());
+        let services = scope.services_in(imports);
+        // As istiod builds an egress port's listener per service: none without a service there.
+        if services.is_empty() {
+            continue;
+        }
         let protocol = listener_protocol([declared].into_iter());
         let binds = egress.capture_mode == Some(CaptureMode::None) || !intercepted;
         if egress.bind.is_empty() && !binds && protocol != ListenerProtocol::Http {
             // istiod listens on each service's own address, as for the catch-all listener.
-            let services = scope.services_in(imports).into_iter().map(|s| (s, number, declared));
+            let services = services.into_iter().map(|s| (s, number, declared));
             out.extend(service_listeners(scope, services, imports, Layout::explicit(), &HashSet::new()));
             continue;
         }
@@ -115,8 +120,6 @@ pub(super) fn outbound_plan<'a>(scope: &Scope<'a>) -> Vec<OutboundListener<'a>> 
             at_vip: false,
         });
     }
-    // As istiod builds an egress port's listener per service: none without a service there.
-    out.retain(|l| !scope.services_in(l.imports).is_empty());
     // The catch-all listener adds nothing at an address and port an explicit listener holds
     // (istiod locks those), and may add at the same port elsewhere (another service's address).
     let claimed: HashSet<(String, u16)> = out.iter().map(|l| (l.address.clone(), l.port)).collect();
@@ -171,8 +174,8 @@ fn service_listeners<'a>(
     let shared = layout.shared;
     let mut entries: Vec<OutboundListener<'a>> = Vec::new();
     let mut index: HashMap<(String, u16), usize> = HashMap::new();
+    let intercepted = layout.intercepted;
     for (svc, port, protocol) in services {
-        let intercepted = layout.intercepted;
         let mut own = if intercepted && !protocol.is_http() { listen_addresses(svc) } else { Vec::new() };
         if layout.per_endpoint && !protocol.is_http() && svc.is_headless() {
             match endpoint_addresses(scope, svc, port) {

@@ -40,3 +40,12 @@ pub struct Registry {
     /// Endpoints by service.
     pub endpoints: imbl::OrdMap<ServiceKey, Endpoints>,
 }
+
+impl Registry {
+    /// The services declaring `host`, one per namespace: a range of the key order (hostname
+    /// first), not a walk of every service.
+    pub fn services_of<'a>(&'a self, host: &'a Hostname) -> impl Iterator<Item = (&'a ServiceKey, &'a Arc<Service>)> {
+        let first = ServiceKey { hostname: host.clone(), namespace: String::new() };
+        self.services.range(first..).take_while(move |(key, _)| key.hostname == *host)
+    }
+}

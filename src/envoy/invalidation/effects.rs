@@ -67,11 +67,7 @@ impl ChangeEffects {
 /// Whether a service of `host` is headless with a non-HTTP port, which sidecars get a listener
 /// for on each endpoint's address (see `outbound_plan`).
 fn listeners_read_endpoints(registry: &Registry, host: &Hostname) -> bool {
-    registry.services.iter().filter(|(key, _)| key.hostname == *host).any(|(_, s)| {
-        s.resolution == Resolution::Passthrough
-            && s.addresses.is_empty()
-            && s.ports.iter().any(|p| !p.protocol.is_http())
-    })
+    registry.services_of(host).any(|(_, s)| s.is_headless() && s.ports.iter().any(|p| !p.protocol.is_http()))
 }
 
 /// Whether the clusters of `host` are the same in both registries whatever its endpoints: none
@@ -81,8 +77,7 @@ fn clusters_ignore_endpoints(previous: &Registry, next: &Registry, host: &Hostna
         let endpoints = registry.endpoints.get(key).map(|e| e.as_slice()).unwrap_or_default();
         endpoints.iter().map(|e| e.service_account.clone()).collect()
     };
-    let services = next.services.iter().chain(&previous.services);
-    services.filter(|(key, _)| key.hostname == *host).all(|(key, service)| {
+    next.services_of(host).chain(previous.services_of(host)).all(|(key, service)| {
         matches!(service.resolution, Resolution::Static | Resolution::Passthrough)
             && accounts(previous, key) == accounts(next, key)
     })

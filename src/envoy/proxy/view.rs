@@ -102,9 +102,11 @@ impl ProxyView {
         }
         // An endpoint of a headless service gets no listener at its own address for it (see
         // `outbound_plan`): its view keeps that address.
-        let first = self.ips.first().filter(|ip| snapshot.instances_at(ip).iter().any(|(s, _)| s.is_headless()));
-        if let (true, true, Some(ip)) = (view.ips.is_empty(), self.interception.intercepts(), first) {
-            view.ips = vec![ip.clone()];
+        if view.ips.is_empty() && self.interception.intercepts() {
+            let first = self.ips.first().filter(|ip| snapshot.instances_at(ip).iter().any(|(s, _)| s.is_headless()));
+            if let Some(ip) = first {
+                view.ips = vec![ip.clone()];
+            }
         }
         view
     }
